@@ -1,0 +1,125 @@
+"""The Qwen3-Omni thinker: strict loading of only its weights, and hidden states for a batch.
+
+The talker and code2wav (speech output) are never built: the thinker class is constructed from
+`thinker_config` alone and checkpoint keys under `talker.` / `code2wav.` are skipped. The
+`lm_head` is never multiplied; its weight is kept as the head's lexical lookup table.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from clef_cli.batching import ModelBatch
+from clef_cli.errors import ModelLoadError
+from clef_cli.release import Release
+
+SPEECH_OUTPUT_KEYS = re.compile(r"^(talker|code2wav)\.")
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """auto: the first GPU when there is one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device!r} asked for, but no CUDA GPU is available")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device!r} does not exist ({torch.cuda.device_count()} GPUs)")
+    elif resolved.type != "cpu":
+        raise ModelLoadError(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
+    return resolved
+
+
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """Default: bf16 on a GPU, fp32 on the CPU."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype {dtype!r} (use auto, bfloat16, float16 or float32)") from None
+
+
+def _check_loading_info(info: dict[str, object], release: Release) -> None:
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(key for key in info.get("unexpected_keys") or () if not SPEECH_OUTPUT_KEYS.match(key))
+    mismatched = sorted(str(item) for item in info.get("mismatched_keys") or ())
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+    if mismatched:
+        problems.append(f"mismatched keys: {', '.join(mismatched)}")
+    if problems:
+        raise ModelLoadError(f"the thinker weights in {release.path} do not match its config: {'; '.join(problems)}")
+
+
+@dataclass
+class Backbone:
+    """A loaded thinker and the lm_head rows the head reads."""
+
+    thinker: torch.nn.Module
+    lexical_rows: torch.Tensor
+    device: torch.device
+    dtype: torch.dtype
+    hidden_size: int
+
+    @classmethod
+    def load(cls, release: Release, device: torch.device, dtype: torch.dtype) -> Backbone:
+        from transformers.models.qwen3_omni_moe import (
+            Qwen3OmniMoeConfig,
+            Qwen3OmniMoeThinkerForConditionalGeneration,
+        )
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        try:
+            config = Qwen3OmniMoeConfig.from_pretrained(str(release.path))
+            thinker, info = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
+                str(release.path),
+                config=config.thinker_config,
+                key_mapping={r"^thinker\.": ""},
+                dtype=dtype,
+                device_map=str(device) if device.type == "cuda" else None,
+                output_loading_info=True,
+            )
+        except (OSError, ValueError, RuntimeError, KeyError) as error:
+            raise ModelLoadError(f"cannot load the thinker from {release.path}: {error}") from None
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            hf_logging.enable_progress_bar()
+        _check_loading_info(info, release)
+        thinker = thinker.to(device).eval()
+        lexical_rows = thinker.lm_head.weight.detach()
+        thinker.lm_head = torch.nn.Identity()
+        return cls(
+            thinker=thinker,
+            lexical_rows=lexical_rows,
+            device=device,
+            dtype=dtype,
+            hidden_size=int(config.thinker_config.text_config.hidden_size),
+        )
+
+    @torch.inference_mode()
+    def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
+        """Final-norm hidden states `[B, L, hidden]` of a right-padded batch."""
+        outputs = self.thinker.model(**batch.model_inputs(self.device, self.dtype), use_cache=False)
+        return outputs.last_hidden_state

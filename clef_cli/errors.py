@@ -1,0 +1,36 @@
+"""Exception types shared by every stage of the pipeline.
+
+Two kinds of failure exist and they must never be confused: a `RecordError` belongs to one
+record (it becomes that record's `error` cell and the job goes on), a `ClefError` belongs to the
+job (bad option, missing model, unreadable input file) and stops it with one clear line.
+"""
+
+from __future__ import annotations
+
+
+class ClefError(Exception):
+    """A job-level failure shown to the user as one line, without a traceback."""
+
+
+class UsageError(ClefError):
+    """The command line or its files are wrong in a way the user must fix (exit code 2)."""
+
+
+class ModelLoadError(ClefError):
+    """The release could not be found or does not have the expected layout."""
+
+
+class RecordError(Exception):
+    """A failure that concerns one record only; it names the record and the field."""
+
+    def __init__(self, record_id: str, field: str | None, message: str) -> None:
+        self.record_id = record_id
+        self.field = field
+        self.message = message
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"record {self.record_id!r}"
+        if self.field:
+            where += f", field {self.field!r}"
+        return f"{where}: {self.message}"

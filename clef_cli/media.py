@@ -1,0 +1,256 @@
+"""Decoding media exactly as the reference does, behind limits that stop hostile inputs early.
+
+Images: Pillow, RGB. Audio: the first audio stream through PyAV's resampler to 16 kHz mono float32
+(its stereo mix-down and its filter are part of the contract; priming samples stay). Video: the
+first video stream at 2 fps, frames capped at 262144 pixels with even sides, an even frame count,
+plus the soundtrack when there is one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import os
+import stat
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+AUDIO_SAMPLE_RATE = 16000
+VIDEO_FPS = 2.0
+MAX_FRAME_PIXELS = 256 * 32 * 32
+
+
+class MediaError(Exception):
+    """A media entry that cannot be used; the encoder attaches the record and field."""
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """Bounds on what one media entry may cost; each breach is that record's error."""
+
+    max_image_pixels: int = 40_000_000
+    max_audio_seconds: float = 1800.0
+    max_video_seconds: float = 300.0
+    max_file_bytes: int = 256 * 1024 * 1024
+    allow_remote: bool = False
+    remote_timeout_seconds: float = 30.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "max_image_pixels": self.max_image_pixels,
+            "max_audio_seconds": self.max_audio_seconds,
+            "max_video_seconds": self.max_video_seconds,
+            "max_file_bytes": self.max_file_bytes,
+            "allow_remote": self.allow_remote,
+        }
+
+
+@dataclass(frozen=True)
+class DecodedVideo:
+    frames: np.ndarray
+    """uint8 [frames, height, width, 3], an even number of frames."""
+    soundtrack: np.ndarray | None
+    """16 kHz mono float32, or None when the file has no audio stream."""
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def open_source(entry: str, base_dir: Path, limits: MediaLimits) -> str | io.BytesIO:
+    """A local path (checked) or the bytes of a data: / http(s) URL, within the byte limit."""
+    if entry.startswith("data:"):
+        return io.BytesIO(_data_url_bytes(entry, limits))
+    if entry.startswith(("http://", "https://")):
+        if not limits.allow_remote:
+            raise MediaError("http(s) media are refused; pass --allow-remote-media to fetch them")
+        return io.BytesIO(_download(entry, limits))
+    path = Path(entry)
+    if not path.is_absolute():
+        path = base_dir / path
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise MediaError(f"file not found: {path}") from None
+    except OSError as error:
+        raise MediaError(f"cannot read {path}: {error.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise MediaError(f"not a regular file: {path}")
+    if info.st_size > limits.max_file_bytes:
+        raise MediaError(f"file is {info.st_size} bytes, over the limit of {limits.max_file_bytes}: {path}")
+    return str(path)
+
+
+def _data_url_bytes(entry: str, limits: MediaLimits) -> bytes:
+    header, _, payload = entry.partition(",")
+    if ";base64" not in header:
+        raise MediaError("data: URLs must be base64-encoded")
+    if len(payload) * 3 // 4 > limits.max_file_bytes:
+        raise MediaError(f"data: URL is over the limit of {limits.max_file_bytes} bytes")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise MediaError("data: URL is not valid base64") from None
+
+
+def _download(url: str, limits: MediaLimits) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=limits.remote_timeout_seconds) as response:
+            data = response.read(limits.max_file_bytes + 1)
+    except OSError as error:
+        raise MediaError(f"cannot fetch {url}: {error}") from None
+    if len(data) > limits.max_file_bytes:
+        raise MediaError(f"{url} is over the limit of {limits.max_file_bytes} bytes")
+    return data
+
+
+# --------------------------------------------------------------------------- images
+
+
+def decode_image(source: str | io.BytesIO, limits: MediaLimits) -> Any:
+    """A PIL RGB image; the pixel count is checked from the header before decoding."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(source) as image:
+            width, height = image.size
+            if width * height > limits.max_image_pixels:
+                raise MediaError(
+                    f"image is {width}x{height} = {width * height} pixels, over the limit of {limits.max_image_pixels}"
+                )
+            return image.convert("RGB")
+    except UnidentifiedImageError:
+        raise MediaError("not a decodable image") from None
+    except Image.DecompressionBombError as error:
+        raise MediaError(f"image refused: {error}") from None
+    except (OSError, ValueError, SyntaxError) as error:
+        raise MediaError(f"cannot decode image: {error}") from None
+
+
+# --------------------------------------------------------------------------- audio
+
+
+def _rewind(source: str | io.BytesIO) -> str | io.BytesIO:
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    return source
+
+
+def _open_container(source: str | io.BytesIO) -> Any:
+    import av
+
+    try:
+        return av.open(_rewind(source), mode="r")
+    except (av.error.FFmpegError, OSError, ValueError) as error:
+        raise MediaError(f"cannot open media: {error}") from None
+
+
+def _decode_audio_stream(container: Any, max_seconds: float) -> np.ndarray:
+    import av
+
+    stream = container.streams.audio[0]
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_SAMPLE_RATE)
+    max_samples = int(max_seconds * AUDIO_SAMPLE_RATE)
+    chunks: list[np.ndarray] = []
+    total = 0
+    try:
+        for frame in container.decode(stream):
+            for resampled in resampler.resample(frame):
+                chunk = resampled.to_ndarray().reshape(-1)
+                total += chunk.shape[0]
+                if total > max_samples:
+                    raise MediaError(f"audio is longer than the limit of {max_seconds:g} s")
+                chunks.append(chunk)
+        for resampled in resampler.resample(None):
+            chunks.append(resampled.to_ndarray().reshape(-1))
+    except av.error.FFmpegError as error:
+        raise MediaError(f"cannot decode audio: {error}") from None
+    if not chunks:
+        raise MediaError("audio stream holds no samples")
+    return np.concatenate(chunks).astype(np.float32, copy=False)
+
+
+def decode_audio(source: str | io.BytesIO, limits: MediaLimits) -> np.ndarray:
+    """16 kHz mono float32 samples of the first audio stream."""
+    with _open_container(source) as container:
+        if not container.streams.audio:
+            raise MediaError("no audio stream")
+        _check_duration(container, container.streams.audio[0], limits.max_audio_seconds, "audio")
+        return _decode_audio_stream(container, limits.max_audio_seconds)
+
+
+def _check_duration(container: Any, stream: Any, max_seconds: float, kind: str) -> None:
+    """Refuse early when the header already says the stream is too long."""
+    seconds = None
+    if stream.duration is not None and stream.time_base is not None:
+        seconds = float(stream.duration * stream.time_base)
+    elif container.duration is not None:
+        seconds = container.duration / 1_000_000
+    if seconds is not None and seconds > max_seconds:
+        raise MediaError(f"{kind} is {seconds:.1f} s long, over the limit of {max_seconds:g} s")
+
+
+# --------------------------------------------------------------------------- video
+
+
+def capped_frame_size(width: int, height: int) -> tuple[int, int]:
+    """The reference's per-frame cap: scale to at most 262144 pixels, even sides of at least 2."""
+    if width * height <= MAX_FRAME_PIXELS:
+        return width, height
+    scale = math.sqrt(MAX_FRAME_PIXELS / (width * height))
+    return max(2, round(width * scale / 2) * 2), max(2, round(height * scale / 2) * 2)
+
+
+def _decode_frames(container: Any, limits: MediaLimits) -> np.ndarray:
+    import av
+
+    stream = container.streams.video[0]
+    width, height = stream.codec_context.width, stream.codec_context.height
+    if width * height > limits.max_image_pixels:
+        raise MediaError(f"video frames are {width}x{height}, over the limit of {limits.max_image_pixels} pixels")
+    _check_duration(container, stream, limits.max_video_seconds, "video")
+    frames: list[np.ndarray] = []
+    try:
+        for frame in container.decode(stream):
+            time = frame.time
+            if time is None:
+                continue
+            if time > limits.max_video_seconds:
+                raise MediaError(f"video is longer than the limit of {limits.max_video_seconds:g} s")
+            if time < len(frames) / VIDEO_FPS:
+                continue
+            if frame.width * frame.height > limits.max_image_pixels:
+                raise MediaError(f"a video frame is over the limit of {limits.max_image_pixels} pixels")
+            new_width, new_height = capped_frame_size(frame.width, frame.height)
+            frames.append(_frame_rgb(frame, new_width, new_height))
+    except av.error.FFmpegError as error:
+        raise MediaError(f"cannot decode video: {error}") from None
+    if not frames:
+        raise MediaError("video stream holds no frames")
+    if len(frames) % 2:
+        frames.append(frames[-1])
+    return np.stack(frames)
+
+
+def _frame_rgb(frame: Any, width: int, height: int) -> np.ndarray:
+    if (width, height) == (frame.width, frame.height):
+        return frame.to_ndarray(format="rgb24")
+    return frame.to_ndarray(format="rgb24", width=width, height=height)
+
+
+def decode_video(source: str | io.BytesIO, limits: MediaLimits) -> DecodedVideo:
+    """Frames at 2 fps (capped, even count) and the soundtrack, if the file has one."""
+    with _open_container(source) as container:
+        if not container.streams.video:
+            raise MediaError("no video stream")
+        frames = _decode_frames(container, limits)
+    with _open_container(source) as container:
+        if not container.streams.audio:
+            return DecodedVideo(frames, None)
+        soundtrack = _decode_audio_stream(container, limits.max_video_seconds)
+    return DecodedVideo(frames, soundtrack)

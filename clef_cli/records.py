@@ -1,0 +1,377 @@
+"""Reading and validating input records (JSONL, JSON, Parquet) into `Record` objects.
+
+Readers stream: a Parquet file is read batch by batch and a JSONL file line by line, so a job
+over millions of records never holds them all. Every problem with one record becomes an
+`InvalidRecord` that names the record and the field; the other records are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clef_cli.errors import RecordError, UsageError
+
+QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
+"""Question type names and the ids the head's type embedding uses."""
+
+NOUL_DEFAULTS: dict[str, str | None] = {
+    "true": "The proposition is true or the answer is yes.",
+    "false": "The proposition is false or the answer is no.",
+}
+MEDIA_FIELDS = ("images", "audio", "videos")
+RECORD_FIELDS = ("id", "state", "questions", *MEDIA_FIELDS)
+INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One validated question; `options` are in head (and prompt) order."""
+
+    id: str
+    type: str
+    instructions: Any
+    options: tuple[tuple[str, Any], ...]
+    criteria_order: tuple[str, ...]
+    """Option ids in the order the record wrote them (choice ties go to the first of these)."""
+
+    @property
+    def type_id(self) -> int:
+        return QUESTION_TYPES[self.type]
+
+    @property
+    def option_ids(self) -> tuple[str, ...]:
+        return tuple(option_id for option_id, _ in self.options)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A valid record: state, schema and media references (paths are resolved later)."""
+
+    id: str
+    index: int
+    state: Any
+    questions: tuple[Question, ...]
+    images: tuple[str, ...] = ()
+    audio: tuple[str, ...] = ()
+    videos: tuple[str, ...] = ()
+    base_dir: Path = field(default_factory=Path.cwd)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Input columns asked for with --keep-columns, passed through untouched."""
+
+    @property
+    def has_media(self) -> bool:
+        return bool(self.images or self.audio or self.videos)
+
+
+@dataclass(frozen=True)
+class InvalidRecord:
+    """A record that failed validation; it still takes its place in the output."""
+
+    id: str
+    index: int
+    error: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- schema validation
+
+
+def question_options(
+    question_id: str, qtype: str, criteria: Any, record_id: str
+) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """The (option id, description) pairs in head order, and the ids in the record's order."""
+    where = f"questions.{question_id}.criteria"
+    if qtype == "noul":
+        if criteria is None:
+            criteria = {}
+        if not isinstance(criteria, Mapping):
+            raise RecordError(record_id, where, "noul criteria must be an object with keys true/false")
+        unknown = sorted(str(key) for key in criteria if key not in NOUL_DEFAULTS)
+        if unknown:
+            raise RecordError(record_id, where, f"noul criteria allow only the keys true and false, got {unknown}")
+        descriptions = {**NOUL_DEFAULTS, **criteria}
+        options = tuple((key, descriptions[key]) for key in ("true", "false"))
+        return options, ("true", "false")
+    if qtype == "choice":
+        if not isinstance(criteria, Mapping) or not criteria:
+            raise RecordError(
+                record_id, where, "choice criteria must be a non-empty object of option id -> description"
+            )
+        if any(not isinstance(key, str) for key in criteria):
+            raise RecordError(record_id, where, "choice option ids must be strings")
+        return tuple((key, criteria[key]) for key in sorted(criteria)), tuple(criteria)
+    if not isinstance(criteria, list) or not criteria:
+        raise RecordError(record_id, where, "score criteria must be a non-empty list of level descriptions")
+    levels = tuple(str(level) for level in range(len(criteria)))
+    return tuple(zip(levels, criteria)), levels
+
+
+def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
+    """Validate a question schema (question id -> question object), keeping the record's order."""
+    if questions is None:
+        raise RecordError(record_id, "questions", "no questions (give them in the record or with --questions)")
+    if not isinstance(questions, Mapping):
+        raise RecordError(record_id, "questions", "questions must be an object of question id -> question")
+    if not questions:
+        raise RecordError(record_id, "questions", "no questions: the schema is empty")
+    parsed = []
+    for question_id, spec in questions.items():
+        if not isinstance(question_id, str) or not question_id:
+            raise RecordError(record_id, "questions", f"question ids must be non-empty strings, got {question_id!r}")
+        if not isinstance(spec, Mapping):
+            raise RecordError(record_id, f"questions.{question_id}", "a question must be an object")
+        qtype = spec.get("type")
+        if qtype not in QUESTION_TYPES:
+            raise RecordError(
+                record_id,
+                f"questions.{question_id}.type",
+                f"unknown question type {qtype!r} (expected one of noul, choice, score)",
+            )
+        options, criteria_order = question_options(question_id, qtype, spec.get("criteria"), record_id)
+        parsed.append(
+            Question(
+                id=question_id,
+                type=qtype,
+                instructions=spec.get("instructions"),
+                options=options,
+                criteria_order=criteria_order,
+            )
+        )
+    return tuple(parsed)
+
+
+def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[str, ...]:
+    value = raw.get(name)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        raise RecordError(record_id, name, "must be a list of strings (paths, data: URLs or http(s) URLs)")
+    if not isinstance(value, Sequence) and not hasattr(value, "tolist"):
+        raise RecordError(record_id, name, "must be a list of strings")
+    entries = list(value)
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, str):
+            raise RecordError(
+                record_id, f"{name}[{position}]", f"media entries must be strings, got {type(entry).__name__}"
+            )
+        if not entry:
+            raise RecordError(record_id, f"{name}[{position}]", "empty media entry")
+    return tuple(entries)
+
+
+def _decode_json_text(value: Any, record_id: str, name: str) -> Any:
+    """Parquet and CSV-like sources may carry nested values as JSON text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise RecordError(record_id, name, f"not valid JSON text: {error.msg} at position {error.pos}") from None
+
+
+# --------------------------------------------------------------------------- record assembly
+
+
+@dataclass
+class RecordBuilder:
+    """Turns raw mappings into `Record` / `InvalidRecord`, tracking ids across all inputs."""
+
+    default_questions: Mapping[str, Any] | None = None
+    keep_columns: Sequence[str] = ()
+    _seen_ids: dict[str, int] = field(default_factory=dict)
+
+    def build(self, raw: Any, index: int, base_dir: Path, json_text: bool = False) -> Record | InvalidRecord:
+        if not isinstance(raw, Mapping):
+            return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
+        record_id = self._record_id(raw, index)
+        extra = {name: raw.get(name) for name in self.keep_columns}
+        try:
+            if record_id in self._seen_ids:
+                raise RecordError(
+                    record_id, "id", f"duplicate record id (first used by record {self._seen_ids[record_id]})"
+                )
+            self._seen_ids[record_id] = index
+            return self._validate(raw, record_id, index, base_dir, json_text, extra)
+        except RecordError as error:
+            return InvalidRecord(record_id, index, str(error), extra)
+
+    @staticmethod
+    def _record_id(raw: Mapping[str, Any], index: int) -> str:
+        value = raw.get("id")
+        if value is None or value == "":
+            return str(index)
+        return str(value)
+
+    def _validate(
+        self,
+        raw: Mapping[str, Any],
+        record_id: str,
+        index: int,
+        base_dir: Path,
+        json_text: bool,
+        extra: Mapping[str, Any],
+    ) -> Record:
+        if "state" not in raw or raw["state"] is None:
+            raise RecordError(record_id, "state", "missing state")
+        state = raw["state"]
+        questions = raw.get("questions")
+        if json_text:
+            state = _decode_json_container(state)
+            questions = _decode_json_text(questions, record_id, "questions")
+            questions = _drop_absent_questions(questions)
+        if questions is None:
+            questions = self.default_questions
+        return Record(
+            id=record_id,
+            index=index,
+            state=state,
+            questions=parse_questions(questions, record_id),
+            images=parse_media(raw, "images", record_id),
+            audio=parse_media(raw, "audio", record_id),
+            videos=parse_media(raw, "videos", record_id),
+            base_dir=base_dir,
+            extra=extra,
+        )
+
+
+def _decode_json_container(value: Any) -> Any:
+    """A Parquet text state holding a JSON object or array is that value; other text stays text."""
+    if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+        return value
+    try:
+        decoded = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    return decoded if isinstance(decoded, (dict, list)) else value
+
+
+def _drop_absent_questions(questions: Any) -> Any:
+    """A nested Parquet struct column has every question id of the file; absent ones are null."""
+    if isinstance(questions, list) and all(isinstance(item, tuple) and len(item) == 2 for item in questions):
+        questions = dict(questions)  # a Parquet map column
+    if isinstance(questions, Mapping):
+        return {key: value for key, value in questions.items() if value is not None}
+    return questions
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def load_questions_file(path: str | Path) -> dict[str, Any]:
+    """`--questions FILE`: one question schema, as `{id: question}` or `{"questions": {...}}`."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"questions file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"cannot read questions file {path}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise UsageError(f"questions file {path} is not valid JSON: {error.msg} (line {error.lineno})") from None
+    if isinstance(data, Mapping) and isinstance(data.get("questions"), Mapping):
+        data = data["questions"]
+    if not isinstance(data, Mapping) or not data:
+        raise UsageError(f"questions file {path} must hold a non-empty object of question id -> question")
+    try:
+        parse_questions(data, "--questions")
+    except RecordError as error:
+        raise UsageError(f"questions file {path}: {error.message} ({error.field})") from None
+    return dict(data)
+
+
+def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
+    """Input files in a stable order; a folder stands for its Parquet parts (sorted by name)."""
+    files: list[Path] = []
+    for raw_path in paths:
+        path = Path(raw_path)
+        if path.is_dir():
+            parts = sorted(p for p in path.iterdir() if p.suffix in (".parquet", ".pq") and p.is_file())
+            if not parts:
+                raise UsageError(f"folder {path} holds no .parquet files")
+            files.extend(parts)
+        elif path.is_file():
+            if path.suffix.lower() not in INPUT_SUFFIXES:
+                raise UsageError(f"{path}: unsupported input type (use .jsonl, .json or .parquet)")
+            files.append(path)
+        else:
+            raise UsageError(f"input not found: {path}")
+    if not files:
+        raise UsageError("no input files given")
+    return files
+
+
+def _raw_jsonl(path: Path) -> Iterator[tuple[Any, str | None]]:
+    with path.open("r", encoding="utf-8", errors="strict") as handle:
+        line_number = 0
+        while True:
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError as error:
+                yield None, f"{path.name} line {line_number + 1}: not UTF-8 text ({error.reason})"
+                return
+            if not line:
+                return
+            line_number += 1
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line), None
+            except json.JSONDecodeError as error:
+                yield None, f"{path.name} line {line_number}: invalid JSON ({error.msg})"
+
+
+def _raw_json(path: Path) -> Iterator[tuple[Any, str | None]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{path} is not a valid JSON file: {error}") from None
+    items = data if isinstance(data, list) else [data]
+    for item in items:
+        yield item, None
+
+
+def _raw_parquet(path: Path, batch_size: int = 1024) -> Iterator[tuple[Any, str | None]]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as error:  # pyarrow raises several types for a damaged file
+        raise UsageError(f"{path} is not a readable Parquet file: {error}") from None
+    for batch in parquet.iter_batches(batch_size=batch_size):
+        for row in batch.to_pylist():
+            yield row, None
+
+
+def _raw_rows(path: Path) -> Iterator[tuple[Any, str | None]]:
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        return _raw_parquet(path)
+    if suffix == ".json":
+        return _raw_json(path)
+    return _raw_jsonl(path)
+
+
+def read_records(
+    paths: Iterable[str | Path],
+    questions: Mapping[str, Any] | None = None,
+    keep_columns: Sequence[str] = (),
+    limit: int | None = None,
+) -> Iterator[Record | InvalidRecord]:
+    """Stream records from every input in order; `index` counts across all inputs from 0."""
+    builder = RecordBuilder(default_questions=questions, keep_columns=tuple(keep_columns))
+    index = 0
+    for path in expand_inputs(paths):
+        base_dir = path.resolve().parent
+        json_text = path.suffix.lower() in (".parquet", ".pq")
+        for raw, problem in _raw_rows(path):
+            if limit is not None and index >= limit:
+                return
+            if problem is not None:
+                yield InvalidRecord(str(index), index, problem)
+            else:
+                yield builder.build(raw, index, base_dir, json_text=json_text)
+            index += 1

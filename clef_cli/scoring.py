@@ -1,0 +1,125 @@
+"""The library entry point: encoded records in, per-question probabilities out.
+
+`Scorer` joins the backbone and the head for padded batches; `load_scorer` builds one from a
+release. A Python user or a distributed worker calls these directly, without the CLI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from clef_cli.answers import QuestionResult, question_result
+from clef_cli.backbone import Backbone, resolve_device, resolve_dtype
+from clef_cli.batching import PlanEntry, collate, plan_batches
+from clef_cli.head import JointSchemaHead, build_layout, load_joint_head
+from clef_cli.prompt import EncodedRecord
+from clef_cli.release import Release, resolve_release
+
+DEFAULT_MAX_BATCH_TOKENS = 32768
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
+@dataclass(frozen=True)
+class ScoredRecord:
+    record_id: str
+    index: int
+    prompt_tokens: int
+    state_tokens_cut: int
+    questions: tuple[QuestionResult, ...]
+
+
+def head_logits(
+    head: JointSchemaHead,
+    hidden_states: torch.Tensor,
+    lexical_rows: torch.Tensor,
+    records: Sequence[EncodedRecord],
+) -> list[list[torch.Tensor]]:
+    """Per record, per question: the option logits (head order), from padded hidden states."""
+    layout = build_layout(
+        [record.questions for record in records],
+        [record.input_ids for record in records],
+        hidden_states.shape[1],
+    ).to(hidden_states.device)
+    with torch.inference_mode():
+        flat = head(hidden_states, lexical_rows, layout).float().cpu()
+    per_question = torch.split(flat, layout.options_per_question)
+    grouped, start = [], 0
+    for record in records:
+        grouped.append(list(per_question[start : start + len(record.questions)]))
+        start += len(record.questions)
+    return grouped
+
+
+def scored_record(record: EncodedRecord, logits: Sequence[torch.Tensor]) -> ScoredRecord:
+    return ScoredRecord(
+        record_id=record.record.id,
+        index=record.record.index,
+        prompt_tokens=record.length,
+        state_tokens_cut=record.state_tokens_cut,
+        questions=tuple(
+            question_result(question, question_logits)
+            for question, question_logits in zip(record.record.questions, logits)
+        ),
+    )
+
+
+@dataclass
+class Scorer:
+    """A loaded thinker plus joint head; scores batches of encoded records."""
+
+    backbone: Backbone
+    head: JointSchemaHead
+    pad_token_id: int
+    release: Release | None = None
+
+    def hidden_states(self, records: Sequence[EncodedRecord]) -> torch.Tensor:
+        """One right-padded forward: `[B, L, hidden]`, padding rows beyond each record's length."""
+        return self.backbone.hidden_states(collate(records, self.pad_token_id))
+
+    def score_batch(self, records: Sequence[EncodedRecord]) -> list[ScoredRecord]:
+        """Score records that may share a forward (same audio-in-video flag)."""
+        hidden = self.hidden_states(records)
+        logits = head_logits(self.head, hidden, self.backbone.lexical_rows, records)
+        return [scored_record(record, record_logits) for record, record_logits in zip(records, logits)]
+
+    def score(
+        self,
+        records: Sequence[EncodedRecord],
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+    ) -> list[ScoredRecord]:
+        """Score any records: planned into length-sorted batches, returned in the given order."""
+        entries = [PlanEntry(i, record.length, record.use_audio_in_video) for i, record in enumerate(records)]
+        results: list[ScoredRecord | None] = [None] * len(records)
+        for batch in plan_batches(entries, max_batch_tokens, max_batch_size):
+            scored = self.score_batch([records[i] for i in batch.indices])
+            for i, result in zip(batch.indices, scored):
+                results[i] = result
+        return [result for result in results if result is not None]
+
+
+def load_scorer(
+    model: str | Release,
+    device: str = "auto",
+    dtype: str | None = None,
+    revision: str | None = None,
+) -> Scorer:
+    """Load the thinker (weights strictly checked) and the joint head of a release."""
+    from clef_cli.release import load_processor
+
+    release = model if isinstance(model, Release) else resolve_release(model, revision=revision)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    backbone = Backbone.load(release, torch_device, torch_dtype)
+    head = load_joint_head(release.path).to(torch_device)
+    if head.config.hidden_size != backbone.hidden_size:
+        from clef_cli.errors import ModelLoadError
+
+        raise ModelLoadError(
+            f"the joint head expects hidden size {head.config.hidden_size}, the thinker has {backbone.hidden_size}"
+        )
+    tokenizer = load_processor(release).tokenizer
+    return Scorer(backbone=backbone, head=head, pad_token_id=int(tokenizer.pad_token_id), release=release)
