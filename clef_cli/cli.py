@@ -1,0 +1,293 @@
+"""The `clef` command line: parses options, shows progress on stderr, maps errors to exit codes.
+
+All work happens in the library; every command here is a thin shell around it. Exit codes:
+0 success, 1 fatal error, 2 usage error, 3 finished but some records failed, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from clef_cli import __version__
+from clef_cli.errors import ClefError, RecordError, UsageError
+
+EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+app = typer.Typer(
+    name="clef",
+    help="Score records with Cloudflare's Clef-Omni decision model: a probability for every allowed "
+    "option of every question, in Parquet.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+T = TypeVar("T")
+
+# ----------------------------------------------------------------------------- shared options
+
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Release folder or hub id (found through the HF cache; HF_HOME and HF_HUB_OFFLINE apply).",
+        envvar="CLEF_MODEL",
+    ),
+]
+RevisionOption = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+MaxLengthOption = Annotated[
+    int, typer.Option("--max-length", min=16, help="Prompt token budget; the state is cut to fit.")
+]
+OverflowOption = Annotated[
+    str,
+    typer.Option(
+        "--on-overflow",
+        help="When the state does not fit: 'truncate' cuts it (the reference's behaviour), 'error' refuses the record.",
+    ),
+]
+QuestionsOption = Annotated[
+    Path | None,
+    typer.Option("--questions", "-q", help="JSON file with one question schema for records that carry none."),
+]
+MaxImagePixelsOption = Annotated[
+    int, typer.Option("--max-image-pixels", min=1, help="Largest image (or video frame) accepted, in pixels.")
+]
+MaxAudioSecondsOption = Annotated[
+    float, typer.Option("--max-audio-seconds", min=0.1, help="Longest audio clip accepted, in seconds.")
+]
+MaxVideoSecondsOption = Annotated[
+    float, typer.Option("--max-video-seconds", min=0.1, help="Longest video accepted, in seconds.")
+]
+MaxFileBytesOption = Annotated[
+    str, typer.Option("--max-file-bytes", help="Largest media file accepted (bytes, or with K/M/G suffix).")
+]
+AllowRemoteOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-remote-media",
+        help="Fetch http(s) media URLs. Off by default: records may come from untrusted sources.",
+    ),
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks for errors.")]
+
+
+def parse_size(text: str) -> int:
+    """`256M` -> 268435456; plain numbers are bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    cleaned = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if cleaned and cleaned[-1] in units:
+            return int(float(cleaned[:-1]) * units[cleaned[-1]])
+        return int(cleaned)
+    except ValueError:
+        raise UsageError(f"not a size: {text!r} (use bytes or a K/M/G suffix)") from None
+
+
+def media_limits(
+    max_image_pixels: int, max_audio_seconds: float, max_video_seconds: float, max_file_bytes: str, allow_remote: bool
+) -> Any:
+    from clef_cli.media import MediaLimits
+
+    return MediaLimits(
+        max_image_pixels=max_image_pixels,
+        max_audio_seconds=max_audio_seconds,
+        max_video_seconds=max_video_seconds,
+        max_file_bytes=parse_size(max_file_bytes),
+        allow_remote=allow_remote,
+    )
+
+
+def overflow_policy(value: str) -> Any:
+    from clef_cli.prompt import OverflowPolicy
+
+    try:
+        return OverflowPolicy(value)
+    except ValueError:
+        raise UsageError(f"--on-overflow must be 'truncate' or 'error', not {value!r}") from None
+
+
+def run_guarded(verbose: bool, body: Callable[[], T]) -> T:
+    """Run a command body; user mistakes and job failures become one line and an exit code."""
+    try:
+        return body()
+    except UsageError as error:
+        stderr.print(f"error: {error}", markup=False)
+        raise typer.Exit(EXIT_USAGE) from None
+    except ClefError as error:
+        if verbose:
+            traceback.print_exc()
+        stderr.print(f"error: {error}", markup=False)
+        raise typer.Exit(EXIT_FATAL) from None
+    except KeyboardInterrupt:
+        stderr.print("interrupted", markup=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except typer.Exit:
+        raise
+    except Exception as error:
+        if verbose:
+            traceback.print_exc()
+        else:
+            stderr.print(f"error: {type(error).__name__}: {error} (run with -v for the traceback)", markup=False)
+        raise typer.Exit(EXIT_FATAL) from None
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        stdout.print(f"clef {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """Score records with Cloudflare's Clef-Omni decision model."""
+
+
+# ----------------------------------------------------------------------------- inspect-spans
+
+
+@app.command("inspect-spans")
+def inspect_spans(
+    record_file: Annotated[Path, typer.Argument(help="A JSONL, JSON or Parquet file of records.")],
+    model: ModelOption = "Cloudflare/clef-omni",
+    revision: RevisionOption = None,
+    index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
+    record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
+    max_length: MaxLengthOption = 64000,
+    on_overflow: OverflowOption = "truncate",
+    questions: QuestionsOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
+    max_image_pixels: MaxImagePixelsOption = 40_000_000,
+    max_audio_seconds: MaxAudioSecondsOption = 1800.0,
+    max_video_seconds: MaxVideoSecondsOption = 300.0,
+    max_file_bytes: MaxFileBytesOption = "256M",
+    allow_remote_media: AllowRemoteOption = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Show how one record is encoded: the prompt with question and option spans highlighted,
+    a table of every span and the token totals. Loads only the tokenizer and processor files,
+    never the weights."""
+
+    def body() -> None:
+        from clef_cli.prompt import PromptEncoder
+        from clef_cli.records import InvalidRecord, load_questions_file
+        from clef_cli.release import load_processor, resolve_release
+        from clef_cli.spans import span_report
+
+        if index is not None and record_id is not None:
+            raise UsageError("give --index or --id, not both")
+        limits = media_limits(
+            max_image_pixels, max_audio_seconds, max_video_seconds, max_file_bytes, allow_remote_media
+        )
+        policy = overflow_policy(on_overflow)
+        schema = load_questions_file(questions) if questions else None
+        record = _select_record(record_file, schema, index, record_id)
+        if isinstance(record, InvalidRecord):
+            raise ClefError(record.error)
+        release = resolve_release(model, revision=revision, with_weights=False, require_head=False)
+        processor = load_processor(release)
+        encoder = PromptEncoder(processor, max_length=max_length, overflow=policy, limits=limits)
+        try:
+            encoded = encoder.encode(record)
+        except RecordError as error:
+            raise ClefError(str(error)) from None
+        report = span_report(encoded, processor.tokenizer)
+        if as_json:
+            sys.stdout.write(json.dumps(report, ensure_ascii=False) + "\n")
+        else:
+            _print_span_view(encoded, processor.tokenizer, report)
+
+    run_guarded(verbose, body)
+
+
+def _select_record(path: Path, schema: Any, index: int | None, record_id: str | None) -> Any:
+    from clef_cli.records import read_records
+
+    wanted_index = 0 if index is None and record_id is None else index
+    for record in read_records([path], questions=schema):
+        if record_id is not None and record.id == record_id:
+            return record
+        if wanted_index is not None and record.index == wanted_index:
+            return record
+    if record_id is not None:
+        raise UsageError(f"no record with id {record_id!r} in {path}")
+    raise UsageError(f"{path} has no record at index {wanted_index}")
+
+
+QUESTION_STYLES = ("bold magenta", "bold cyan", "bold yellow", "bold blue")
+OPTION_STYLES = ("black on green", "black on bright_yellow", "black on bright_cyan", "black on bright_magenta")
+
+
+def _print_span_view(encoded: Any, tokenizer: Any, report: dict[str, Any]) -> None:
+    from clef_cli.spans import prompt_pieces
+
+    prompt = Text()
+    for piece in prompt_pieces(encoded, tokenizer):
+        if piece.kind == "question":
+            prompt.append(piece.text, style=f"{QUESTION_STYLES[piece.question % len(QUESTION_STYLES)]} underline")
+        elif piece.kind == "option":
+            prompt.append(piece.text, style=OPTION_STYLES[piece.option % len(OPTION_STYLES)])
+        elif piece.kind == "media":
+            prompt.append(piece.text, style="bold red")
+        else:
+            prompt.append(piece.text, style="dim")
+    stdout.rule(f"record {report['id']} (index {report['index']})")
+    stdout.print(prompt)
+    stdout.rule("spans")
+    table = Table(show_lines=False)
+    for column in ("question", "option", "tokens", "count", "text"):
+        table.add_column(column, overflow="fold")
+    for q, question in enumerate(report["questions"]):
+        style = QUESTION_STYLES[q % len(QUESTION_STYLES)]
+        start, end = question["question_span"]
+        table.add_row(
+            Text(question["question_id"], style=style),
+            Text(f"({question['type']})", style="dim"),
+            f"[{start}, {end})",
+            str(question["tokens"]),
+            Text(question["text"]),
+        )
+        for o, option in enumerate(question["options"]):
+            start, end = option["span"]
+            table.add_row(
+                "",
+                Text(option["option_id"], style=OPTION_STYLES[o % len(OPTION_STYLES)]),
+                f"[{start}, {end})",
+                str(option["tokens"]),
+                Text(option["text"]),
+            )
+    stdout.print(table)
+    media = report["media_tokens"]
+    stdout.print(
+        f"prompt tokens: {report['prompt_tokens']} of max length {report['max_length']}\n"
+        f"media tokens: image {media['image']}, audio {media['audio']}, video {media['video']}"
+        f"{' (audio in video)' if report['use_audio_in_video'] else ''}\n"
+        f"state tokens: {report['state_tokens']} kept, {report['state_tokens_cut']} cut"
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="clef")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

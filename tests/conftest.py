@@ -1,0 +1,69 @@
+"""Shared fixtures: the tiny random Clef-Omni release and the reference's golden outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY_MODEL = FIXTURES / "tiny-clef-omni"
+GOLDEN = FIXTURES / "golden"
+MEDIA = FIXTURES / "media"
+GOLDEN_RECORDS = GOLDEN / "records_A.jsonl"
+GOLDEN_MAX_LENGTH = json.loads((GOLDEN / "meta.json").read_text())["max_length"]
+SAMPLE_DATA = Path(__file__).parent.parent / "sample_data"
+
+
+@pytest.fixture(scope="session")
+def release():
+    from clef_cli.release import resolve_release
+
+    return resolve_release(str(TINY_MODEL))
+
+
+@pytest.fixture(scope="session")
+def processor(release):
+    from clef_cli.release import load_processor
+
+    return load_processor(release)
+
+
+@pytest.fixture(scope="session")
+def encoder(processor):
+    from clef_cli.prompt import PromptEncoder
+
+    return PromptEncoder(processor, max_length=GOLDEN_MAX_LENGTH)
+
+
+@pytest.fixture(scope="session")
+def golden_records():
+    from clef_cli.records import read_records
+
+    return list(read_records([GOLDEN_RECORDS]))
+
+
+@pytest.fixture(scope="session")
+def expected():
+    return [json.loads(line) for line in (GOLDEN / "expected_A.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def golden_encoded(encoder, golden_records):
+    return [encoder.encode(record) for record in golden_records]
+
+
+@pytest.fixture(scope="session")
+def scorer(release):
+    import torch
+
+    from clef_cli.scoring import load_scorer
+
+    torch.manual_seed(0)
+    return load_scorer(release, device="cpu", dtype="float32")
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
+    return path

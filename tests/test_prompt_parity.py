@@ -1,0 +1,102 @@
+"""Token-for-token parity of the prompt encoder with the reference implementation's outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from clef_cli.prompt import render
+
+from .conftest import GOLDEN_MAX_LENGTH
+
+
+def test_every_golden_record_encodes_to_the_reference_ids(golden_encoded, expected):
+    assert len(golden_encoded) == len(expected) == 15
+    for encoded, reference in zip(golden_encoded, expected):
+        assert encoded.record.id == reference["id"]
+        assert encoded.input_ids == reference["input_ids"], encoded.record.id
+        assert encoded.length == reference["num_tokens"]
+
+
+def test_spans_and_option_ids_match_the_reference(golden_encoded, expected):
+    for encoded, reference in zip(golden_encoded, expected):
+        assert len(encoded.questions) == len(reference["questions"])
+        for question, golden in zip(encoded.questions, reference["questions"]):
+            assert question.question_id == golden["question_id"]
+            assert question.question_type == golden["question_type"]
+            assert list(question.question_span) == golden["question_span"]
+            assert [list(span) for span in question.option_spans] == golden["option_spans"]
+            assert list(question.option_ids) == golden["option_ids"]
+
+
+def test_decoded_prompt_matches(golden_encoded, expected, processor):
+    for encoded, reference in zip(golden_encoded, expected):
+        assert processor.tokenizer.decode(encoded.input_ids) == reference["prompt"]
+
+
+@pytest.mark.parametrize("name", ["pixel_values", "pixel_values_videos", "input_features"])
+def test_media_tensors_match_the_reference_decoding(golden_encoded, expected, name):
+    checked = 0
+    for encoded, reference in zip(golden_encoded, expected):
+        golden = reference["media"].get(name)
+        if golden is None:
+            assert name not in encoded.media
+            continue
+        tensor = encoded.media[name].double()
+        assert list(tensor.shape) == golden["shape"], encoded.record.id
+        tolerance = 1e-5 * golden["abs_sum"]
+        assert abs(tensor.sum().item() - golden["sum"]) <= tolerance, encoded.record.id
+        assert abs(tensor.abs().sum().item() - golden["abs_sum"]) <= tolerance, encoded.record.id
+        checked += 1
+    assert checked >= 3
+
+
+def test_grids_audio_lengths_and_audio_in_video_flag(golden_encoded, expected):
+    for encoded, reference in zip(golden_encoded, expected):
+        media = reference["media"]
+        assert encoded.use_audio_in_video == media["use_audio_in_video"], encoded.record.id
+        for name in ("image_grid_thw", "video_grid_thw"):
+            if name in media:
+                assert encoded.media[name].tolist() == media[name]
+        if "audio_feature_lengths" in media:
+            assert encoded.media["feature_attention_mask"].sum(-1).tolist() == media["audio_feature_lengths"]
+        if "video_second_per_grid" in media:
+            assert torch.as_tensor(encoded.media["video_second_per_grid"]).tolist() == media["video_second_per_grid"]
+
+
+def test_truncated_state_records_the_cut(golden_encoded):
+    by_id = {encoded.record.id: encoded for encoded in golden_encoded}
+    truncated = by_id["a11-truncated-state"]
+    assert truncated.length == GOLDEN_MAX_LENGTH
+    assert truncated.state_tokens_cut > 0
+    assert all(encoded.state_tokens_cut == 0 for key, encoded in by_id.items() if key != "a11-truncated-state")
+
+
+def test_render_spells_values_like_the_reference():
+    assert render("as is {x}") == "as is {x}"
+    assert render({"b": 1, "a": [1.0, None, True]}) == '{"a":[1.0,null,true],"b":1}'
+    assert render({"ü": "東京"}) == '{"ü":"東京"}'
+    assert render(1e-05) == "1e-05"
+    assert render(12.5) == "12.5"
+
+
+def test_overflow_error_policy_refuses_instead_of_cutting(processor, golden_records):
+    from clef_cli.errors import RecordError
+    from clef_cli.prompt import PromptEncoder
+
+    strict = PromptEncoder(processor, max_length=GOLDEN_MAX_LENGTH, overflow="error")
+    record = next(r for r in golden_records if r.id == "a11-truncated-state")
+    with pytest.raises(RecordError, match=r"only \d+ fit in max length 1024") as caught:
+        strict.encode(record)
+    assert caught.value.field == "state"
+    assert caught.value.record_id == "a11-truncated-state"
+
+
+def test_schema_longer_than_max_length_is_that_records_error(processor, golden_encoded, expected):
+    from clef_cli.errors import RecordError
+    from clef_cli.prompt import PromptEncoder
+
+    tight = PromptEncoder(processor, max_length=200)
+    fixed = expected[0]["num_tokens"] - golden_encoded[0].state_tokens
+    with pytest.raises(RecordError, match=rf"schema requires {fixed} tokens before state; maximum is 200"):
+        tight.encode(golden_encoded[0].record)
