@@ -55,10 +55,17 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
         raise ModelLoadError(f"unknown dtype {dtype!r} (use auto, bfloat16, float16 or float32)") from None
 
 
+def _describe_mismatch(item: object) -> str:
+    if isinstance(item, tuple) and len(item) == 3:
+        key, in_checkpoint, in_model = item
+        return f"{key} (checkpoint {tuple(in_checkpoint)}, model {tuple(in_model)})"
+    return str(item)
+
+
 def _check_loading_info(info: dict[str, object], release: Release) -> None:
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(key for key in info.get("unexpected_keys") or () if not SPEECH_OUTPUT_KEYS.match(key))
-    mismatched = sorted(str(item) for item in info.get("mismatched_keys") or ())
+    mismatched = sorted(_describe_mismatch(item) for item in info.get("mismatched_keys") or ())
     problems = []
     if missing:
         problems.append(f"missing keys: {', '.join(missing)}")
@@ -100,6 +107,7 @@ class Backbone:
                 dtype=dtype,
                 device_map=str(device) if device.type == "cuda" else None,
                 output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported below, with the others, as one error
             )
         except (OSError, ValueError, RuntimeError, KeyError) as error:
             raise ModelLoadError(f"cannot load the thinker from {release.path}: {error}") from None
