@@ -131,3 +131,24 @@ class Backbone:
         """Final-norm hidden states `[B, L, hidden]` of a right-padded batch."""
         outputs = self.thinker.model(**batch.model_inputs(self.device, self.dtype), use_cache=False)
         return outputs.last_hidden_state
+
+
+def load_lexical_rows(release: Release) -> torch.Tensor:
+    """Only the thinker's lm_head weight, read from its shard: re-scoring stored hidden states
+    with another head needs these rows and nothing else of the backbone."""
+    import json
+
+    from safetensors import safe_open
+
+    key = "thinker.lm_head.weight"
+    index = release.path / "model.safetensors.index.json"
+    if index.is_file():
+        shard_name = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).get(key)
+        candidates = [release.path / shard_name] if shard_name else []
+    else:
+        candidates = sorted(p for p in release.path.glob("*.safetensors") if not p.name.startswith("joint_head"))
+    for shard in candidates:
+        with safe_open(str(shard), framework="pt") as handle:
+            if key in handle.keys():  # noqa: SIM118 - safe_open has no __contains__
+                return handle.get_tensor(key)
+    raise ModelLoadError(f"{release.path} holds no {key}")

@@ -7,7 +7,11 @@ All work happens in the library; every command here is a thin shell around it. E
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +163,275 @@ def main_callback(
     ] = False,
 ) -> None:
     """Score records with Cloudflare's Clef-Omni decision model."""
+
+
+# ----------------------------------------------------------------------------- score
+
+
+class RichProgress:
+    """Records, tokens/s, ETA and errors so far, on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.enabled = enabled
+        self.tokens = 0
+        self.failed = 0
+        self.started = time.monotonic()
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[errors]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=stderr,
+            transient=False,
+            disable=not enabled,
+        )
+        self._task: Any = None
+
+    def start(self, total: int | None, done: int) -> None:
+        self.started = time.monotonic()
+        self._progress.start()
+        self._task = self._progress.add_task("records", total=total, completed=done, rate="", errors="")
+
+    def advance(self, records: int, tokens: int, failed: int) -> None:
+        if self._task is None:
+            return
+        self.tokens += tokens
+        self.failed += failed
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        self._progress.update(
+            self._task,
+            advance=records,
+            rate=f"{self.tokens / elapsed:,.0f} tok/s",
+            errors=f"{self.failed} errors" if self.failed else "",
+        )
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self._progress.console.print(message, markup=False, style="dim")
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM: finish and commit the current batch, then exit 130. Second: abort."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        stderr.print("stopping after the current batch (press Ctrl-C again to abort)", markup=False)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _print_summary(summary: Any) -> None:
+    if summary.interrupted:
+        stderr.print(
+            f"interrupted: {summary.forwarded} records scored and committed this run; "
+            "rerun the same command to continue",
+            markup=False,
+        )
+        return
+    rate = summary.tokens / summary.seconds if summary.seconds else 0.0
+    stderr.print(
+        f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
+        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint); "
+        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s) -> {summary.output}",
+        markup=False,
+    )
+    for error in summary.first_errors[:3]:
+        stderr.print(f"  error: {error}", markup=False)
+
+
+def _print_dry_run(report: Any, settings: Any) -> None:
+    from clef_cli.pipeline import human_size
+
+    stdout.print(f"records: {report.records} ({report.valid} valid, {report.invalid} invalid)")
+    if report.already_done:
+        stdout.print(f"already in the checkpoint: {report.already_done} (not planned again)")
+    percentiles = report.percentiles()
+    if percentiles:
+        stdout.print("prompt tokens: " + ", ".join(f"{key} {value}" for key, value in percentiles.items()))
+        stdout.print(f"total prompt tokens: {sum(report.lengths)}")
+    stdout.print(
+        f"batches: {report.batches} ({report.audio_in_video_batches} with audio-in-video) under "
+        f"{settings.max_batch_tokens} padded tokens and at most {settings.max_batch_size} records each"
+    )
+    stdout.print(f"padding waste: {report.padding_waste:.2%}")
+    if settings.hidden_states == "keep":
+        stdout.print(f"hidden states on disk: about {human_size(report.hidden_state_bytes)}")
+    for error in report.first_errors:
+        stdout.print(f"invalid: {error}")
+
+
+def _default_workers() -> int:
+    return max(1, min(4, (os.cpu_count() or 2) - 1))
+
+
+@app.command("score")
+def score(
+    inputs: Annotated[list[Path], typer.Argument(help="JSONL, JSON or Parquet files, or folders of Parquet parts.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output Parquet file (written atomically).")],
+    model: ModelOption = "Cloudflare/clef-omni",
+    revision: RevisionOption = None,
+    questions: QuestionsOption = None,
+    max_length: MaxLengthOption = 64000,
+    on_overflow: OverflowOption = "truncate",
+    max_batch_tokens: Annotated[
+        int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward (batch size x longest).")
+    ] = 32768,
+    max_batch_size: Annotated[int, typer.Option("--max-batch-size", min=1, help="Records per forward.")] = 64,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on CPU), bfloat16, float16 or float32.")
+    ] = "auto",
+    layout: Annotated[
+        str, typer.Option("--layout", help="wide: one row per record; long: one row per record, question, label.")
+    ] = "wide",
+    keep_columns: Annotated[
+        str | None, typer.Option("--keep-columns", help="Input columns to pass through, comma-separated.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Score only the first N records.")] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=0, help="Encoding processes (0 encodes inline).")
+    ] = None,
+    window: Annotated[int, typer.Option("--window", min=1, help="Records planned and length-sorted together.")] = 8192,
+    checkpoint: Annotated[
+        Path | None, typer.Option("--checkpoint", help="Checkpoint folder (default: OUTPUT.ckpt beside the output).")
+    ] = None,
+    hidden_states: Annotated[
+        str, typer.Option("--hidden-states", help="keep: store final hidden states (for --rehead); drop: results only.")
+    ] = "keep",
+    hidden_dtype: Annotated[
+        str, typer.Option("--hidden-dtype", help="Stored hidden-state precision: bfloat16, float16 or float32.")
+    ] = "bfloat16",
+    restart: Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")] = False,
+    rehead: Annotated[
+        Path | None,
+        typer.Option("--rehead", help="Re-score the checkpoint's hidden states with the joint head in this folder."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
+    ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    max_image_pixels: MaxImagePixelsOption = 40_000_000,
+    max_audio_seconds: MaxAudioSecondsOption = 1800.0,
+    max_video_seconds: MaxVideoSecondsOption = 300.0,
+    max_file_bytes: MaxFileBytesOption = "256M",
+    allow_remote_media: AllowRemoteOption = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Score records into Parquet: one row per input record, in input order, with a probability
+    for every option of every question. Resumes from its checkpoint when rerun."""
+
+    def body() -> int:
+        from clef_cli.output import check_keep_columns
+        from clef_cli.pipeline import ScoreJob, ScoreSettings
+
+        columns = tuple(name.strip() for name in (keep_columns or "").split(",") if name.strip())
+        check_keep_columns(columns)
+        settings = ScoreSettings(
+            inputs=inputs,
+            output=output,
+            model=model,
+            revision=revision,
+            questions=questions,
+            max_length=max_length,
+            overflow=overflow_policy(on_overflow),
+            limits=media_limits(
+                max_image_pixels, max_audio_seconds, max_video_seconds, max_file_bytes, allow_remote_media
+            ),
+            max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size,
+            device=device,
+            dtype=None if dtype == "auto" else dtype,
+            layout=layout,
+            keep_columns=columns,
+            limit=limit,
+            workers=_default_workers() if workers is None else workers,
+            window=window,
+            checkpoint=checkpoint,
+            hidden_states=hidden_states,
+            hidden_dtype=hidden_dtype,
+            restart=restart,
+            rehead=rehead,
+        )
+        progress = RichProgress(enabled=not quiet and stderr.is_terminal)
+        stop = threading.Event()
+        if dry_run:
+            report = ScoreJob(settings, progress).dry_run()
+            progress.stop()
+            _print_dry_run(report, settings)
+            return EXIT_OK
+        _install_stop_handlers(stop)
+        try:
+            if rehead is not None:
+                from clef_cli.rehead import rehead as run_rehead
+
+                summary = run_rehead(settings, progress)
+            else:
+                summary = ScoreJob(settings, progress, stop=stop).run()
+        finally:
+            progress.stop()
+        _print_summary(summary)
+        if summary.interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_RECORDS_FAILED if summary.failed else EXIT_OK
+
+    code = run_guarded(verbose, body)
+    raise typer.Exit(code)
+
+
+# ----------------------------------------------------------------------------- checkpoint
+
+checkpoint_app = typer.Typer(help="Inspect job checkpoints.", no_args_is_help=True, rich_markup_mode=None)
+app.add_typer(checkpoint_app, name="checkpoint")
+
+
+@checkpoint_app.command("info")
+def checkpoint_info(
+    directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Show a checkpoint: records done, size on disk, the model and the settings it was made with."""
+
+    def body() -> None:
+        from clef_cli.checkpoint import Checkpoint
+        from clef_cli.pipeline import human_size
+
+        info = Checkpoint.open_existing(directory).info()
+        if as_json:
+            sys.stdout.write(json.dumps(info, indent=2) + "\n")
+            return
+        stdout.print(f"checkpoint: {info['path']}")
+        stdout.print(
+            f"records done: {info['records_done']} in {info['shards']} shards "
+            f"({info['shards_with_hidden_states']} with hidden states)"
+        )
+        stdout.print(f"size on disk: {human_size(info['size_bytes'])}")
+        stdout.print(f"model: {info['model'].get('id')}")
+        for key, value in sorted(info["settings"].items()):
+            stdout.print(f"{key}: {json.dumps(value)}")
+        for item in info["inputs"]:
+            stdout.print(f"input: {item['path']} ({item['bytes']} bytes)")
+
+    run_guarded(verbose, body)
 
 
 # ----------------------------------------------------------------------------- inspect-spans

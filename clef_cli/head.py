@@ -147,7 +147,7 @@ def build_layout(
                 option_record.append(record)
                 option_slot.append(slot)
                 option_rank.append(rank)
-                lexical_token_ids.extend(ids[start:end])
+                lexical_token_ids.extend(int(token) for token in ids[start:end])
                 lexical_owner.extend([flat_option] * (end - start))
                 slot += 1
         options_per_record.append(slot)

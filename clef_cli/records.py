@@ -375,3 +375,47 @@ def read_records(
             else:
                 yield builder.build(raw, index, base_dir, json_text=json_text)
             index += 1
+
+
+def count_records(paths: Iterable[str | Path], limit: int | None = None) -> int | None:
+    """How many records the inputs hold (for progress and estimates), without parsing them.
+
+    JSONL counts non-blank lines; Parquet reads its footer; a JSON file is parsed.
+    """
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in expand_inputs(paths):
+        suffix = path.suffix.lower()
+        try:
+            if suffix in (".parquet", ".pq"):
+                total += pq.ParquetFile(path).metadata.num_rows
+            elif suffix == ".json":
+                total += sum(1 for _ in _raw_json(path))
+            else:
+                with path.open("rb") as handle:
+                    total += sum(1 for line in handle if line.strip())
+        except Exception:  # counting is only for progress; reading reports real problems
+            return None
+    return min(total, limit) if limit is not None else total
+
+
+def iter_column_values(
+    paths: Iterable[str | Path], columns: Sequence[str], limit: int | None = None, present: set[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """The raw values of some input columns, one dict per record, in record order; the names
+    found in at least one record are added to `present`."""
+    index = 0
+    for path in expand_inputs(paths):
+        for raw, problem in _raw_rows(path):
+            if limit is not None and index >= limit:
+                return
+            values = raw if problem is None and isinstance(raw, Mapping) else {}
+            if present is not None:
+                present.update(name for name in columns if name in values)
+            yield {name: values.get(name) for name in columns}
+            index += 1
+
+
+def parquet_only(paths: Iterable[str | Path]) -> bool:
+    return all(path.suffix.lower() in (".parquet", ".pq") for path in expand_inputs(paths))

@@ -1,0 +1,392 @@
+"""The on-disk checkpoint of a scoring job: committed result shards, optional hidden states, and
+the manifest that says which model, inputs and settings produced them.
+
+Layout of a checkpoint folder::
+
+    manifest.json          format version, fingerprints, result-changing settings
+    journal.jsonl          one line per committed shard (file sizes and checksums)
+    shards/NNNNNNNN.results.arrow         one row per record (the output's columns)
+    shards/NNNNNNNN.hidden.safetensors    final hidden states, input ids, spans (optional)
+
+A shard counts only once its journal line is written, and that line is written last (after the
+files are fsynced and renamed into place). A job killed at any instant therefore leaves either a
+complete, journaled shard or files that the next run deletes; a shard whose files were damaged
+later fails its checksum and its records are computed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import torch
+
+from clef_cli.errors import ClefError
+from clef_cli.prompt import EncodedRecord
+from clef_cli.results import RESULT_SCHEMA
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+JOURNAL = "journal.jsonl"
+SHARDS = "shards"
+HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class CheckpointMismatch(ClefError):
+    """The checkpoint was made by another model, other inputs or other settings."""
+
+
+def fsync_path(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_atomically(path: Path, write: Any) -> None:
+    """`write(temporary_path)`, fsync, then rename into place: never a half-written `path`."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(temporary)
+        fsync_path(temporary)
+        os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+    fsync_path(path.parent)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def input_fingerprint(path: Path, full_hash_below: int = 1 << 30) -> dict[str, Any]:
+    """Content, not timestamps: a copied file is the same input, an edited one is not. Very large
+    files are sampled (size plus the first, middle and last MiB) to keep resuming fast."""
+    size = path.stat().st_size
+    if size < full_hash_below:
+        digest = sha256_file(path)
+    else:
+        hasher = hashlib.sha256(str(size).encode())
+        with path.open("rb") as handle:
+            for offset in (0, size // 2, max(0, size - (1 << 20))):
+                handle.seek(offset)
+                hasher.update(handle.read(1 << 20))
+        digest = "sampled:" + hasher.hexdigest()
+    return {"path": str(path.resolve()), "bytes": size, "sha256": digest}
+
+
+def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human lines for every leaf that differs between two manifests."""
+    lines = []
+    for key in sorted(set(stored) | set(current)):
+        name = f"{prefix}{key}"
+        old, new = stored.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines.extend(describe_differences(old, new, f"{name}."))
+        elif old != new:
+            lines.append(f"{name}: checkpoint has {_short(old)}, this run has {_short(new)}")
+    return lines
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+@dataclass
+class DoneSet:
+    """Which record indices are committed: one byte per index, grown on demand."""
+
+    flags: bytearray = field(default_factory=bytearray)
+    count: int = 0
+
+    def add(self, index: int) -> None:
+        if index >= len(self.flags):
+            self.flags.extend(bytes(max(index + 1 - len(self.flags), len(self.flags))))
+        if not self.flags[index]:
+            self.flags[index] = 1
+            self.count += 1
+
+    def __contains__(self, index: int) -> bool:
+        return index < len(self.flags) and bool(self.flags[index])
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    name: str
+    records: int
+    files: dict[str, dict[str, Any]]
+    run: str
+
+    @property
+    def has_hidden(self) -> bool:
+        return "hidden" in self.files
+
+
+def hidden_payload(
+    records: Sequence[EncodedRecord], hidden_states: torch.Tensor, dtype: torch.dtype
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Per record: its real tokens' hidden states `[L, d]`, its input ids and its spans."""
+    tensors: dict[str, torch.Tensor] = {}
+    described = []
+    hidden_cpu = hidden_states.detach().to("cpu", dtype)
+    for row, record in enumerate(records):
+        index = record.record.index
+        tensors[f"hidden.{index}"] = hidden_cpu[row, : record.length].contiguous()
+        tensors[f"input_ids.{index}"] = torch.as_tensor(list(record.input_ids), dtype=torch.int32)
+        described.append(
+            {
+                "index": index,
+                "id": record.record.id,
+                "prompt_tokens": record.length,
+                "state_tokens_cut": record.state_tokens_cut,
+                "questions": [
+                    {
+                        "question_id": question.id,
+                        "question_type": encoded.question_type,
+                        "type": question.type,
+                        "question_span": list(encoded.question_span),
+                        "option_spans": [list(span) for span in encoded.option_spans],
+                        "option_ids": list(question.option_ids),
+                        "criteria_order": list(question.criteria_order),
+                    }
+                    for question, encoded in zip(record.record.questions, record.questions)
+                ],
+            }
+        )
+    return tensors, {"records": json.dumps(described, ensure_ascii=False)}
+
+
+class Checkpoint:
+    """A checkpoint folder opened for one job (the caller holds its lock)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.shards_path = path / SHARDS
+        self.entries: list[ShardEntry] = []
+        self.done = DoneSet()
+        self.run_id = uuid.uuid4().hex[:12]
+        self.dropped: list[str] = []
+        """Shards found damaged on open; their records are computed again."""
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def open(cls, path: Path, manifest: dict[str, Any], restart: bool = False) -> Checkpoint:
+        """Create, or resume after checking that the stored manifest matches this run's."""
+        if restart and path.exists():
+            discard(path)
+        path.mkdir(parents=True, exist_ok=True)
+        checkpoint = cls(path)
+        stored = checkpoint.read_manifest()
+        if stored is None:
+            checkpoint.shards_path.mkdir(exist_ok=True)
+            (path / JOURNAL).unlink(missing_ok=True)
+            checkpoint.write_manifest(manifest)
+        else:
+            differences = describe_differences(_comparable(stored), _comparable(manifest))
+            if differences:
+                raise CheckpointMismatch(
+                    f"checkpoint {path} was made by another job: "
+                    + "; ".join(differences)
+                    + " (use --restart to discard it, or --checkpoint to use another folder)"
+                )
+            checkpoint.shards_path.mkdir(exist_ok=True)
+        checkpoint.load_journal()
+        return checkpoint
+
+    @classmethod
+    def open_existing(cls, path: Path) -> Checkpoint:
+        """For reading (info, rehead): the checkpoint must exist."""
+        checkpoint = cls(path)
+        if checkpoint.read_manifest() is None:
+            raise ClefError(f"{path} is not a clef checkpoint (no {MANIFEST})")
+        checkpoint.load_journal(clean=False)
+        return checkpoint
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        try:
+            manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as error:
+            raise ClefError(f"checkpoint manifest {self.path / MANIFEST} is unreadable: {error}") from None
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise CheckpointMismatch(
+                f"checkpoint {self.path} has format version {manifest.get('format_version')}, this clef writes "
+                f"{FORMAT_VERSION} (use --restart to discard it)"
+            )
+        return manifest
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        body = {**manifest, "format_version": FORMAT_VERSION, "created": time.time()}
+        write_atomically(
+            self.path / MANIFEST,
+            lambda target: target.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8"),
+        )
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        manifest = self.read_manifest()
+        assert manifest is not None
+        return manifest
+
+    def load_journal(self, clean: bool = True) -> None:
+        """Read committed shards, verify them, and forget (and delete) anything not journaled."""
+        entries, damaged, seen_lines = [], [], 0
+        journal = self.path / JOURNAL
+        if journal.exists():
+            for line in journal.read_text(encoding="utf-8").splitlines():
+                seen_lines += 1
+                try:
+                    raw = json.loads(line)
+                    entry = ShardEntry(raw["name"], int(raw["records"]), raw["files"], raw.get("run", ""))
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue  # a line cut short by a kill: its shard never counted
+                if self._verify(entry):
+                    entries.append(entry)
+                else:
+                    damaged.append(entry.name)
+        self.entries = entries
+        self.dropped = damaged
+        self.done = DoneSet()
+        for table in self._result_tables():
+            for index in table.column("record_index").to_pylist():
+                self.done.add(index)
+        if clean:
+            self._remove_unjournaled()
+            if damaged or seen_lines != len(entries):
+                self._rewrite_journal()
+
+    def _verify(self, entry: ShardEntry) -> bool:
+        for kind, described in entry.files.items():
+            path = self.shards_path / described["name"]
+            try:
+                if path.stat().st_size != described["bytes"]:
+                    return False
+            except FileNotFoundError:
+                return False
+            if kind == "results" and sha256_file(path) != described["sha256"]:
+                return False
+        return True
+
+    def _remove_unjournaled(self) -> None:
+        keep = {described["name"] for entry in self.entries for described in entry.files.values()}
+        for path in self.shards_path.iterdir():
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
+
+    def _rewrite_journal(self) -> None:
+        lines = "".join(json.dumps(entry.__dict__, sort_keys=True) + "\n" for entry in self.entries)
+        write_atomically(self.path / JOURNAL, lambda target: target.write_text(lines, encoding="utf-8"))
+
+    # ------------------------------------------------------------------ committing
+
+    def _next_name(self) -> str:
+        numbers = [int(entry.name) for entry in self.entries if entry.name.isdigit()]
+        return f"{max(numbers, default=0) + 1:08d}"
+
+    def commit(self, results: pa.Table, hidden: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None) -> None:
+        """Make one shard durable: files first, then the journal line that makes it count."""
+        from safetensors.torch import save_file
+
+        name = self._next_name()
+        files: dict[str, dict[str, Any]] = {}
+
+        def add(kind: str, file_name: str, write: Any) -> None:
+            target = self.shards_path / file_name
+            write_atomically(target, write)
+            files[kind] = {"name": file_name, "bytes": target.stat().st_size, "sha256": sha256_file(target)}
+
+        table = results.cast(RESULT_SCHEMA)
+        add("results", f"{name}.results.arrow", lambda target: _write_ipc(target, table))
+        if hidden is not None:
+            tensors, metadata = hidden
+            add("hidden", f"{name}.hidden.safetensors", lambda target: save_file(tensors, str(target), metadata))
+        entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
+        with open(self.path / JOURNAL, "a", encoding="utf-8") as journal:
+            journal.write(json.dumps(entry.__dict__, sort_keys=True) + "\n")
+            journal.flush()
+            os.fsync(journal.fileno())
+        self.entries.append(entry)
+        for index in table.column("record_index").to_pylist():
+            self.done.add(index)
+
+    # ------------------------------------------------------------------ reading
+
+    def _result_tables(self) -> Iterator[pa.Table]:
+        for entry in self.entries:
+            source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
+            yield ipc.open_file(source).read_all()
+
+    def results(self) -> pa.Table:
+        """Every committed row (memory-mapped, so a large job does not load it into RAM)."""
+        tables = list(self._result_tables())
+        return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
+
+    def hidden_shards(self) -> Iterator[tuple[ShardEntry, Path]]:
+        for entry in self.entries:
+            if entry.has_hidden:
+                yield entry, self.shards_path / entry.files["hidden"]["name"]
+
+    def verify_hidden(self, entry: ShardEntry) -> bool:
+        described = entry.files["hidden"]
+        return sha256_file(self.shards_path / described["name"]) == described["sha256"]
+
+    def size_on_disk(self) -> int:
+        return sum(path.stat().st_size for path in self.path.rglob("*") if path.is_file())
+
+    def info(self) -> dict[str, Any]:
+        manifest = self.manifest
+        return {
+            "path": str(self.path),
+            "records_done": self.done.count,
+            "shards": len(self.entries),
+            "shards_with_hidden_states": sum(entry.has_hidden for entry in self.entries),
+            "size_bytes": self.size_on_disk(),
+            "model": manifest.get("model", {}),
+            "inputs": manifest.get("inputs", []),
+            "settings": manifest.get("settings", {}),
+            "created": manifest.get("created"),
+        }
+
+
+def _comparable(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a manifest that must match for a checkpoint to be resumed, inputs spelled so
+    that a difference reads well."""
+    inputs = [
+        f"{Path(item['path']).name} ({item['bytes']} bytes, sha256 {str(item['sha256'])[-12:]})"
+        for item in manifest.get("inputs") or []
+    ]
+    return {"model": manifest.get("model"), "inputs": ", ".join(inputs), "settings": manifest.get("settings")}
+
+
+def _write_ipc(path: Path, table: pa.Table) -> None:
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def discard(path: Path) -> None:
+    """Remove a checkpoint folder (only one that looks like a checkpoint)."""
+    if not path.exists():
+        return
+    if not (path / MANIFEST).exists() and any(path.iterdir()):
+        raise ClefError(f"refusing to delete {path}: it does not look like a clef checkpoint")
+    shutil.rmtree(path)

@@ -1,0 +1,87 @@
+"""A lock file holding the owner's pid and host, so that cron firing twice never runs two jobs on
+one checkpoint or output.
+
+The file is held with `flock` for the job's whole life. The kernel drops that lock when the owner
+dies, however it dies (SIGKILL, OOM killer, reboot), so a lock left by a dead process is simply
+taken over; the pid and host written inside only serve to name the holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from clef_cli.errors import ClefError
+
+
+class LockedError(ClefError):
+    """Another live job holds the lock."""
+
+
+def _read_owner(descriptor: int) -> dict[str, object] | None:
+    os.lseek(descriptor, 0, os.SEEK_SET)
+    raw = os.read(descriptor, 4096)
+    try:
+        owner = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+class JobLock:
+    """`with JobLock(path, what):` holds `path` for this process until the block ends."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        self.path = path
+        self.what = what
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        self.took_over: dict[str, object] | None = None
+        self._descriptor: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _read_owner(descriptor) or {}
+                os.close(descriptor)
+                raise LockedError(
+                    f"{self.what} is in use by another clef job (pid {owner.get('pid', '?')} on host "
+                    f"{owner.get('host', '?')}); lock file {self.path}"
+                ) from None
+            # The previous holder may have unlinked the file between our open and our flock.
+            try:
+                same_file = os.stat(self.path).st_ino == os.fstat(descriptor).st_ino
+            except FileNotFoundError:
+                same_file = False
+            if same_file:
+                break
+            os.close(descriptor)
+        self.took_over = _read_owner(descriptor)  # a dead job's lock: its owner, for the record
+        os.ftruncate(descriptor, 0)
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        os.write(descriptor, json.dumps(self.owner).encode("utf-8"))
+        os.fsync(descriptor)
+        self._descriptor = descriptor
+
+    def release(self) -> None:
+        if self._descriptor is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        os.close(self._descriptor)
+        self._descriptor = None
+
+    def __enter__(self) -> JobLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

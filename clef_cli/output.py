@@ -1,0 +1,220 @@
+"""Writing the final Parquet: committed results in input order, pass-through columns, provenance.
+
+The file appears only when complete (temporary name, fsync, rename), so a killed job never
+leaves a half-written output that a downstream reader could take for a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from clef_cli.checkpoint import fsync_path
+from clef_cli.errors import ClefError, UsageError
+from clef_cli.records import expand_inputs, iter_column_values, parquet_only
+from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
+
+RESERVED_COLUMNS = set(RESULT_SCHEMA.names) | set(LONG_SCHEMA.names)
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    path: Path
+    layout: str = "wide"
+    keep_columns: Sequence[str] = ()
+    row_group_size: int = 16384
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OutputCounts:
+    records: int
+    failed: int
+
+
+def check_keep_columns(columns: Sequence[str]) -> None:
+    clashes = sorted(set(columns) & RESERVED_COLUMNS)
+    if clashes:
+        raise UsageError(f"--keep-columns cannot pass through {', '.join(clashes)}: clef writes these columns")
+
+
+# ----------------------------------------------------------------------------- pass-through columns
+
+
+_RANK = {"null": 0, "bool": 1, "int": 2, "float": 3, "string": 4, "json": 5}
+_ARROW = {
+    "null": pa.null(),
+    "bool": pa.bool_(),
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "string": pa.string(),
+    "json": pa.string(),
+}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    return "json"
+
+
+def _widen(current: str, value: Any) -> str:
+    kind = _kind(value)
+    if {current, kind} <= {"int", "float", "null"} or current == "null" or kind == "null":
+        return max(current, kind, key=_RANK.__getitem__)
+    if current == kind:
+        return current
+    return "json" if "json" in (current, kind) else "string"
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    types: dict[str, pa.DataType]
+    as_text: frozenset[str] = frozenset()
+    """Columns whose non-string values are written as JSON text."""
+
+
+def passthrough_types(inputs: Sequence[Path], columns: Sequence[str], limit: int | None) -> Passthrough:
+    """Native Arrow types for Parquet inputs; for JSON a type wide enough for every value (one
+    pass over the input), with objects and lists kept as JSON text."""
+    if parquet_only(inputs):
+        schemas = [pq.read_schema(path) for path in expand_inputs(inputs)]
+        try:
+            unified = pa.unify_schemas(schemas)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise UsageError(f"--keep-columns: the input files disagree on column types: {error}") from None
+        _check_present(columns, set(unified.names))
+        return Passthrough({name: unified.field(name).type for name in columns})
+    kinds = dict.fromkeys(columns, "null")
+    present: set[str] = set()
+    for values in iter_column_values(inputs, columns, limit, present=present):
+        for name, value in values.items():
+            kinds[name] = _widen(kinds[name], value)
+    _check_present(columns, present)
+    return Passthrough(
+        {name: _ARROW[kind] for name, kind in kinds.items()},
+        frozenset(name for name, kind in kinds.items() if kind in ("json", "string")),
+    )
+
+
+def _check_present(columns: Sequence[str], present: set[str]) -> None:
+    missing = [name for name in columns if name not in present]
+    if missing:
+        raise UsageError(f"--keep-columns: no input record has {', '.join(missing)}")
+
+
+def _passthrough_chunks(
+    inputs: Sequence[Path], columns: Sequence[str], limit: int | None, passthrough: Passthrough, size: int
+) -> Iterator[dict[str, pa.Array]]:
+    buffer: dict[str, list[Any]] = {name: [] for name in columns}
+
+    def flush() -> dict[str, pa.Array]:
+        arrays = {name: pa.array(values, type=passthrough.types[name]) for name, values in buffer.items()}
+        for values in buffer.values():
+            values.clear()
+        return arrays
+
+    count = 0
+    for values in iter_column_values(inputs, columns, limit):
+        for name in columns:
+            value = values[name]
+            if name in passthrough.as_text and value is not None and not isinstance(value, str):
+                value = json.dumps(value, ensure_ascii=False, sort_keys=True)
+            buffer[name].append(value)
+        count += 1
+        if count == size:
+            yield flush()
+            count = 0
+    if count:
+        yield flush()
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _ordered(results: pa.Table) -> pa.Array:
+    """Row order for input order; every record index must appear exactly once."""
+    order = pc.sort_indices(results, sort_keys=[("record_index", "ascending")])
+    ordered = pc.take(results.column("record_index"), order).to_numpy()
+    if not np.array_equal(ordered, np.arange(results.num_rows)):
+        raise ClefError("the checkpoint does not hold exactly one result per input record; rerun with --restart")
+    return order
+
+
+def write_output(
+    spec: OutputSpec,
+    results: pa.Table,
+    inputs: Sequence[Path],
+    limit: int | None,
+    passthrough: Passthrough | None = None,
+) -> OutputCounts:
+    """Write `results` (one row per record, any order) to `spec.path` in input order.
+
+    `passthrough` (from `passthrough_types`, computed early so a bad --keep-columns fails before
+    the model runs) is worked out here when not given."""
+    check_keep_columns(spec.keep_columns)
+    order = _ordered(results)
+    schema = LONG_SCHEMA if spec.layout == "long" else RESULT_SCHEMA
+    chunks: Iterator[dict[str, pa.Array]] | None = None
+    if spec.keep_columns:
+        passthrough = passthrough or passthrough_types(inputs, spec.keep_columns, limit)
+        chunks = _passthrough_chunks(inputs, spec.keep_columns, limit, passthrough, spec.row_group_size)
+        for name in spec.keep_columns:
+            schema = schema.append(pa.field(name, passthrough.types[name]))
+    schema = schema.with_metadata({key: str(value) for key, value in spec.metadata.items()})
+
+    temporary = spec.path.with_name(f".{spec.path.name}.{os.getpid()}.tmp")
+    try:
+        with pq.ParquetWriter(str(temporary), schema) as writer:
+            for start in range(0, results.num_rows, spec.row_group_size):
+                chunk = results.take(order[start : start + spec.row_group_size])
+                extra = next(chunks) if chunks is not None else {}
+                writer.write_table(_shape(chunk, spec.layout, extra, start, schema), row_group_size=1 << 30)
+            if results.num_rows == 0:
+                writer.write_table(schema.empty_table())
+        fsync_path(temporary)
+        os.replace(temporary, spec.path)
+        fsync_path(spec.path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+    failed = results.num_rows - results.column("error").null_count
+    return OutputCounts(records=results.num_rows, failed=failed)
+
+
+def _shape(chunk: pa.Table, layout: str, extra: dict[str, pa.Array], start: int, schema: pa.Schema) -> pa.Table:
+    if layout == "long":
+        table = long_rows(chunk)
+        positions = pc.subtract(table.column("record_index"), pa.scalar(start, pa.int64()))
+        columns = {name: pc.take(values, positions) for name, values in extra.items()}
+    else:
+        table = chunk
+        columns = extra
+    for name, values in columns.items():
+        table = table.append_column(name, values)
+    return table.cast(schema)
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Temporary outputs left by killed runs (their pid is in the name)."""
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()

@@ -1,0 +1,578 @@
+"""The scoring job: read -> plan -> encode -> forward -> head -> commit -> write.
+
+Records stream in windows (in input order). Each window is planned (exact prompt lengths, in
+background workers, while the previous window runs on the model), sorted longest first into
+token-budget batches, and run; every batch is committed to the checkpoint as soon as it is
+scored. Only small per-record plan data and one or two windows of records are ever in memory;
+media tensors exist only for the batches being encoded or run. The output is written at the end
+from the committed shards, in input order, atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from clef_cli import __version__
+from clef_cli.batching import PlanEntry, PlannedBatch, plan_batches
+from clef_cli.checkpoint import HIDDEN_DTYPES, Checkpoint, hidden_payload, input_fingerprint, sha256_file
+from clef_cli.errors import ClefError, UsageError
+from clef_cli.locks import JobLock
+from clef_cli.media import MediaLimits
+from clef_cli.output import OutputSpec, passthrough_types, remove_stale_temporaries, write_output
+from clef_cli.prompt import DEFAULT_MAX_LENGTH, EncodedRecord, OverflowPolicy
+from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
+from clef_cli.release import DEFAULT_MODEL, Release, resolve_release, weights_fingerprint
+from clef_cli.results import FailedRecord, results_table
+from clef_cli.scoring import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, ScoredRecord, Scorer
+from clef_cli.workers import EncodePool, EncoderSpec, Planned
+
+PREFETCH_BATCHES = 3
+MIN_BATCH_TOKENS = 256
+
+
+class Progress(Protocol):
+    """What a job reports while it runs; the CLI draws it, a library caller may ignore it."""
+
+    def start(self, total: int | None, done: int) -> None: ...
+    def advance(self, records: int, tokens: int, failed: int) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class SilentProgress:
+    def start(self, total: int | None, done: int) -> None:
+        pass
+
+    def advance(self, records: int, tokens: int, failed: int) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class ScoreSettings:
+    """Everything `clef score` can be told; a library caller builds this directly."""
+
+    inputs: Sequence[Path]
+    output: Path
+    model: str = DEFAULT_MODEL
+    revision: str | None = None
+    questions: Path | None = None
+    max_length: int = DEFAULT_MAX_LENGTH
+    overflow: OverflowPolicy = OverflowPolicy.truncate
+    limits: MediaLimits = field(default_factory=MediaLimits)
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    device: str = "auto"
+    dtype: str | None = None
+    layout: str = "wide"
+    keep_columns: tuple[str, ...] = ()
+    limit: int | None = None
+    workers: int = 1
+    window: int = 8192
+    checkpoint: Path | None = None
+    hidden_states: str = "keep"
+    hidden_dtype: str = "bfloat16"
+    restart: bool = False
+    row_group_size: int = 16384
+    rehead: Path | None = None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.checkpoint or self.output.with_name(self.output.name + ".ckpt")
+
+    def validate(self) -> None:
+        if self.layout not in ("wide", "long"):
+            raise UsageError(f"--layout must be 'wide' or 'long', not {self.layout!r}")
+        if self.hidden_states not in ("keep", "drop"):
+            raise UsageError(f"--hidden-states must be 'keep' or 'drop', not {self.hidden_states!r}")
+        if self.hidden_dtype not in HIDDEN_DTYPES:
+            raise UsageError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}")
+        if self.output.suffix.lower() not in (".parquet", ".pq"):
+            raise UsageError(f"output {self.output} must end in .parquet")
+        if self.output.exists() and self.output.is_dir():
+            raise UsageError(f"output {self.output} is a folder")
+        if not self.output.parent.exists():
+            raise UsageError(f"output folder {self.output.parent} does not exist")
+        resolved_inputs = {Path(path).resolve() for path in self.inputs}
+        if self.output.resolve() in resolved_inputs:
+            raise UsageError("the output would overwrite an input")
+
+
+@dataclass
+class JobSummary:
+    output: Path | None
+    records: int = 0
+    scored: int = 0
+    failed: int = 0
+    resumed: int = 0
+    forwarded: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+    first_errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DryRunReport:
+    records: int = 0
+    valid: int = 0
+    invalid: int = 0
+    already_done: int = 0
+    lengths: list[int] = field(default_factory=list)
+    batches: int = 0
+    audio_in_video_batches: int = 0
+    padded_tokens: int = 0
+    first_errors: list[str] = field(default_factory=list)
+    hidden_state_bytes: int = 0
+
+    @property
+    def padding_waste(self) -> float:
+        real = sum(self.lengths)
+        return self.padded_tokens / real - 1 if real else 0.0
+
+    def percentiles(self) -> dict[str, int]:
+        if not self.lengths:
+            return {}
+        ordered = sorted(self.lengths)
+
+        def at(fraction: float) -> int:
+            return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
+
+        return {"min": ordered[0], "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1]}
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass
+class Window:
+    """A slice of the input in order: planned records and records that failed before planning."""
+
+    planned: list[Planned]
+    failures: list[FailedRecord]
+
+
+def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def planned_windows(
+    pool: EncodePool, records: Iterable[Record | InvalidRecord], window: int, skip: Any = ()
+) -> Iterator[Window]:
+    """Windows in input order; the next one is planned in the background while the caller runs
+    the current one."""
+
+    def submit(chunk: list[Record | InvalidRecord]) -> tuple[list[FailedRecord], list[Future]]:
+        failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
+        futures = [pool.plan(item) for item in chunk if isinstance(item, Record)]
+        return failures, futures
+
+    pending = (record for record in records if record.index not in skip)
+    chunks = _chunks(pending, window)
+    current = next((submit(chunk) for chunk in chunks), None)
+    while current is not None:
+        upcoming = next((submit(chunk) for chunk in chunks), None)
+        failures, futures = current
+        planned: list[Planned] = []
+        for future in futures:
+            result: Planned = future.result()
+            if result.error is not None:
+                failures.append(FailedRecord(result.record.id, result.record.index, result.error))
+            else:
+                planned.append(result)
+        yield Window(planned, failures)
+        current = upcoming
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, head_dir: Path) -> dict[str, Any]:
+    """Fingerprints and every setting that changes results: a checkpoint resumes only if they match."""
+    questions_sha = sha256_file(settings.questions) if settings.questions else None
+    return {
+        "model": {
+            "id": settings.model,
+            "config_sha256": sha256_file(release.path / "config.json"),
+            "weights": weights_fingerprint(release),
+            "head_sha256": sha256_file(head_dir / "joint_head.safetensors"),
+            "head_config_sha256": sha256_file(head_dir / "joint_head_config.json"),
+        },
+        "inputs": [input_fingerprint(Path(path)) for path in _input_files(settings.inputs)],
+        "settings": {
+            "max_length": settings.max_length,
+            "overflow": settings.overflow.value,
+            "dtype": str(dtype).removeprefix("torch."),
+            "media_limits": settings.limits.as_dict(),
+            "questions_sha256": questions_sha,
+        },
+    }
+
+
+def _input_files(inputs: Sequence[Path]) -> list[Path]:
+    from clef_cli.records import expand_inputs
+
+    return expand_inputs(inputs)
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+class ScoreJob:
+    """One `clef score` run; `run()` returns its summary, `dry_run()` its plan."""
+
+    def __init__(
+        self,
+        settings: ScoreSettings,
+        progress: Progress | None = None,
+        stop: threading.Event | None = None,
+        scorer: Scorer | None = None,
+    ) -> None:
+        settings.validate()
+        self.settings = settings
+        self.progress = progress or SilentProgress()
+        self.stop = stop or threading.Event()
+        self._scorer = scorer
+        self.batch_tokens = settings.max_batch_tokens
+        self.summary = JobSummary(output=settings.output)
+        self._passthrough: Any = None
+
+    # ------------------------------------------------------------------ shared set-up
+
+    def _release(self, with_weights: bool) -> Release:
+        return resolve_release(self.settings.model, revision=self.settings.revision, with_weights=with_weights)
+
+    def _records(self) -> Iterator[Record | InvalidRecord]:
+        schema = load_questions_file(self.settings.questions) if self.settings.questions else None
+        return read_records(self.settings.inputs, questions=schema, limit=self.settings.limit)
+
+    def _pool(self, release: Release) -> EncodePool:
+        spec = EncoderSpec(release.path, self.settings.max_length, self.settings.overflow, self.settings.limits)
+        return EncodePool(spec, self.settings.workers)
+
+    def _dtype(self) -> torch.dtype:
+        """The compute dtype this run will use (it is part of the checkpoint's settings)."""
+        from clef_cli.backbone import resolve_device, resolve_dtype
+
+        return resolve_dtype(self.settings.dtype, resolve_device(self.settings.device))
+
+    def _scorer_for(self, release: Release) -> Scorer:
+        if self._scorer is None:
+            from clef_cli.scoring import load_scorer
+
+            self.progress.note("loading the model")
+            self._scorer = load_scorer(release, device=self.settings.device, dtype=self.settings.dtype)
+        return self._scorer
+
+    # ------------------------------------------------------------------ dry run
+
+    def dry_run(self) -> DryRunReport:
+        """Validate and plan everything without loading weights."""
+        release = self._release(with_weights=False)
+        report = DryRunReport()
+        total = count_records(self.settings.inputs, self.settings.limit)
+        self.progress.start(total, 0)
+        done = self._existing_done()
+        report.already_done = len(done)
+        hidden_size = release.hidden_size
+        with self._pool(release) as pool:
+            records = self._records()
+            for window in planned_windows(pool, records, self.settings.window, skip=done):
+                report.invalid += len(window.failures)
+                room = 10 - len(report.first_errors)
+                report.first_errors.extend(failure.error for failure in window.failures[:room])
+                entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in window.planned]
+                batches = plan_batches(entries, self.batch_tokens, self.settings.max_batch_size)
+                report.valid += len(entries)
+                report.lengths.extend(entry.length for entry in entries)
+                report.batches += len(batches)
+                report.audio_in_video_batches += sum(batch.entries[0].audio_in_video for batch in batches)
+                report.padded_tokens += sum(batch.padded_tokens for batch in batches)
+                self.progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
+        report.records = report.valid + report.invalid
+        if self.settings.hidden_states == "keep":
+            report.hidden_state_bytes = sum(report.lengths) * self._bytes_per_token(hidden_size)
+        return report
+
+    def _existing_done(self) -> set[int]:
+        path = self.settings.checkpoint_path
+        if self.settings.restart or not (path / "manifest.json").exists():
+            return set()
+        with contextlib.suppress(ClefError):
+            checkpoint = Checkpoint.open_existing(path)
+            return {i for i in range(len(checkpoint.done.flags)) if i in checkpoint.done}
+        return set()
+
+    def _bytes_per_token(self, hidden_size: int) -> int:
+        return hidden_size * HIDDEN_DTYPES[self.settings.hidden_dtype].itemsize + 4
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> JobSummary:
+        settings = self.settings
+        started = time.monotonic()
+        release = self._release(with_weights=True)
+        dtype = self._dtype()
+        self._passthrough = (
+            passthrough_types(settings.inputs, settings.keep_columns, settings.limit) if settings.keep_columns else None
+        )
+        manifest = job_manifest(settings, release, dtype, release.path)
+        checkpoint_path = settings.checkpoint_path
+        with (
+            JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}"),
+            JobLock(checkpoint_path.with_name(checkpoint_path.name + ".lock"), f"checkpoint {checkpoint_path}"),
+        ):
+            checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
+            if checkpoint.dropped:
+                self.progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
+            self.summary.resumed = checkpoint.done.count
+            total = count_records(settings.inputs, settings.limit)
+            self.progress.start(total, checkpoint.done.count)
+            with self._pool(release) as pool:
+                self._run_windows(pool, release, checkpoint)
+            self.summary.seconds = time.monotonic() - started
+            if self.stop.is_set():
+                self.summary.interrupted = True
+                return self.summary
+            self._finish(checkpoint, release)
+        self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def _run_windows(self, pool: EncodePool, release: Release, checkpoint: Checkpoint) -> None:
+        checked_disk = False
+        for window in planned_windows(pool, self._records(), self.settings.window, skip=checkpoint.done):
+            if window.failures:
+                self._commit(checkpoint, [], window.failures)
+            if not window.planned:
+                continue
+            if not checked_disk:
+                self._check_disk(checkpoint, release, window)
+                checked_disk = True
+            entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in window.planned]
+            batches = plan_batches(entries, self.batch_tokens, self.settings.max_batch_size)
+            by_index = {planned.record.index: planned for planned in window.planned}
+            self._run_batches(pool, release, checkpoint, batches, by_index)
+            if self.stop.is_set():
+                return
+
+    def _check_disk(self, checkpoint: Checkpoint, release: Release, window: Window) -> None:
+        """Refuse to start when the hidden states would not fit (estimated from the first window)."""
+        if self.settings.hidden_states != "keep":
+            return
+        lengths = [p.length or 0 for p in window.planned]
+        total = count_records(self.settings.inputs, self.settings.limit) or len(lengths)
+        remaining = max(len(lengths), total - checkpoint.done.count)
+        needed = int(statistics.fmean(lengths) * remaining * self._bytes_per_token(release.hidden_size))
+        free = shutil.disk_usage(checkpoint.path).free
+        if needed > free:
+            raise ClefError(
+                f"the hidden states of this job need about {human_size(needed)} but only {human_size(free)} are free "
+                f"under {checkpoint.path}; use --hidden-states drop to keep only the results, or --checkpoint "
+                "on a larger disk"
+            )
+
+    def _run_batches(
+        self,
+        pool: EncodePool,
+        release: Release,
+        checkpoint: Checkpoint,
+        batches: list[PlannedBatch],
+        by_index: dict[int, Planned],
+    ) -> None:
+        """Run batches in order while the next few are encoded in the background."""
+        prepared: deque[tuple[PlannedBatch, list[EncodedRecord | Future]]] = deque()
+        upcoming = iter(batches)
+
+        def prepare() -> None:
+            for batch in upcoming:
+                items = []
+                for index in batch.indices:
+                    planned = by_index[index]
+                    items.append(planned.encoded if planned.encoded is not None else pool.encode(planned.record))
+                prepared.append((batch, items))
+                if len(prepared) >= PREFETCH_BATCHES:
+                    return
+
+        prepare()
+        while prepared:
+            batch, items = prepared.popleft()
+            prepare()
+            encoded: list[EncodedRecord] = []
+            failures: list[FailedRecord] = []
+            for index, item in zip(batch.indices, items):
+                value = item.result() if isinstance(item, Future) else item
+                if isinstance(value, str):
+                    record = by_index[index].record
+                    failures.append(FailedRecord(record.id, record.index, value))
+                else:
+                    encoded.append(value)
+            scorer = self._scorer_for(release) if encoded else None
+            self._score_and_commit(scorer, checkpoint, encoded, failures)
+            for index in batch.indices:
+                by_index.pop(index, None)
+            if self.stop.is_set():
+                for _, pending in prepared:
+                    for item in pending:
+                        if isinstance(item, Future):
+                            item.cancel()
+                return
+
+    def _score_and_commit(
+        self,
+        scorer: Scorer | None,
+        checkpoint: Checkpoint,
+        records: list[EncodedRecord],
+        failures: list[FailedRecord],
+    ) -> None:
+        """Forward and head for one batch; out of GPU memory halves the budget and splits it."""
+        if not records:
+            self._commit(checkpoint, [], failures)
+            return
+        assert scorer is not None
+        padded = max(record.length for record in records) * len(records)
+        if padded > self.batch_tokens and len(records) > 1:
+            self._split(scorer, checkpoint, records, failures)
+            return
+        try:
+            hidden = scorer.hidden_states(records)
+            from clef_cli.scoring import head_logits, scored_record
+
+            logits = head_logits(scorer.head, hidden, scorer.backbone.lexical_rows, records)
+            scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits)]
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if len(records) == 1:
+                record = records[0]
+                failures.append(
+                    FailedRecord(
+                        record.record.id,
+                        record.record.index,
+                        f"out of GPU memory even alone ({record.length} tokens)",
+                        record.length,
+                    )
+                )
+                self._commit(checkpoint, [], failures)
+                return
+            self.batch_tokens = max(MIN_BATCH_TOKENS, min(self.batch_tokens, padded) // 2)
+            self.progress.note(f"out of GPU memory: batch token budget lowered to {self.batch_tokens}")
+            self._split(scorer, checkpoint, records, failures)
+            return
+        except (RuntimeError, ValueError, IndexError) as error:
+            if len(records) > 1:  # find the record that breaks the forward; score the others
+                self._split(scorer, checkpoint, records, failures, halves=False)
+                return
+            record = records[0]
+            failures.append(
+                FailedRecord(record.record.id, record.record.index, f"model forward failed: {error}", record.length)
+            )
+            self._commit(checkpoint, [], failures)
+            return
+        hidden_part = None
+        if self.settings.hidden_states == "keep":
+            hidden_part = hidden_payload(records, hidden, HIDDEN_DTYPES[self.settings.hidden_dtype])
+        self.summary.forwarded += len(records)
+        self._commit(checkpoint, scored, failures, hidden_part, tokens=sum(r.length for r in records))
+
+    def _split(
+        self,
+        scorer: Scorer,
+        checkpoint: Checkpoint,
+        records: list[EncodedRecord],
+        failures: list[FailedRecord],
+        halves: bool = True,
+    ) -> None:
+        if failures:
+            self._commit(checkpoint, [], failures)
+        groups = [records[: len(records) // 2], records[len(records) // 2 :]] if halves else [[r] for r in records]
+        for group in groups:
+            if group:
+                self._score_and_commit(scorer, checkpoint, group, [])
+
+    def _commit(
+        self,
+        checkpoint: Checkpoint,
+        scored: list[ScoredRecord],
+        failures: list[FailedRecord],
+        hidden: Any = None,
+        tokens: int = 0,
+    ) -> None:
+        if not scored and not failures:
+            return
+        checkpoint.commit(results_table(scored, failures), hidden)
+        self.summary.tokens += tokens
+        self.summary.failed += len(failures)
+        self.summary.first_errors.extend(failure.error for failure in failures[: 5 - len(self.summary.first_errors)])
+        self.progress.advance(len(scored) + len(failures), tokens, len(failures))
+
+    # ------------------------------------------------------------------ finish
+
+    def _finish(self, checkpoint: Checkpoint, release: Release) -> None:
+        self.progress.note("writing the output")
+        remove_stale_temporaries(self.settings.output)
+        manifest = checkpoint.manifest
+        spec = OutputSpec(
+            path=self.settings.output,
+            layout=self.settings.layout,
+            keep_columns=self.settings.keep_columns,
+            row_group_size=self.settings.row_group_size,
+            metadata=provenance(self.settings, release, manifest),
+        )
+        counts = write_output(
+            spec, checkpoint.results(), self.settings.inputs, self.settings.limit, self._passthrough
+        )
+        self.summary.records = counts.records
+        self.summary.failed = counts.failed
+        self.summary.scored = counts.records - counts.failed
+
+
+def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, Any]) -> dict[str, str]:
+    """Key-value metadata of the output: what produced it, so a result can be traced."""
+    model = manifest.get("model", {})
+    return {
+        "clef.version": __version__,
+        "clef.model": settings.model,
+        "clef.model_revision": release.revision or "",
+        "clef.model_config_sha256": model.get("config_sha256", ""),
+        "clef.weights_fingerprint": model.get("weights", ""),
+        "clef.head_sha256": model.get("head_sha256", ""),
+        "clef.max_length": str(settings.max_length),
+        "clef.overflow": settings.overflow.value,
+        "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
+        "clef.layout": settings.layout,
+        "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def human_size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if count < 1024 or unit == "TiB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def run_score(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
+    """Library shortcut: run a whole job and return its summary."""
+    return ScoreJob(settings, progress).run()

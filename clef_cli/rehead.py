@@ -1,0 +1,191 @@
+"""Re-scoring a finished job with another joint head, from the hidden states in its checkpoint.
+
+The thinker is never loaded: the stored final hidden states are what the head reads, and the
+only other backbone tensor the head needs (the lm_head rows) is read from its weight shard.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from clef_cli.backbone import load_lexical_rows, resolve_device
+from clef_cli.checkpoint import Checkpoint, describe_differences
+from clef_cli.errors import ClefError, ModelLoadError
+from clef_cli.head import JointSchemaHead, load_joint_head
+from clef_cli.locks import JobLock
+from clef_cli.output import OutputSpec, remove_stale_temporaries, write_output
+from clef_cli.pipeline import JobSummary, Progress, ScoreSettings, SilentProgress, job_manifest, provenance
+from clef_cli.prompt import EncodedQuestion, EncodedRecord
+from clef_cli.records import Question, Record, count_records
+from clef_cli.release import resolve_release
+from clef_cli.results import FailedRecord, results_table
+from clef_cli.scoring import head_logits, scored_record
+
+REHEAD_BATCH_TOKENS = 65536
+
+
+def _stored_records(metadata: dict[str, str], handle: Any) -> list[tuple[EncodedRecord, torch.Tensor]]:
+    """Rebuild each stored record's encoding (ids, spans, option order) and its hidden states."""
+    rebuilt = []
+    for stored in json.loads(metadata["records"]):
+        index = stored["index"]
+        questions = tuple(
+            Question(
+                id=q["question_id"],
+                type=q["type"],
+                instructions=None,
+                options=tuple((option_id, None) for option_id in q["option_ids"]),
+                criteria_order=tuple(q["criteria_order"]),
+            )
+            for q in stored["questions"]
+        )
+        encoded_questions = tuple(
+            EncodedQuestion(
+                question_id=q["question_id"],
+                question_type=q["question_type"],
+                question_span=tuple(q["question_span"]),
+                option_spans=tuple(tuple(span) for span in q["option_spans"]),
+                option_ids=tuple(q["option_ids"]),
+            )
+            for q in stored["questions"]
+        )
+        record = Record(id=stored["id"], index=index, state=None, questions=questions)
+        input_ids = handle.get_tensor(f"input_ids.{index}").tolist()
+        encoded = EncodedRecord(
+            record=record,
+            input_ids=input_ids,
+            questions=encoded_questions,
+            state_tokens_cut=stored["state_tokens_cut"],
+        )
+        rebuilt.append((encoded, handle.get_tensor(f"hidden.{index}")))
+    return rebuilt
+
+
+def _score_stored(
+    head: JointSchemaHead, lexical: torch.Tensor, stored: list[tuple[EncodedRecord, torch.Tensor]], device: torch.device
+) -> list[Any]:
+    scored = []
+    batch: list[tuple[EncodedRecord, torch.Tensor]] = []
+
+    def flush() -> None:
+        if not batch:
+            return
+        length = max(record.length for record, _ in batch)
+        hidden = torch.zeros(len(batch), length, batch[0][1].shape[-1], dtype=torch.float32)
+        for row, (record, states) in enumerate(batch):
+            hidden[row, : record.length] = states.float()
+        records = [record for record, _ in batch]
+        logits = head_logits(head, hidden.to(device), lexical, records)
+        scored.extend(scored_record(record, record_logits) for record, record_logits in zip(records, logits))
+        batch.clear()
+
+    for item in sorted(stored, key=lambda pair: -pair[0].length):
+        if batch and (len(batch) + 1) * batch[0][0].length > REHEAD_BATCH_TOKENS:
+            flush()
+        batch.append(item)
+    flush()
+    return scored
+
+
+def _check_same_job(source: Checkpoint, settings: ScoreSettings, current: dict[str, Any]) -> None:
+    """The inputs and encoding settings must be those of the job that filled the checkpoint."""
+    stored = source.manifest
+    keep = lambda manifest: {  # noqa: E731
+        "inputs": manifest.get("inputs"),
+        "settings": {k: v for k, v in (manifest.get("settings") or {}).items() if k != "dtype"},
+        "backbone": {k: (manifest.get("model") or {}).get(k) for k in ("config_sha256", "weights")},
+    }
+    differences = describe_differences(keep(stored), keep(current))
+    if differences:
+        raise ClefError(f"checkpoint {source.path} does not belong to this job: " + "; ".join(differences))
+
+
+def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
+    """Score the job's stored hidden states with the head in `settings.rehead`; write the output."""
+    assert settings.rehead is not None
+    progress = progress or SilentProgress()
+    started = time.monotonic()
+    summary = JobSummary(output=settings.output)
+    release = resolve_release(settings.model, revision=settings.revision)
+    head_dir = Path(settings.rehead)
+    head = load_joint_head(head_dir)
+    if head.config.hidden_size != release.hidden_size:
+        raise ModelLoadError(
+            f"the head in {head_dir} expects hidden size {head.config.hidden_size}; "
+            f"the backbone has {release.hidden_size}"
+        )
+    source_path = settings.checkpoint_path
+    if not (source_path / "manifest.json").exists():
+        raise ClefError(
+            f"no checkpoint at {source_path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)"
+        )
+    device = resolve_device(settings.device)
+    with (
+        JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}"),
+        JobLock(source_path.with_name(source_path.name + ".lock"), f"checkpoint {source_path}"),
+    ):
+        source = Checkpoint.open_existing(source_path)
+        current = job_manifest(settings, release, torch.float32, head_dir)
+        _check_same_job(source, settings, current)
+        total = count_records(settings.inputs, settings.limit)
+        if total is not None and source.done.count < total:
+            raise ClefError(
+                f"checkpoint {source_path} holds {source.done.count} of {total} records; finish the job before --rehead"
+            )
+        progress.start(source.done.count, 0)
+        lexical = load_lexical_rows(release).to(device)
+        head = head.to(device)
+        workdir = settings.output.with_name(f".{settings.output.name}.rehead")
+        shutil.rmtree(workdir, ignore_errors=True)
+        target = Checkpoint.open(workdir, current)
+        try:
+            failures = _failures(source)
+            if failures:
+                target.commit(results_table([], failures))
+            missing = source.done.count - len(failures) - sum(e.records for e, _ in source.hidden_shards())
+            if missing > 0:
+                raise ClefError(
+                    f"{missing} scored records in {source_path} have no stored hidden states "
+                    "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
+                )
+            for entry, path in source.hidden_shards():
+                if not source.verify_hidden(entry):
+                    raise ClefError(f"hidden-state shard {path} is damaged (checksum mismatch); rerun the job for it")
+                with safe_open(str(path), framework="pt") as handle:
+                    stored = _stored_records(handle.metadata(), handle)
+                scored = _score_stored(head, lexical, stored, device)
+                target.commit(results_table(scored, []))
+                summary.tokens += sum(record.length for record, _ in stored)
+                progress.advance(len(scored), sum(record.length for record, _ in stored), 0)
+            remove_stale_temporaries(settings.output)
+            spec = OutputSpec(
+                path=settings.output,
+                layout=settings.layout,
+                keep_columns=settings.keep_columns,
+                row_group_size=settings.row_group_size,
+                metadata=provenance(settings, release, current | {"settings": source.manifest["settings"]})
+                | {"clef.rehead_from": str(source_path)},
+            )
+            counts = write_output(spec, target.results(), settings.inputs, settings.limit)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    summary.records, summary.failed = counts.records, counts.failed
+    summary.scored = counts.records - counts.failed
+    summary.resumed = summary.scored
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _failures(source: Checkpoint) -> list[FailedRecord]:
+    table = source.results().select(["id", "record_index", "error", "prompt_tokens"])
+    failed = table.filter(table.column("error").is_valid())
+    return [
+        FailedRecord(row["id"], row["record_index"], row["error"], row["prompt_tokens"]) for row in failed.to_pylist()
+    ]

@@ -1,0 +1,124 @@
+"""The Arrow form of results: one row per record, the column names downstream jobs rely on.
+
+Checkpoint shards store exactly these rows, so the final output is a reordering of committed
+shards (plus pass-through columns), never a recomputation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from clef_cli.scoring import ScoredRecord
+
+LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])
+ANSWER_TYPE = pa.struct(
+    [
+        ("question_id", pa.string()),
+        ("type", pa.string()),
+        ("answer", pa.string()),
+        ("confidence", pa.float64()),
+        ("noul", pa.float64()),
+        ("score", pa.float64()),
+        ("labels", pa.list_(LABEL_TYPE)),
+    ]
+)
+RESULT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("record_index", pa.int64()),
+        ("prompt_tokens", pa.int32()),
+        ("state_tokens_cut", pa.int32()),
+        ("error", pa.string()),
+        ("answers", pa.list_(ANSWER_TYPE)),
+    ]
+)
+LONG_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("record_index", pa.int64()),
+        ("question_id", pa.string()),
+        ("type", pa.string()),
+        ("label", pa.string()),
+        ("probability", pa.float64()),
+        ("logit", pa.float64()),
+        ("error", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class FailedRecord:
+    """A record that produced no scores: its place in the output and why."""
+
+    record_id: str
+    index: int
+    error: str
+    prompt_tokens: int | None = None
+
+
+def scored_row(result: ScoredRecord) -> dict[str, object]:
+    return {
+        "id": result.record_id,
+        "record_index": result.index,
+        "prompt_tokens": result.prompt_tokens,
+        "state_tokens_cut": result.state_tokens_cut,
+        "error": None,
+        "answers": [
+            {
+                "question_id": question.question_id,
+                "type": question.type,
+                "answer": question.answer,
+                "confidence": question.confidence,
+                "noul": question.noul,
+                "score": question.score,
+                "labels": [
+                    {"label": label, "probability": probability, "logit": logit}
+                    for label, probability, logit in zip(question.option_ids, question.probabilities, question.logits)
+                ],
+            }
+            for question in result.questions
+        ],
+    }
+
+
+def failed_row(failure: FailedRecord) -> dict[str, object]:
+    return {
+        "id": failure.record_id,
+        "record_index": failure.index,
+        "prompt_tokens": failure.prompt_tokens,
+        "state_tokens_cut": None,
+        "error": failure.error,
+        "answers": None,
+    }
+
+
+def results_table(scored: Sequence[ScoredRecord] = (), failed: Sequence[FailedRecord] = ()) -> pa.Table:
+    rows = [scored_row(result) for result in scored] + [failed_row(failure) for failure in failed]
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+def long_rows(table: pa.Table) -> pa.Table:
+    """One row per (record, question, label); a failed record keeps one row with its error."""
+    rows = []
+    for record in table.to_pylist():
+        if not record["answers"]:
+            rows.append({"id": record["id"], "record_index": record["record_index"], "error": record["error"]})
+            continue
+        for answer in record["answers"]:
+            for label in answer["labels"]:
+                rows.append(
+                    {
+                        "id": record["id"],
+                        "record_index": record["record_index"],
+                        "question_id": answer["question_id"],
+                        "type": answer["type"],
+                        "label": label["label"],
+                        "probability": label["probability"],
+                        "logit": label["logit"],
+                        "error": None,
+                    }
+                )
+    return pa.Table.from_pylist(rows, schema=LONG_SCHEMA)
