@@ -539,9 +539,7 @@ class ScoreJob:
             row_group_size=self.settings.row_group_size,
             metadata=provenance(self.settings, release, manifest),
         )
-        counts = write_output(
-            spec, checkpoint.results(), self.settings.inputs, self.settings.limit, self._passthrough
-        )
+        counts = write_output(spec, checkpoint.results(), self.settings.inputs, self.settings.limit, self._passthrough)
         self.summary.records = counts.records
         self.summary.failed = counts.failed
         self.summary.scored = counts.records - counts.failed

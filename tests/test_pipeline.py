@@ -1,0 +1,101 @@
+"""The scoring job as a library: batching plan, out-of-memory recovery, row groups."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from clef_cli.batching import PlanEntry, padding_waste, plan_batches
+from clef_cli.pipeline import ScoreJob, ScoreSettings
+
+from .conftest import SAMPLE_DATA, TINY_MODEL
+
+
+def test_plan_is_longest_first_within_budget_and_never_mixes_audio_in_video():
+    entries = [PlanEntry(i, length) for i, length in enumerate([100, 900, 300, 310, 95, 880, 50])]
+    entries += [PlanEntry(7, 400, True), PlanEntry(8, 390, True)]
+    batches = plan_batches(entries, max_batch_tokens=1000, max_batch_size=3)
+    assert [b.padded_length for b in batches] == sorted((b.padded_length for b in batches), reverse=True)
+    assert batches[0].indices == [1]
+    for batch in batches:
+        assert batch.padded_tokens <= 1000 or len(batch.entries) == 1
+        assert len(batch.entries) <= 3
+        assert len({entry.audio_in_video for entry in batch.entries}) == 1
+    assert sorted(i for b in batches for i in b.indices) == list(range(9))
+    assert padding_waste(batches) == pytest.approx(
+        sum(b.padded_tokens for b in batches) / sum(e.length for e in entries) - 1
+    )
+
+
+def test_a_record_longer_than_the_budget_gets_its_own_batch():
+    batches = plan_batches([PlanEntry(0, 5000), PlanEntry(1, 10)], max_batch_tokens=1000, max_batch_size=8)
+    assert [b.indices for b in batches] == [[0], [1]]
+
+
+def settings_for(tmp_path, **overrides) -> ScoreSettings:
+    values = dict(
+        inputs=[SAMPLE_DATA / "records.jsonl"],
+        output=tmp_path / "out.parquet",
+        model=str(TINY_MODEL),
+        workers=0,
+        device="cpu",
+        limit=8,
+    )
+    values.update(overrides)
+    return ScoreSettings(**values)
+
+
+def test_out_of_memory_halves_the_budget_and_loses_nothing(tmp_path, scorer, monkeypatch):
+    reference = ScoreJob(settings_for(tmp_path / "a", output=tmp_path / "a.parquet"), scorer=scorer)
+    (tmp_path / "a").mkdir()
+    reference.run()
+    real = scorer.backbone.hidden_states
+    seen = []
+
+    def flaky(batch):
+        padded = batch.input_ids.numel()
+        seen.append(padded)
+        if padded > 2000:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(batch)
+
+    monkeypatch.setattr(scorer.backbone, "hidden_states", flaky)
+    job = ScoreJob(settings_for(tmp_path, max_batch_tokens=8000), scorer=scorer)
+    summary = job.run()
+    assert summary.failed == 0 and summary.scored == 8
+    assert job.batch_tokens < 8000
+    assert max(seen) > 2000 and all(size <= 2000 for size in seen[-3:])
+    got = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    want = pq.read_table(tmp_path / "a.parquet").to_pylist()
+    for a, b in zip(got, want):
+        assert a["id"] == b["id"]
+        for x, y in zip(a["answers"], b["answers"]):
+            assert [label["probability"] for label in x["labels"]] == pytest.approx(
+                [label["probability"] for label in y["labels"]], abs=1e-5
+            )
+
+
+def test_a_record_that_breaks_the_forward_fails_alone(tmp_path, scorer, monkeypatch):
+    real = scorer.backbone.hidden_states
+
+    def breaks_on_images(batch):
+        if "pixel_values" in batch.media:
+            raise RuntimeError("kernel failure (simulated)")
+        return real(batch)
+
+    monkeypatch.setattr(scorer.backbone, "hidden_states", breaks_on_images)
+    summary = ScoreJob(settings_for(tmp_path, limit=None), scorer=scorer).run()
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    failed = {row["id"]: row["error"] for row in rows if row["error"]}
+    assert summary.failed == len(failed) > 0
+    assert all("model forward failed: kernel failure (simulated)" in error for error in failed.values())
+    assert summary.scored == 17 - len(failed)
+
+
+def test_row_groups_are_buffered_not_one_per_batch(tmp_path, scorer):
+    settings = settings_for(tmp_path, limit=None, row_group_size=5, max_batch_size=2)
+    ScoreJob(settings, scorer=scorer).run()
+    metadata = pq.ParquetFile(tmp_path / "out.parquet").metadata
+    assert metadata.num_rows == 17
+    assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [5, 5, 5, 2]
