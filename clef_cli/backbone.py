@@ -128,8 +128,26 @@ class Backbone:
 
     @torch.inference_mode()
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
-        """Final-norm hidden states `[B, L, hidden]` of a right-padded batch."""
-        outputs = self.thinker.model(**batch.model_inputs(self.device, self.dtype), use_cache=False)
+        """Final-norm hidden states `[B, L, hidden]` of a right-padded batch.
+
+        The multimodal rope positions are computed with the padding mask (as the thinker would),
+        then attention runs causally without it: with right padding no real token can see a pad,
+        so real tokens' states are unchanged, and causal attention skips the masked half of the
+        score matrix that an explicit padding mask forces the kernel to compute.
+        """
+        inputs = batch.model_inputs(self.device, self.dtype)
+        attention_mask = inputs.pop("attention_mask")
+        feature_mask = inputs.get("feature_attention_mask")
+        position_ids, _ = self.thinker.model.get_rope_index(
+            inputs["input_ids"],
+            inputs.get("image_grid_thw"),
+            inputs.get("video_grid_thw"),
+            attention_mask,
+            batch.use_audio_in_video,
+            feature_mask.sum(-1) if isinstance(feature_mask, torch.Tensor) else None,
+            inputs.get("video_second_per_grid"),
+        )
+        outputs = self.thinker.model(**inputs, position_ids=position_ids, attention_mask=None, use_cache=False)
         return outputs.last_hidden_state
 
 

@@ -37,7 +37,7 @@ from clef_cli.records import InvalidRecord, Record, count_records, load_question
 from clef_cli.release import DEFAULT_MODEL, Release, resolve_release, weights_fingerprint
 from clef_cli.results import FailedRecord, results_table
 from clef_cli.scoring import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, ScoredRecord, Scorer
-from clef_cli.workers import EncodePool, EncoderSpec, Planned
+from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 PREFETCH_BATCHES = 3
 MIN_BATCH_TOKENS = 256
@@ -89,6 +89,8 @@ class ScoreSettings:
     restart: bool = False
     row_group_size: int = 16384
     rehead: Path | None = None
+    media_cache_bytes: int = 1 << 30
+    """Media tensors kept from planning (per window) so they need not be decoded twice."""
 
     @property
     def checkpoint_path(self) -> Path:
@@ -178,10 +180,15 @@ def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def planned_windows(
-    pool: EncodePool, records: Iterable[Record | InvalidRecord], window: int, skip: Any = ()
+    pool: EncodePool,
+    records: Iterable[Record | InvalidRecord],
+    window: int,
+    skip: Any = (),
+    media_budget: int = 0,
 ) -> Iterator[Window]:
     """Windows in input order; the next one is planned in the background while the caller runs
-    the current one."""
+    the current one. Each window keeps at most `media_budget` bytes of media tensors from
+    planning; the rest are decoded again when their batch runs."""
 
     def submit(chunk: list[Record | InvalidRecord]) -> tuple[list[FailedRecord], list[Future]]:
         failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
@@ -195,12 +202,13 @@ def planned_windows(
         upcoming = next((submit(chunk) for chunk in chunks), None)
         failures, futures = current
         planned: list[Planned] = []
+        budget = [media_budget]
         for future in futures:
             result: Planned = future.result()
             if result.error is not None:
                 failures.append(FailedRecord(result.record.id, result.record.index, result.error))
             else:
-                planned.append(result)
+                planned.append(within_budget(result, budget))
         yield Window(planned, failures)
         current = upcoming
 
@@ -361,7 +369,14 @@ class ScoreJob:
 
     def _run_windows(self, pool: EncodePool, release: Release, checkpoint: Checkpoint) -> None:
         checked_disk = False
-        for window in planned_windows(pool, self._records(), self.settings.window, skip=checkpoint.done):
+        windows = planned_windows(
+            pool,
+            self._records(),
+            self.settings.window,
+            skip=checkpoint.done,
+            media_budget=self.settings.media_cache_bytes // 2,
+        )
+        for window in windows:
             if window.failures:
                 self._commit(checkpoint, [], window.failures)
             if not window.planned:

@@ -46,9 +46,9 @@ class EncoderSpec:
 
 @dataclass(frozen=True)
 class Planned:
-    """A planned record: its length, or why it cannot be scored. Text-only records keep their
-    encoding (ids as int32, a few bytes per token); media records are encoded again when their
-    batch comes, so media tensors never pile up."""
+    """A planned record: its length, or why it cannot be scored, and its encoding (ids as int32).
+    The planner keeps media tensors only up to a byte budget; a record whose tensors were dropped
+    is encoded again when its batch comes, so media never pile up in memory."""
 
     record: Record
     length: int | None = None
@@ -78,13 +78,27 @@ def compact(encoded: EncodedRecord) -> EncodedRecord:
 
 
 def plan_record(record: Record) -> Planned:
-    """Encode to measure; keep the encoding only when it holds no media tensors."""
+    """Encode to measure the prompt; the caller decides whether to keep the media tensors."""
     try:
         encoded = _encoder().encode(record)
     except RecordError as error:
         return Planned(record, error=str(error))
-    kept = compact(encoded) if not encoded.media else None
-    return Planned(record, encoded.length, encoded.use_audio_in_video, encoded=kept)
+    return Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded))
+
+
+def media_bytes(encoded: EncodedRecord) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in encoded.media.values())
+
+
+def within_budget(planned: Planned, budget: list[int]) -> Planned:
+    """Keep a planned record's media tensors while `budget[0]` bytes remain; else drop them."""
+    if planned.encoded is None or not planned.encoded.media:
+        return planned
+    size = media_bytes(planned.encoded)
+    if size <= budget[0]:
+        budget[0] -= size
+        return planned
+    return replace(planned, encoded=None)
 
 
 def encode_record(record: Record) -> EncodedRecord | str:
