@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from clef_cli import faults
 from clef_cli.checkpoint import fsync_path
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.records import expand_inputs, iter_column_values, parquet_only
@@ -191,6 +192,7 @@ def write_output(
             if results.num_rows == 0:
                 writer.write_table(schema.empty_table())
         fsync_path(temporary)
+        faults.before_output_rename()
         os.replace(temporary, spec.path)
         fsync_path(spec.path.parent)
     finally:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from clef_cli import __version__
+from clef_cli import __version__, faults
 from clef_cli.batching import PlanEntry, PlannedBatch, plan_batches
 from clef_cli.checkpoint import HIDDEN_DTYPES, Checkpoint, hidden_payload, input_fingerprint, sha256_file
 from clef_cli.errors import ClefError, UsageError
@@ -348,9 +348,11 @@ class ScoreJob:
         manifest = job_manifest(settings, release, dtype, release.path)
         checkpoint_path = settings.checkpoint_path
         with (
-            JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}"),
+            JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}") as lock,
             JobLock(checkpoint_path.with_name(checkpoint_path.name + ".lock"), f"checkpoint {checkpoint_path}"),
         ):
+            if lock.took_over:
+                self.progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
             checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
             if checkpoint.dropped:
                 self.progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
@@ -536,6 +538,7 @@ class ScoreJob:
         if not scored and not failures:
             return
         checkpoint.commit(results_table(scored, failures), hidden)
+        faults.after_commit()
         self.summary.tokens += tokens
         self.summary.failed += len(failures)
         self.summary.first_errors.extend(failure.error for failure in failures[: 5 - len(self.summary.first_errors)])

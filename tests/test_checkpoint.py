@@ -1,0 +1,341 @@
+"""Resumable jobs: SIGKILL at the dangerous instants, resume without recomputing, refusals,
+damaged shards, re-scoring with another head, SIGINT, the disk guard and the job lock."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+
+from .conftest import TINY_MODEL, write_jsonl
+
+runner = CliRunner()
+SUMMARY = re.compile(r"(\d+) run through the model, (\d+) from the checkpoint")
+
+
+def records(count: int = 24) -> list[dict]:
+    kinds = [
+        {"urgent": {"type": "noul", "instructions": "Urgent?"}},
+        {"team": {"type": "choice", "criteria": {"billing": "Money", "tech": None, "other": None}}},
+        {"level": {"type": "score", "criteria": ["low", "mid", "high"]}, "flag": {"type": "noul"}},
+    ]
+    return [
+        {"id": f"r{i:03d}", "state": "ticket " + "word " * (3 + (i * 7) % 40), "questions": kinds[i % 3]}
+        for i in range(count)
+    ]
+
+
+@pytest.fixture
+def job(tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", records())
+    return path, tmp_path / "out.parquet"
+
+
+def command(inputs: Path, output: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "clef_cli",
+        "score",
+        str(inputs),
+        "-o",
+        str(output),
+        "--model",
+        str(TINY_MODEL),
+        "--workers",
+        "0",
+        "--max-batch-size",
+        "2",
+        "--quiet",
+        *extra,
+    ]
+
+
+def run(inputs: Path, output: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(inputs, output, *extra), capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300
+    )
+
+
+def forwards(done: subprocess.CompletedProcess) -> tuple[int, int]:
+    match = SUMMARY.search(done.stderr)
+    assert match, done.stderr
+    return int(match.group(1)), int(match.group(2))
+
+
+def journal_records(checkpoint: Path) -> int:
+    journal = checkpoint / "journal.jsonl"
+    if not journal.exists():
+        return 0
+    total = 0
+    for line in journal.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError, KeyError):
+            total += json.loads(line)["records"]
+    return total
+
+
+def start_and_kill(inputs: Path, output: Path, ready, env: dict, sig=signal.SIGKILL) -> subprocess.Popen:
+    process = subprocess.Popen(
+        command(inputs, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+    )
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the job never reached the point to kill it"
+        time.sleep(0.005)
+    process.send_signal(sig)
+    process.wait(timeout=60)
+    return process
+
+
+def rows(path: Path) -> list[dict]:
+    return pq.read_table(path).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    inputs = write_jsonl(folder / "in.jsonl", records())
+    done = run(inputs, folder / "out.parquet")
+    assert done.returncode == 0, done.stderr
+    assert forwards(done) == (24, 0)
+    return rows(folder / "out.parquet")
+
+
+def assert_same_output(got: list[dict], want: list[dict]) -> None:
+    assert [row["id"] for row in got] == [row["id"] for row in want]
+    for a, b in zip(got, want):
+        assert a["error"] == b["error"] and a["prompt_tokens"] == b["prompt_tokens"]
+        for x, y in zip(a["answers"], b["answers"]):
+            assert x["answer"] == y["answer"]
+            assert [label["probability"] for label in x["labels"]] == pytest.approx(
+                [label["probability"] for label in y["labels"]], abs=1e-6
+            )
+
+
+def test_sigkill_before_the_first_commit(job, uninterrupted):
+    inputs, output = job
+    checkpoint = Path(str(output) + ".ckpt")
+    start_and_kill(inputs, output, lambda: (checkpoint / "manifest.json").exists(), {"CLEF_TEST_SLOW_COMMIT": "5"})
+    assert journal_records(checkpoint) <= 2  # at most the first batch, which may have landed
+    committed = journal_records(checkpoint)
+    done = run(inputs, output)
+    assert done.returncode == 0, done.stderr
+    assert forwards(done) == (24 - committed, committed)
+    assert_same_output(rows(output), uninterrupted)
+
+
+def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, uninterrupted):
+    inputs, output = job
+    checkpoint = Path(str(output) + ".ckpt")
+    start_and_kill(inputs, output, lambda: journal_records(checkpoint) >= 8, {"CLEF_TEST_SLOW_COMMIT": "0.3"})
+    committed = journal_records(checkpoint)
+    assert 8 <= committed < 24 and not output.exists()
+    done = run(inputs, output)
+    assert done.returncode == 0, done.stderr
+    assert forwards(done) == (24 - committed, committed)
+    assert_same_output(rows(output), uninterrupted)
+
+
+def test_sigkill_during_the_final_write_leaves_no_output(job, uninterrupted, tmp_path):
+    inputs, output = job
+    marker = tmp_path / "holding"
+    start_and_kill(inputs, output, marker.exists, {"CLEF_TEST_HOLD_OUTPUT": str(marker)})
+    assert not output.exists()
+    assert list(output.parent.glob(f".{output.name}.*.tmp"))  # the complete-but-unrenamed temporary
+    done = run(inputs, output)
+    assert done.returncode == 0, done.stderr
+    assert forwards(done) == (0, 24)
+    assert not list(output.parent.glob(f".{output.name}.*.tmp"))
+    assert_same_output(rows(output), uninterrupted)
+
+
+def test_sigint_commits_and_exits_130(job, uninterrupted):
+    inputs, output = job
+    checkpoint = Path(str(output) + ".ckpt")
+    process = start_and_kill(
+        inputs, output, lambda: journal_records(checkpoint) >= 4, {"CLEF_TEST_SLOW_COMMIT": "0.3"}, sig=signal.SIGINT
+    )
+    assert process.returncode == 130
+    _, stderr = process.communicate()
+    assert "interrupted" in stderr and "rerun the same command to continue" in stderr
+    committed = journal_records(checkpoint)
+    assert committed >= 4 and not output.exists()
+    done = run(inputs, output)
+    assert forwards(done) == (24 - committed, committed)
+    assert_same_output(rows(output), uninterrupted)
+
+
+def in_process(inputs: Path, output: Path, *extra: str):
+    return runner.invoke(
+        app, ["score", str(inputs), "-o", str(output), "--model", str(TINY_MODEL), "--workers", "0", "--quiet", *extra]
+    )
+
+
+def test_other_settings_are_refused_with_the_difference_named(job):
+    inputs, output = job
+    assert in_process(inputs, output, "--max-length", "4096").exit_code == 0
+    refused = in_process(inputs, output, "--max-length", "2048")
+    assert refused.exit_code == 1
+    assert "settings.max_length: checkpoint has 4096, this run has 2048" in refused.stderr
+    assert "--restart" in refused.stderr
+    changed = write_jsonl(inputs, records(25))
+    refused = in_process(changed, output, "--max-length", "4096")
+    assert refused.exit_code == 1 and "inputs: checkpoint has in.jsonl" in refused.stderr
+    restarted = in_process(changed, output, "--max-length", "4096", "--restart")
+    assert restarted.exit_code == 0, restarted.output
+    assert len(rows(output)) == 25
+
+
+def test_another_model_is_refused(job, tmp_path):
+    inputs, output = job
+    assert in_process(inputs, output).exit_code == 0
+    other = second_head_release(tmp_path)
+    refused = runner.invoke(
+        app, ["score", str(inputs), "-o", str(output), "--model", str(other), "--workers", "0", "--quiet"]
+    )
+    assert refused.exit_code == 1
+    assert "model.head_sha256: checkpoint has" in refused.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_shard_is_detected_and_recomputed(job, uninterrupted, damage):
+    inputs, output = job
+    done = run(inputs, output)
+    assert forwards(done) == (24, 0)
+    checkpoint = Path(str(output) + ".ckpt")
+    shard = sorted((checkpoint / "shards").glob("*.results.arrow"))[3]
+    data = bytearray(shard.read_bytes())
+    if damage == "truncate":
+        shard.write_bytes(data[: len(data) // 2])
+    else:
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    done = run(inputs, output)
+    assert done.returncode == 0, done.stderr
+    assert forwards(done) == (2, 22)
+    assert_same_output(rows(output), uninterrupted)
+
+
+def second_head_release(tmp_path: Path) -> Path:
+    """The same backbone with another (perturbed) joint head."""
+    folder = tmp_path / "release-b"
+    shutil.copytree(TINY_MODEL, folder)
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    state = load_file(str(folder / "joint_head.safetensors"))
+    generator = torch.Generator().manual_seed(99)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
+    save_file(state, str(folder / "joint_head.safetensors"))
+    head = tmp_path / "head-b"
+    head.mkdir()
+    shutil.copy(folder / "joint_head.safetensors", head)
+    shutil.copy(folder / "joint_head_config.json", head)
+    return folder
+
+
+def test_rehead_equals_a_full_run_with_that_head(job, tmp_path):
+    inputs, output = job
+    assert in_process(inputs, output, "--hidden-dtype", "float32").exit_code == 0
+    release_b = second_head_release(tmp_path)
+    full = tmp_path / "full-b.parquet"
+    assert (
+        runner.invoke(
+            app, ["score", str(inputs), "-o", str(full), "--model", str(release_b), "--workers", "0", "--quiet"]
+        ).exit_code
+        == 0
+    )
+    reheaded = tmp_path / "rehead-b.parquet"
+    result = in_process(inputs, reheaded, "--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b"))
+    assert result.exit_code == 0, result.output
+    assert_same_output(rows(reheaded), rows(full))
+    assert rows(reheaded)[0]["answers"] != rows(output)[0]["answers"]
+    metadata = pq.read_schema(reheaded).metadata
+    assert metadata[b"clef.rehead_from"].decode() == str(output) + ".ckpt"
+
+
+def test_rehead_needs_stored_hidden_states(job, tmp_path):
+    inputs, output = job
+    assert in_process(inputs, output, "--hidden-states", "drop").exit_code == 0
+    second_head_release(tmp_path)
+    result = in_process(
+        inputs, tmp_path / "r.parquet", "--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b")
+    )
+    assert result.exit_code == 1 and "--hidden-states drop" in result.stderr
+
+
+def test_disk_guard_refuses_a_job_that_cannot_fit(job, monkeypatch):
+    inputs, output = job
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    refused = in_process(inputs, output)
+    assert refused.exit_code == 1
+    assert "need about" in refused.stderr and "--hidden-states drop" in refused.stderr
+    assert in_process(inputs, output, "--hidden-states", "drop").exit_code == 0
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from clef_cli.locks import JobLock
+with JobLock(Path(sys.argv[1]), "test"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_job_on_a_locked_checkpoint_names_the_holder(job):
+    inputs, output = job
+    lock = Path(str(output) + ".ckpt.lock")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused = in_process(inputs, output)
+        assert refused.exit_code == 1
+        assert f"in use by another clef job (pid {holder.pid} on host {socket.gethostname()})" in refused.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert in_process(inputs, output).exit_code == 0
+
+
+def test_a_stale_lock_is_taken_over(job):
+    inputs, output = job
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = Path(str(output) + ".lock")
+    lock.write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "started": 0}))
+    result = in_process(inputs, output)
+    assert result.exit_code == 0, result.output
+    assert not lock.exists()
+
+
+def test_checkpoint_info(job):
+    inputs, output = job
+    assert in_process(inputs, output).exit_code == 0
+    result = runner.invoke(app, ["checkpoint", "info", str(output) + ".ckpt", "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["records_done"] == 24
+    assert info["shards_with_hidden_states"] == info["shards"] > 0
+    assert info["size_bytes"] > 0
+    assert info["settings"]["max_length"] == 64000
+    human = runner.invoke(app, ["checkpoint", "info", str(output) + ".ckpt"])
+    assert "records done: 24" in human.stdout
+    missing = runner.invoke(app, ["checkpoint", "info", str(inputs.parent)])
+    assert missing.exit_code == 1 and "is not a clef checkpoint" in missing.stderr
