@@ -1,0 +1,35 @@
+"""The project's promises to a new user: README commands, CI and help texts stay true."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_ci_runs_the_test_command_written_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    quick_start = re.search(r"## Quick start\n\n```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [line for line in quick_start.splitlines() if line and not line.startswith("#")]
+    assert commands[0].startswith('pip install -e ".[test]" && clef score sample_data/records.jsonl')
+    test_command = commands[1]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines()
+
+
+def test_every_command_has_help_text():
+    runner = CliRunner()
+    top = runner.invoke(app, ["--help"])
+    assert top.exit_code == 0
+    for command in ("score", "inspect-spans", "checkpoint"):
+        line = next(line for line in top.stdout.splitlines() if line.strip().startswith(command))
+        assert len(line.split(None, 1)) == 2, line
+    for args in (["score", "--help"], ["inspect-spans", "--help"], ["checkpoint", "info", "--help"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "Usage:" in result.stdout
+        assert "--help" in result.stdout
