@@ -35,6 +35,7 @@ import torch
 from clef_cli.errors import ClefError
 from clef_cli.prompt import EncodedRecord
 from clef_cli.results import RESULT_SCHEMA
+from clef_cli.sources import InputFile
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -76,20 +77,27 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def input_fingerprint(path: Path, full_hash_below: int = 1 << 30) -> dict[str, Any]:
+def input_fingerprint(source: InputFile, full_hash_below: int = 1 << 30) -> dict[str, Any]:
     """Content, not timestamps: a copied file is the same input, an edited one is not. Very large
     files are sampled (size plus the first, middle and last MiB) to keep resuming fast."""
-    size = path.stat().st_size
-    if size < full_hash_below:
-        digest = sha256_file(path)
-    else:
-        hasher = hashlib.sha256(str(size).encode())
-        with path.open("rb") as handle:
+    size = source.size
+    with source.open_binary() as handle:
+        if size < full_hash_below:
+            hasher = hashlib.sha256()
+            while chunk := handle.read(1 << 20):
+                hasher.update(chunk)
+            digest = hasher.hexdigest()
+        else:
+            hasher = hashlib.sha256(str(size).encode())
+            position = 0
             for offset in (0, size // 2, max(0, size - (1 << 20))):
-                handle.seek(offset)
-                hasher.update(handle.read(1 << 20))
-        digest = "sampled:" + hasher.hexdigest()
-    return {"path": str(path.resolve()), "bytes": size, "sha256": digest}
+                while position < offset:  # streams from remote filesystems cannot seek
+                    position += len(handle.read(min(1 << 24, offset - position)))
+                chunk = handle.read(1 << 20)
+                position += len(chunk)
+                hasher.update(chunk)
+            digest = "sampled:" + hasher.hexdigest()
+    return {"path": source.location, "bytes": size, "sha256": digest}
 
 
 def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

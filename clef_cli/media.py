@@ -62,7 +62,7 @@ class DecodedVideo:
 # --------------------------------------------------------------------------- sources
 
 
-def open_source(entry: str, base_dir: Path, limits: MediaLimits) -> str | io.BytesIO:
+def open_source(entry: str, base_dir: Path | None, limits: MediaLimits) -> str | io.BytesIO:
     """A local path (checked) or the bytes of a data: / http(s) URL, within the byte limit."""
     if entry.startswith("data:"):
         return io.BytesIO(_data_url_bytes(entry, limits))
@@ -72,6 +72,8 @@ def open_source(entry: str, base_dir: Path, limits: MediaLimits) -> str | io.Byt
         return io.BytesIO(_download(entry, limits))
     path = Path(entry)
     if not path.is_absolute():
+        if base_dir is None:
+            raise MediaError(f"relative media path {entry!r} in a remote input: use absolute paths or data: URLs")
         path = base_dir / path
     try:
         info = os.stat(path)

@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 from clef_cli import faults
 from clef_cli.checkpoint import fsync_path
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.records import expand_inputs, iter_column_values, parquet_only
+from clef_cli.records import iter_column_values, parquet_only
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
+from clef_cli.sources import expand_inputs
 
 RESERVED_COLUMNS = set(RESULT_SCHEMA.names) | set(LONG_SCHEMA.names)
 
@@ -97,7 +98,7 @@ def passthrough_types(inputs: Sequence[Path], columns: Sequence[str], limit: int
     """Native Arrow types for Parquet inputs; for JSON a type wide enough for every value (one
     pass over the input), with objects and lists kept as JSON text."""
     if parquet_only(inputs):
-        schemas = [pq.read_schema(path) for path in expand_inputs(inputs)]
+        schemas = [source.parquet().schema_arrow for source in expand_inputs(inputs)]
         try:
             unified = pa.unify_schemas(schemas)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as error:

@@ -37,6 +37,7 @@ from clef_cli.records import InvalidRecord, Record, count_records, load_question
 from clef_cli.release import DEFAULT_MODEL, Release, resolve_release, weights_fingerprint
 from clef_cli.results import FailedRecord, results_table
 from clef_cli.scoring import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, ScoredRecord, Scorer
+from clef_cli.sources import expand_inputs
 from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 PREFETCH_BATCHES = 3
@@ -227,7 +228,7 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, 
             "head_sha256": sha256_file(head_dir / "joint_head.safetensors"),
             "head_config_sha256": sha256_file(head_dir / "joint_head_config.json"),
         },
-        "inputs": [input_fingerprint(Path(path)) for path in _input_files(settings.inputs)],
+        "inputs": [input_fingerprint(source) for source in expand_inputs(settings.inputs)],
         "settings": {
             "max_length": settings.max_length,
             "overflow": settings.overflow.value,
@@ -236,12 +237,6 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, 
             "questions_sha256": questions_sha,
         },
     }
-
-
-def _input_files(inputs: Sequence[Path]) -> list[Path]:
-    from clef_cli.records import expand_inputs
-
-    return expand_inputs(inputs)
 
 
 # ----------------------------------------------------------------------------- the job

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.sources import InputFile, expand_inputs
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
 """Question type names and the ids the head's type embedding uses."""
@@ -23,8 +24,6 @@ NOUL_DEFAULTS: dict[str, str | None] = {
     "false": "The proposition is false or the answer is no.",
 }
 MEDIA_FIELDS = ("images", "audio", "videos")
-RECORD_FIELDS = ("id", "state", "questions", *MEDIA_FIELDS)
-INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,8 @@ class Record:
     images: tuple[str, ...] = ()
     audio: tuple[str, ...] = ()
     videos: tuple[str, ...] = ()
-    base_dir: Path = field(default_factory=Path.cwd)
+    base_dir: Path | None = None
+    """Where relative media paths resolve (the input file's folder); None for remote inputs."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Input columns asked for with --keep-columns, passed through untouched."""
 
@@ -184,7 +184,7 @@ class RecordBuilder:
     keep_columns: Sequence[str] = ()
     _seen_ids: dict[str, int] = field(default_factory=dict)
 
-    def build(self, raw: Any, index: int, base_dir: Path, json_text: bool = False) -> Record | InvalidRecord:
+    def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
         if not isinstance(raw, Mapping):
             return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
         record_id = self._record_id(raw, index)
@@ -211,7 +211,7 @@ class RecordBuilder:
         raw: Mapping[str, Any],
         record_id: str,
         index: int,
-        base_dir: Path,
+        base_dir: Path | None,
         json_text: bool,
         extra: Mapping[str, Any],
     ) -> Record:
@@ -283,35 +283,14 @@ def load_questions_file(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
-def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
-    """Input files in a stable order; a folder stands for its Parquet parts (sorted by name)."""
-    files: list[Path] = []
-    for raw_path in paths:
-        path = Path(raw_path)
-        if path.is_dir():
-            parts = sorted(p for p in path.iterdir() if p.suffix in (".parquet", ".pq") and p.is_file())
-            if not parts:
-                raise UsageError(f"folder {path} holds no .parquet files")
-            files.extend(parts)
-        elif path.is_file():
-            if path.suffix.lower() not in INPUT_SUFFIXES:
-                raise UsageError(f"{path}: unsupported input type (use .jsonl, .json or .parquet)")
-            files.append(path)
-        else:
-            raise UsageError(f"input not found: {path}")
-    if not files:
-        raise UsageError("no input files given")
-    return files
-
-
-def _raw_jsonl(path: Path) -> Iterator[tuple[Any, str | None]]:
-    with path.open("r", encoding="utf-8", errors="strict") as handle:
+def _raw_jsonl(source: InputFile) -> Iterator[tuple[Any, str | None]]:
+    with source.text_lines() as handle:
         line_number = 0
         while True:
             try:
                 line = handle.readline()
             except UnicodeDecodeError as error:
-                yield None, f"{path.name} line {line_number + 1}: not UTF-8 text ({error.reason})"
+                yield None, f"{source.name} line {line_number + 1}: not UTF-8 text ({error.reason})"
                 return
             if not line:
                 return
@@ -321,38 +300,37 @@ def _raw_jsonl(path: Path) -> Iterator[tuple[Any, str | None]]:
             try:
                 yield json.loads(line), None
             except json.JSONDecodeError as error:
-                yield None, f"{path.name} line {line_number}: invalid JSON ({error.msg})"
+                yield None, f"{source.name} line {line_number}: invalid JSON ({error.msg})"
 
 
-def _raw_json(path: Path) -> Iterator[tuple[Any, str | None]]:
+def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with source.open_binary() as handle:
+            data = json.loads(handle.read().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path} is not a valid JSON file: {error}") from None
+        raise UsageError(f"{source.location} is not a valid JSON file: {error}") from None
     items = data if isinstance(data, list) else [data]
     for item in items:
         yield item, None
 
 
-def _raw_parquet(path: Path, batch_size: int = 1024) -> Iterator[tuple[Any, str | None]]:
-    import pyarrow.parquet as pq
-
+def _raw_parquet(source: InputFile, batch_size: int = 1024) -> Iterator[tuple[Any, str | None]]:
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = source.parquet()
     except Exception as error:  # pyarrow raises several types for a damaged file
-        raise UsageError(f"{path} is not a readable Parquet file: {error}") from None
+        raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
     for batch in parquet.iter_batches(batch_size=batch_size):
         for row in batch.to_pylist():
             yield row, None
 
 
-def _raw_rows(path: Path) -> Iterator[tuple[Any, str | None]]:
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        return _raw_parquet(path)
-    if suffix == ".json":
-        return _raw_json(path)
-    return _raw_jsonl(path)
+def raw_rows(source: InputFile) -> Iterator[tuple[Any, str | None]]:
+    """(raw record, None) or (None, problem) for every record of one input, in order."""
+    if source.is_parquet:
+        return _raw_parquet(source)
+    if source.suffix == ".json":
+        return _raw_json(source)
+    return _raw_jsonl(source)
 
 
 def read_records(
@@ -364,10 +342,10 @@ def read_records(
     """Stream records from every input in order; `index` counts across all inputs from 0."""
     builder = RecordBuilder(default_questions=questions, keep_columns=tuple(keep_columns))
     index = 0
-    for path in expand_inputs(paths):
-        base_dir = path.resolve().parent
-        json_text = path.suffix.lower() in (".parquet", ".pq")
-        for raw, problem in _raw_rows(path):
+    for source in expand_inputs(paths):
+        base_dir = source.base_dir
+        json_text = source.is_parquet
+        for raw, problem in raw_rows(source):
             if limit is not None and index >= limit:
                 return
             if problem is not None:
@@ -382,18 +360,15 @@ def count_records(paths: Iterable[str | Path], limit: int | None = None) -> int 
 
     JSONL counts non-blank lines; Parquet reads its footer; a JSON file is parsed.
     """
-    import pyarrow.parquet as pq
-
     total = 0
-    for path in expand_inputs(paths):
-        suffix = path.suffix.lower()
+    for source in expand_inputs(paths):
         try:
-            if suffix in (".parquet", ".pq"):
-                total += pq.ParquetFile(path).metadata.num_rows
-            elif suffix == ".json":
-                total += sum(1 for _ in _raw_json(path))
+            if source.is_parquet:
+                total += source.parquet().metadata.num_rows
+            elif source.suffix == ".json":
+                total += sum(1 for _ in _raw_json(source))
             else:
-                with path.open("rb") as handle:
+                with source.open_binary() as handle:
                     total += sum(1 for line in handle if line.strip())
         except Exception:  # counting is only for progress; reading reports real problems
             return None
@@ -406,8 +381,8 @@ def iter_column_values(
     """The raw values of some input columns, one dict per record, in record order; the names
     found in at least one record are added to `present`."""
     index = 0
-    for path in expand_inputs(paths):
-        for raw, problem in _raw_rows(path):
+    for source in expand_inputs(paths):
+        for raw, problem in raw_rows(source):
             if limit is not None and index >= limit:
                 return
             values = raw if problem is None and isinstance(raw, Mapping) else {}
@@ -418,4 +393,4 @@ def iter_column_values(
 
 
 def parquet_only(paths: Iterable[str | Path]) -> bool:
-    return all(path.suffix.lower() in (".parquet", ".pq") for path in expand_inputs(paths))
+    return all(source.is_parquet for source in expand_inputs(paths))

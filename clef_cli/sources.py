@@ -1,0 +1,121 @@
+"""Input files: local paths or URIs that pyarrow's filesystems understand (s3://, gs://, ...).
+
+A folder (local or remote) stands for its Parquet parts, in name order, so a job's record order
+is stable from one run to the next.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from clef_cli.errors import UsageError
+
+INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+def is_uri(location: str | Path) -> bool:
+    return "://" in str(location)
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (ValueError, OSError, ImportError) as error:
+        raise UsageError(f"cannot open {uri}: {error}") from None
+
+
+@dataclass(frozen=True)
+class InputFile:
+    location: str
+    """A local absolute path or a URI."""
+    size: int
+
+    @property
+    def name(self) -> str:
+        return self.location.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix.lower()
+
+    @property
+    def is_parquet(self) -> bool:
+        return self.suffix in PARQUET_SUFFIXES
+
+    @property
+    def base_dir(self) -> Path | None:
+        """Where relative media paths resolve: the folder of a local input (none for a URI)."""
+        return None if is_uri(self.location) else Path(self.location).parent
+
+    def open_binary(self) -> BinaryIO:
+        if not is_uri(self.location):
+            return open(self.location, "rb")
+        filesystem, path = _filesystem(self.location)
+        return filesystem.open_input_stream(path)  # type: ignore[no-any-return]
+
+    def parquet(self) -> Any:
+        import pyarrow.parquet as pq
+
+        if not is_uri(self.location):
+            return pq.ParquetFile(self.location)
+        filesystem, path = _filesystem(self.location)
+        return pq.ParquetFile(filesystem.open_input_file(path))
+
+    def text_lines(self) -> io.TextIOWrapper:
+        return io.TextIOWrapper(self.open_binary(), encoding="utf-8", errors="strict", newline="\n")
+
+
+def _check_suffix(location: str) -> None:
+    if Path(location.rstrip("/")).suffix.lower() not in INPUT_SUFFIXES:
+        raise UsageError(f"{location}: unsupported input type (use .jsonl, .json or .parquet)")
+
+
+def _expand_local(raw: str | Path) -> list[InputFile]:
+    path = Path(raw)
+    if path.is_dir():
+        parts = sorted(p for p in path.iterdir() if p.suffix in PARQUET_SUFFIXES and p.is_file())
+        if not parts:
+            raise UsageError(f"folder {path} holds no .parquet files")
+        return [InputFile(str(part.resolve()), part.stat().st_size) for part in parts]
+    if path.is_file():
+        _check_suffix(str(path))
+        return [InputFile(str(path.resolve()), path.stat().st_size)]
+    raise UsageError(f"input not found: {path}")
+
+
+def _expand_uri(uri: str) -> list[InputFile]:
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(uri)
+    scheme = uri.split("://", 1)[0]
+    info = filesystem.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=False))
+        parts = sorted(
+            (item for item in listed if item.type == pafs.FileType.File and item.extension in ("parquet", "pq")),
+            key=lambda item: item.path,
+        )
+        if not parts:
+            raise UsageError(f"folder {uri} holds no .parquet files")
+        return [InputFile(f"{scheme}://{item.path}", item.size or 0) for item in parts]
+    if info.type == pafs.FileType.File:
+        _check_suffix(uri)
+        return [InputFile(uri, info.size or 0)]
+    raise UsageError(f"input not found: {uri}")
+
+
+def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
+    """Input files in a stable order, checked to exist and to be of a readable type."""
+    files: list[InputFile] = []
+    for raw in paths:
+        files.extend(_expand_uri(str(raw)) if is_uri(raw) else _expand_local(raw))
+    if not files:
+        raise UsageError("no input files given")
+    return files
