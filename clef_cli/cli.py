@@ -279,6 +279,37 @@ def _print_dry_run(report: Any, settings: Any) -> None:
         stdout.print(f"invalid: {error}")
 
 
+def _run_on_ray(
+    settings: Any,
+    address: str | None,
+    num_workers: int,
+    gpus_per_worker: float | None,
+    cpus_per_worker: float,
+    progress: Any,
+    stop: threading.Event,
+) -> Any:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UsageError('--ray needs Ray: pip install "clef-cli[ray]"') from None
+    import torch
+
+    from clef_cli.ray_job import RayScoreJob, RaySettings
+
+    if gpus_per_worker is None:
+        gpus_per_worker = 1.0 if settings.device != "cpu" and torch.cuda.is_available() else 0.0
+    if settings.hidden_states == "keep":
+        settings.hidden_states = "drop"
+        progress.note("--ray keeps results only in the checkpoint (no hidden states)")
+    cluster = RaySettings(
+        address=None if address in (None, "local") else address,
+        num_workers=num_workers,
+        gpus_per_worker=gpus_per_worker,
+        cpus_per_worker=cpus_per_worker,
+    )
+    return RayScoreJob(settings, cluster, progress, stop=stop).run()
+
+
 def _default_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 2) - 1))
 
@@ -329,6 +360,22 @@ def score(
         bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Run on Ray Data across GPUs and machines: `--ray` alone starts (or joins) a local cluster, "
+            "`--ray ADDRESS` connects to one (needs clef-cli[ray]).",
+        ),
+    ] = False,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Ray cluster address (implies --ray).")
+    ] = None,
+    num_workers: Annotated[int, typer.Option("--num-workers", min=1, help="--ray: scoring actors.")] = 1,
+    gpus_per_worker: Annotated[
+        float | None, typer.Option("--gpus-per-worker", min=0, help="--ray: GPUs per actor (default 1 with CUDA).")
+    ] = None,
+    cpus_per_worker: Annotated[float, typer.Option("--cpus-per-worker", min=0, help="--ray: CPUs per actor.")] = 1.0,
     max_image_pixels: MaxImagePixelsOption = 40_000_000,
     max_audio_seconds: MaxAudioSecondsOption = 1800.0,
     max_video_seconds: MaxVideoSecondsOption = 300.0,
@@ -384,6 +431,10 @@ def score(
                 from clef_cli.rehead import rehead as run_rehead
 
                 summary = run_rehead(settings, progress)
+            elif ray or ray_address:
+                summary = _run_on_ray(
+                    settings, ray_address, num_workers, gpus_per_worker, cpus_per_worker, progress, stop
+                )
             else:
                 summary = ScoreJob(settings, progress, stop=stop).run()
         finally:
@@ -557,9 +608,32 @@ def _print_span_view(encoded: Any, tokenizer: Any, report: dict[str, Any]) -> No
     )
 
 
+RAY_ADDRESS_PREFIXES = ("ray://", "auto", "local", "http://", "https://")
+
+
+def _ray_argv(argv: list[str]) -> list[str]:
+    """`--ray [ADDRESS]`: an optional value, which Typer options cannot express, becomes
+    `--ray --ray-address ADDRESS` when the next word looks like an address."""
+    rewritten: list[str] = []
+    words = iter(range(len(argv)))
+    for position in words:
+        word = argv[position]
+        if word.startswith("--ray="):
+            rewritten += ["--ray", "--ray-address", word.split("=", 1)[1]]
+            continue
+        rewritten.append(word)
+        if word == "--ray" and position + 1 < len(argv):
+            following = argv[position + 1]
+            host_port = ":" in following and "/" not in following and not following.startswith("-")
+            if following.startswith(RAY_ADDRESS_PREFIXES) or host_port:
+                rewritten += ["--ray-address", following]
+                next(words)
+    return rewritten
+
+
 def main() -> None:
     """Console-script entry point."""
-    app(prog_name="clef")
+    app(args=_ray_argv(sys.argv[1:]), prog_name="clef")
 
 
 if __name__ == "__main__":  # pragma: no cover

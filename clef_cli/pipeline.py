@@ -35,13 +35,19 @@ from clef_cli.output import OutputSpec, passthrough_types, remove_stale_temporar
 from clef_cli.prompt import DEFAULT_MAX_LENGTH, EncodedRecord, OverflowPolicy
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
 from clef_cli.release import DEFAULT_MODEL, Release, resolve_release, weights_fingerprint
-from clef_cli.results import FailedRecord, results_table
-from clef_cli.scoring import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, ScoredRecord, Scorer
+from clef_cli.results import results_table
+from clef_cli.scoring import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_BATCH_TOKENS,
+    BatchRunner,
+    FailedRecord,
+    ScoredRecord,
+    Scorer,
+)
 from clef_cli.sources import expand_inputs
 from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 PREFETCH_BATCHES = 3
-MIN_BATCH_TOKENS = 256
 
 
 class Progress(Protocol):
@@ -123,6 +129,9 @@ class JobSummary:
     failed: int = 0
     resumed: int = 0
     forwarded: int = 0
+    """Records run through the thinker in this run."""
+    committed: int = 0
+    """Records committed to the checkpoint in this run (scored or failed)."""
     tokens: int = 0
     seconds: float = 0.0
     interrupted: bool = False
@@ -260,6 +269,7 @@ class ScoreJob:
         self.batch_tokens = settings.max_batch_tokens
         self.summary = JobSummary(output=settings.output)
         self._passthrough: Any = None
+        self._runner: BatchRunner | None = None
 
     # ------------------------------------------------------------------ shared set-up
 
@@ -439,8 +449,9 @@ class ScoreJob:
                     failures.append(FailedRecord(record.id, record.index, value))
                 else:
                     encoded.append(value)
-            scorer = self._scorer_for(release) if encoded else None
-            self._score_and_commit(scorer, checkpoint, encoded, failures)
+            self._commit(checkpoint, [], failures)
+            if encoded:
+                self._score_and_commit(self._runner_for(release), checkpoint, encoded)
             for index in batch.indices:
                 by_index.pop(index, None)
             if self.stop.is_set():
@@ -450,77 +461,26 @@ class ScoreJob:
                             item.cancel()
                 return
 
-    def _score_and_commit(
-        self,
-        scorer: Scorer | None,
-        checkpoint: Checkpoint,
-        records: list[EncodedRecord],
-        failures: list[FailedRecord],
-    ) -> None:
-        """Forward and head for one batch; out of GPU memory halves the budget and splits it."""
-        if not records:
-            self._commit(checkpoint, [], failures)
-            return
-        assert scorer is not None
-        padded = max(record.length for record in records) * len(records)
-        if padded > self.batch_tokens and len(records) > 1:
-            self._split(scorer, checkpoint, records, failures)
-            return
-        try:
-            hidden = scorer.hidden_states(records)
-            from clef_cli.scoring import head_logits, scored_record
+    def _runner_for(self, release: Release) -> BatchRunner:
+        if self._runner is None:
+            self._runner = BatchRunner(self._scorer_for(release), self.batch_tokens, self._lower_budget)
+        return self._runner
 
-            logits = head_logits(scorer.head, hidden, scorer.backbone.lexical_rows, records)
-            scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits)]
-        except torch.OutOfMemoryError:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            if len(records) == 1:
-                record = records[0]
-                failures.append(
-                    FailedRecord(
-                        record.record.id,
-                        record.record.index,
-                        f"out of GPU memory even alone ({record.length} tokens)",
-                        record.length,
-                    )
-                )
-                self._commit(checkpoint, [], failures)
-                return
-            self.batch_tokens = max(MIN_BATCH_TOKENS, min(self.batch_tokens, padded) // 2)
-            self.progress.note(f"out of GPU memory: batch token budget lowered to {self.batch_tokens}")
-            self._split(scorer, checkpoint, records, failures)
-            return
-        except (RuntimeError, ValueError, IndexError) as error:
-            if len(records) > 1:  # find the record that breaks the forward; score the others
-                self._split(scorer, checkpoint, records, failures, halves=False)
-                return
-            record = records[0]
-            failures.append(
-                FailedRecord(record.record.id, record.record.index, f"model forward failed: {error}", record.length)
-            )
-            self._commit(checkpoint, [], failures)
-            return
-        hidden_part = None
-        if self.settings.hidden_states == "keep":
-            hidden_part = hidden_payload(records, hidden, HIDDEN_DTYPES[self.settings.hidden_dtype])
-        self.summary.forwarded += len(records)
-        self._commit(checkpoint, scored, failures, hidden_part, tokens=sum(r.length for r in records))
+    def _lower_budget(self, tokens: int) -> None:
+        self.batch_tokens = tokens
+        self.progress.note(f"out of GPU memory: batch token budget lowered to {tokens}")
 
-    def _split(
-        self,
-        scorer: Scorer,
-        checkpoint: Checkpoint,
-        records: list[EncodedRecord],
-        failures: list[FailedRecord],
-        halves: bool = True,
-    ) -> None:
-        if failures:
-            self._commit(checkpoint, [], failures)
-        groups = [records[: len(records) // 2], records[len(records) // 2 :]] if halves else [[r] for r in records]
-        for group in groups:
-            if group:
-                self._score_and_commit(scorer, checkpoint, group, [])
+    def _score_and_commit(self, runner: BatchRunner, checkpoint: Checkpoint, records: list[EncodedRecord]) -> None:
+        """Forward and head for one planned batch, each outcome committed as it comes."""
+        for outcome in runner.run(records):
+            hidden = None
+            if outcome.records and self.settings.hidden_states == "keep":
+                assert outcome.hidden_states is not None
+                dtype = HIDDEN_DTYPES[self.settings.hidden_dtype]
+                hidden = hidden_payload(outcome.records, outcome.hidden_states, dtype)
+            self.summary.forwarded += len(outcome.records)
+            tokens = sum(record.length for record in outcome.records)
+            self._commit(checkpoint, outcome.scored, outcome.failures, hidden, tokens)
 
     def _commit(
         self,
@@ -534,6 +494,7 @@ class ScoreJob:
             return
         checkpoint.commit(results_table(scored, failures), hidden)
         faults.after_commit()
+        self.summary.committed += len(scored) + len(failures)
         self.summary.tokens += tokens
         self.summary.failed += len(failures)
         self.summary.first_errors.extend(failure.error for failure in failures[: 5 - len(self.summary.first_errors)])

@@ -182,6 +182,8 @@ class RecordBuilder:
 
     default_questions: Mapping[str, Any] | None = None
     keep_columns: Sequence[str] = ()
+    check_duplicates: bool = True
+    """Off where records are built in parallel; the caller then checks ids across all records."""
     _seen_ids: dict[str, int] = field(default_factory=dict)
 
     def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
@@ -190,11 +192,12 @@ class RecordBuilder:
         record_id = self._record_id(raw, index)
         extra = {name: raw.get(name) for name in self.keep_columns}
         try:
-            if record_id in self._seen_ids:
-                raise RecordError(
-                    record_id, "id", f"duplicate record id (first used by record {self._seen_ids[record_id]})"
-                )
-            self._seen_ids[record_id] = index
+            if self.check_duplicates:
+                if record_id in self._seen_ids:
+                    raise RecordError(
+                        record_id, "id", f"duplicate record id (first used by record {self._seen_ids[record_id]})"
+                    )
+                self._seen_ids[record_id] = index
             return self._validate(raw, record_id, index, base_dir, json_text, extra)
         except RecordError as error:
             return InvalidRecord(record_id, index, str(error), extra)
@@ -283,24 +286,21 @@ def load_questions_file(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
+def parse_jsonl_line(line: bytes, file_name: str, line_number: int) -> tuple[Any, str | None]:
+    """One JSONL line: (value, None), or (None, what is wrong with it)."""
+    try:
+        return json.loads(line.decode("utf-8")), None
+    except UnicodeDecodeError as error:
+        return None, f"{file_name} line {line_number}: not UTF-8 text ({error.reason})"
+    except json.JSONDecodeError as error:
+        return None, f"{file_name} line {line_number}: invalid JSON ({error.msg})"
+
+
 def _raw_jsonl(source: InputFile) -> Iterator[tuple[Any, str | None]]:
-    with source.text_lines() as handle:
-        line_number = 0
-        while True:
-            try:
-                line = handle.readline()
-            except UnicodeDecodeError as error:
-                yield None, f"{source.name} line {line_number + 1}: not UTF-8 text ({error.reason})"
-                return
-            if not line:
-                return
-            line_number += 1
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line), None
-            except json.JSONDecodeError as error:
-                yield None, f"{source.name} line {line_number}: invalid JSON ({error.msg})"
+    with source.open_binary() as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield parse_jsonl_line(line, source.name, line_number)
 
 
 def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:

@@ -25,8 +25,8 @@ from clef_cli.pipeline import JobSummary, Progress, ScoreSettings, SilentProgres
 from clef_cli.prompt import EncodedQuestion, EncodedRecord
 from clef_cli.records import Question, Record, count_records
 from clef_cli.release import resolve_release
-from clef_cli.results import FailedRecord, results_table
-from clef_cli.scoring import head_logits, scored_record
+from clef_cli.results import results_table
+from clef_cli.scoring import FailedRecord, head_logits, scored_record
 
 REHEAD_BATCH_TOKENS = 65536
 

@@ -7,11 +7,10 @@ shards (plus pass-through columns), never a recomputation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pyarrow as pa
 
-from clef_cli.scoring import ScoredRecord
+from clef_cli.scoring import FailedRecord, ScoredRecord
 
 LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])
 ANSWER_TYPE = pa.struct(
@@ -47,16 +46,6 @@ LONG_SCHEMA = pa.schema(
         ("error", pa.string()),
     ]
 )
-
-
-@dataclass(frozen=True)
-class FailedRecord:
-    """A record that produced no scores: its place in the output and why."""
-
-    record_id: str
-    index: int
-    error: str
-    prompt_tokens: int | None = None
 
 
 def scored_row(result: ScoredRecord) -> dict[str, object]:

@@ -6,8 +6,8 @@ release. A Python user or a distributed worker calls these directly, without the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,7 @@ from clef_cli.release import Release, resolve_release
 
 DEFAULT_MAX_BATCH_TOKENS = 32768
 DEFAULT_MAX_BATCH_SIZE = 64
+MIN_BATCH_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,16 @@ class ScoredRecord:
     prompt_tokens: int
     state_tokens_cut: int
     questions: tuple[QuestionResult, ...]
+
+
+@dataclass(frozen=True)
+class FailedRecord:
+    """A record that produced no scores: its place in the output and why."""
+
+    record_id: str
+    index: int
+    error: str
+    prompt_tokens: int | None = None
 
 
 def head_logits(
@@ -123,3 +134,67 @@ def load_scorer(
         )
     tokenizer = load_processor(release).tokenizer
     return Scorer(backbone=backbone, head=head, pad_token_id=int(tokenizer.pad_token_id), release=release)
+
+
+@dataclass
+class BatchOutcome:
+    """What one forward produced: scores for `records` (and their hidden states), failures."""
+
+    records: list[EncodedRecord] = field(default_factory=list)
+    scored: list[ScoredRecord] = field(default_factory=list)
+    failures: list[FailedRecord] = field(default_factory=list)
+    hidden_states: torch.Tensor | None = None
+
+
+def _failure(record: EncodedRecord, message: str) -> FailedRecord:
+    return FailedRecord(record.record.id, record.record.index, message, record.length)
+
+
+@dataclass
+class BatchRunner:
+    """Runs planned batches through a scorer without ever letting one batch stop the job.
+
+    Out of GPU memory halves the token budget and splits the batch (a record that does not fit
+    even alone becomes that record's error); any other forward failure is narrowed down to the
+    records that cause it, and the others are scored.
+    """
+
+    scorer: Scorer
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    on_budget_change: Callable[[int], None] | None = None
+
+    def run(self, records: list[EncodedRecord]) -> Iterator[BatchOutcome]:
+        if not records:
+            return
+        padded = max(record.length for record in records) * len(records)
+        if padded > self.max_batch_tokens and len(records) > 1:
+            yield from self._halves(records)
+            return
+        try:
+            hidden = self.scorer.hidden_states(records)
+            logits = head_logits(self.scorer.head, hidden, self.scorer.backbone.lexical_rows, records)
+        except torch.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            if len(records) == 1:
+                yield BatchOutcome(failures=[_failure(records[0], f"out of GPU memory even alone ({padded} tokens)")])
+                return
+            self.max_batch_tokens = max(MIN_BATCH_TOKENS, min(self.max_batch_tokens, padded) // 2)
+            if self.on_budget_change is not None:
+                self.on_budget_change(self.max_batch_tokens)
+            yield from self._halves(records)
+            return
+        except (RuntimeError, ValueError, IndexError) as error:
+            if len(records) == 1:
+                yield BatchOutcome(failures=[_failure(records[0], f"model forward failed: {error}")])
+                return
+            for record in records:  # find the records that break the forward; score the others
+                yield from self.run([record])
+            return
+        scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits)]
+        yield BatchOutcome(records=list(records), scored=scored, hidden_states=hidden)
+
+    def _halves(self, records: list[EncodedRecord]) -> Iterator[BatchOutcome]:
+        middle = len(records) // 2
+        yield from self.run(records[:middle])
+        yield from self.run(records[middle:])

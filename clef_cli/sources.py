@@ -51,14 +51,17 @@ class InputFile:
 
     @property
     def base_dir(self) -> Path | None:
-        """Where relative media paths resolve: the folder of a local input (none for a URI)."""
+        """Where relative media paths resolve: the folder of a local input (none for a remote one)."""
+        if self.location.startswith("file://"):
+            return Path(self.location.removeprefix("file://")).parent
         return None if is_uri(self.location) else Path(self.location).parent
 
     def open_binary(self) -> BinaryIO:
         if not is_uri(self.location):
             return open(self.location, "rb")
         filesystem, path = _filesystem(self.location)
-        return filesystem.open_input_stream(path)  # type: ignore[no-any-return]
+        # pyarrow's streams read but cannot iterate lines; a buffered reader over them can.
+        return io.BufferedReader(filesystem.open_input_stream(path), buffer_size=1 << 20)  # type: ignore[arg-type]
 
     def parquet(self) -> Any:
         import pyarrow.parquet as pq
@@ -67,9 +70,6 @@ class InputFile:
             return pq.ParquetFile(self.location)
         filesystem, path = _filesystem(self.location)
         return pq.ParquetFile(filesystem.open_input_file(path))
-
-    def text_lines(self) -> io.TextIOWrapper:
-        return io.TextIOWrapper(self.open_binary(), encoding="utf-8", errors="strict", newline="\n")
 
 
 def _check_suffix(location: str) -> None:

@@ -1,0 +1,367 @@
+"""`clef score --ray`: the same scorer on a Ray Data actor pool, across GPUs and machines.
+
+Ray Data reads the inputs in parallel tasks (Parquet row groups, JSONL byte ranges; local paths
+or URIs that pyarrow's filesystems understand), each row carrying its global record index. An
+actor pool (the model loaded once per actor) validates, encodes and scores each block in
+length-sorted token-budget batches, exactly as the single-process job does. The driver commits
+every returned block to the job's checkpoint, so a rerun skips what is done, and writes the same
+Parquet output as the single-process path, in input order.
+
+Nothing imports Ray unless this module is used (`pip install "clef-cli[ray]"`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from clef_cli.backbone import resolve_dtype
+from clef_cli.batching import PlanEntry, plan_batches
+from clef_cli.checkpoint import Checkpoint
+from clef_cli.errors import ClefError, RecordError, UsageError
+from clef_cli.locks import JobLock
+from clef_cli.output import OutputSpec, passthrough_types, remove_stale_temporaries, write_output
+from clef_cli.pipeline import JobSummary, Progress, ScoreSettings, SilentProgress, job_manifest, provenance
+from clef_cli.prompt import EncodedRecord
+from clef_cli.records import (
+    InvalidRecord,
+    RecordBuilder,
+    count_records,
+    load_questions_file,
+    parse_jsonl_line,
+    raw_rows,
+)
+from clef_cli.release import resolve_release
+from clef_cli.results import RESULT_SCHEMA, results_table
+from clef_cli.scoring import FailedRecord, ScoredRecord
+from clef_cli.sources import InputFile, expand_inputs
+
+JSONL_RANGE_BYTES = 64 << 20
+
+
+@dataclass
+class RaySettings:
+    address: str | None = None
+    """A Ray cluster address; None starts (or joins) a local one."""
+    num_workers: int = 1
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 1.0
+    block_records: int = 256
+    """Records handed to an actor at a time (each block is length-sorted into batches)."""
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A piece of one input that a Ray task reads: a Parquet row group or a JSONL byte range."""
+
+    location: str
+    size: int
+    kind: str  # "parquet", "jsonl" or "json"
+    part: int  # row group, or byte offset of the range
+    stop: int  # byte end of a JSONL range
+    first_index: int
+    first_line: int = 1
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _count_range(location: str, size: int, start: int, stop: int) -> tuple[int, int]:
+    """(records, lines) whose first byte lies in [start, stop) of a JSONL file."""
+    records = lines = 0
+    for _, line in _range_lines(InputFile(location, size), start, stop):
+        lines += 1
+        records += bool(line.strip())
+    return records, lines
+
+
+def _range_lines(source: InputFile, start: int, stop: int) -> Any:
+    with source.open_binary() as handle:
+        position = 0
+        if start > 0:
+            while position < start - 1:  # streams from remote filesystems cannot seek
+                position += len(handle.read(min(1 << 24, start - 1 - position)))
+            if handle.read(1) != b"\n":  # the line under way belongs to the previous range
+                position += 1 + len(handle.readline())
+            else:
+                position += 1
+        while position < stop:
+            line = handle.readline()
+            if not line:
+                return
+            yield position, line
+            position += len(line)
+
+
+def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
+    """Cut the inputs into slices and give each its first global record index."""
+    import ray
+
+    slices: list[Slice] = []
+    index = 0
+    for source in sources:
+        if source.is_parquet:
+            metadata = source.parquet().metadata
+            for group in range(metadata.num_row_groups):
+                slices.append(Slice(source.location, source.size, "parquet", group, 0, index))
+                index += metadata.row_group(group).num_rows
+        elif source.suffix == ".json":
+            slices.append(Slice(source.location, source.size, "json", 0, 0, index))
+            index += sum(1 for _ in raw_rows(source))
+        else:
+            bounds = [*range(0, max(source.size, 1), JSONL_RANGE_BYTES), source.size]
+            ranges = list(itertools.pairwise(bounds))
+            count = ray.remote(_count_range)
+            counts = ray.get([count.remote(source.location, source.size, a, b) for a, b in ranges])
+            line = 1
+            for (start, stop), (records, lines) in zip(ranges, counts):
+                slices.append(Slice(source.location, source.size, "jsonl", start, stop, index, line))
+                index += records
+                line += lines
+        if limit is not None and index >= limit:
+            break
+    return slices
+
+
+def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict[str, Any]]:
+    """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
+    piece = Slice(**row)
+    source = InputFile(piece.location, piece.size)
+    base_dir = str(source.base_dir) if source.base_dir is not None else None
+    rows = []
+
+    def keep(index: int) -> bool:
+        return (limit is None or index < limit) and not (index < len(done) and done[index])
+
+    def add(index: int, raw: Any, problem: str | None) -> None:
+        if keep(index):
+            rows.append(
+                {
+                    "record_index": index,
+                    "payload": pickle.dumps(raw) if problem is None else None,
+                    "problem": problem,
+                    "base_dir": base_dir,
+                    "parquet": piece.kind == "parquet",
+                }
+            )
+
+    index = piece.first_index
+    if piece.kind == "parquet":
+        for record in source.parquet().read_row_group(piece.part).to_pylist():
+            add(index, record, None)
+            index += 1
+    elif piece.kind == "json":
+        for raw, problem in raw_rows(source):
+            add(index, raw, problem)
+            index += 1
+    else:
+        line_number = piece.first_line
+        for _, line in _range_lines(source, piece.part, piece.stop):
+            if line.strip():
+                add(index, *parse_jsonl_line(line, source.name, line_number))
+                index += 1
+            line_number += 1
+    return rows
+
+
+# ----------------------------------------------------------------------------- scoring actor
+
+
+class ScoreActor:
+    """One model per actor; scores blocks of rows with the single-process job's own pieces."""
+
+    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None) -> None:
+        from clef_cli.prompt import PromptEncoder
+        from clef_cli.release import load_processor
+        from clef_cli.scoring import BatchRunner, load_scorer
+
+        release = resolve_release(settings.model, revision=settings.revision)
+        self.encoder = PromptEncoder(load_processor(release), settings.max_length, settings.overflow, settings.limits)
+        self.runner = BatchRunner(
+            load_scorer(release, device=settings.device, dtype=settings.dtype), settings.max_batch_tokens
+        )
+        self.builder = RecordBuilder(default_questions=questions, check_duplicates=False)
+        self.max_batch_size = settings.max_batch_size
+
+    def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
+        index = row["record_index"]
+        if row["problem"] is not None:
+            return FailedRecord(str(index), index, row["problem"])
+        base_dir = Path(row["base_dir"]) if row["base_dir"] else None
+        record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, json_text=row["parquet"])
+        if isinstance(record, InvalidRecord):
+            return FailedRecord(record.id, record.index, record.error)
+        try:
+            return self.encoder.encode(record)
+        except RecordError as error:
+            return FailedRecord(record.id, record.index, str(error))
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        failures: list[FailedRecord] = []
+        encoded: dict[int, EncodedRecord] = {}
+        for row in block.to_pylist():
+            item = self._encode(row)
+            if isinstance(item, FailedRecord):
+                failures.append(item)
+            else:
+                encoded[item.record.index] = item
+        entries = [PlanEntry(index, item.length, item.use_audio_in_video) for index, item in encoded.items()]
+        scored: list[ScoredRecord] = []
+        for batch in plan_batches(entries, self.runner.max_batch_tokens, self.max_batch_size):
+            for outcome in self.runner.run([encoded[index] for index in batch.indices]):
+                scored.extend(outcome.scored)
+                failures.extend(outcome.failures)
+        return results_table(scored, failures)
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def _connect(address: str | None) -> None:
+    import logging
+
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # clef draws its own progress; Ray's would interleave
+    context.enable_auto_log_stats = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ClefError(f"cannot reach the Ray cluster {address or '(local)'}: {error}") from None
+
+
+def mark_duplicates(results: pa.Table) -> pa.Table:
+    """Records whose id an earlier record already used become errors, as in a local run."""
+    ordered = results.sort_by("record_index")
+    first: dict[str, int] = {}
+    duplicates: dict[int, str] = {}
+    for record_id, index in zip(ordered.column("id").to_pylist(), ordered.column("record_index").to_pylist()):
+        if record_id in first:
+            error = RecordError(record_id, "id", f"duplicate record id (first used by record {first[record_id]})")
+            duplicates[index] = str(error)
+        else:
+            first[record_id] = index
+    if not duplicates:
+        return results
+    rows = [
+        {
+            **row,
+            "prompt_tokens": None,
+            "state_tokens_cut": None,
+            "answers": None,
+            "error": duplicates[row["record_index"]],
+        }
+        if row["record_index"] in duplicates
+        else row
+        for row in results.to_pylist()
+    ]
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+class RayScoreJob:
+    """The driver of a `--ray` run: plan slices, stream blocks through the actors, commit, write."""
+
+    def __init__(
+        self,
+        settings: ScoreSettings,
+        ray_settings: RaySettings,
+        progress: Progress | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        settings.validate()
+        if settings.rehead is not None:
+            raise UsageError("--rehead runs without the thinker; use it without --ray")
+        self.settings = settings
+        self.ray_settings = ray_settings
+        self.progress = progress or SilentProgress()
+        self.stop = stop or threading.Event()
+        self.summary = JobSummary(output=settings.output)
+
+    def run(self) -> JobSummary:
+        import ray
+
+        settings = self.settings
+        started = time.monotonic()
+        release = resolve_release(settings.model, revision=settings.revision)
+        worker_device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
+        dtype = resolve_dtype(settings.dtype, worker_device)
+        manifest = job_manifest(settings, release, dtype, release.path)
+        passthrough = (
+            passthrough_types(settings.inputs, settings.keep_columns, settings.limit) if settings.keep_columns else None
+        )
+        questions = load_questions_file(settings.questions) if settings.questions else None
+        checkpoint_path = settings.checkpoint_path
+        with (
+            JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}"),
+            JobLock(checkpoint_path.with_name(checkpoint_path.name + ".lock"), f"checkpoint {checkpoint_path}"),
+        ):
+            checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
+            self.summary.resumed = checkpoint.done.count
+            _connect(self.ray_settings.address)
+            slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
+            self.progress.start(count_records(settings.inputs, settings.limit), checkpoint.done.count)
+            self._stream(ray, slices, checkpoint, questions)
+            if self.stop.is_set():
+                self.summary.interrupted = True
+                self.summary.seconds = time.monotonic() - started
+                return self.summary
+            self.progress.note("writing the output")
+            remove_stale_temporaries(settings.output)
+            spec = OutputSpec(
+                path=settings.output,
+                layout=settings.layout,
+                keep_columns=settings.keep_columns,
+                row_group_size=settings.row_group_size,
+                metadata=provenance(settings, release, checkpoint.manifest) | {"clef.engine": "ray"},
+            )
+            counts = write_output(
+                spec, mark_duplicates(checkpoint.results()), settings.inputs, settings.limit, passthrough
+            )
+        self.summary.records, self.summary.failed = counts.records, counts.failed
+        self.summary.scored = counts.records - counts.failed
+        self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def _stream(self, ray: Any, slices: list[Slice], checkpoint: Checkpoint, questions: Any) -> None:
+        settings, cluster = self.settings, self.ray_settings
+        done = bytes(checkpoint.done.flags)  # one byte per record: small, sent with each read task
+        dataset = (
+            ray.data.from_items([slice.__dict__ for slice in slices])
+            .flat_map(read_slice, fn_kwargs={"done": done, "limit": settings.limit})
+            .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
+            .map_batches(
+                ScoreActor,
+                fn_constructor_kwargs={"settings": settings, "questions": questions},
+                batch_size=cluster.block_records,
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),
+                num_gpus=cluster.gpus_per_worker,
+                num_cpus=cluster.cpus_per_worker,
+            )
+        )
+        for block in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            if block.num_rows == 0:
+                continue
+            checkpoint.commit(block)
+            self.summary.committed += block.num_rows
+            failed = block.num_rows - block.column("error").null_count
+            scored = block.num_rows - failed
+            self.summary.forwarded += scored
+            self.summary.failed += failed
+            tokens = sum(value or 0 for value in block.column("prompt_tokens").to_pylist())
+            self.summary.tokens += tokens
+            self.progress.advance(block.num_rows, tokens, failed)
+            if self.stop.is_set():
+                return

@@ -1,0 +1,140 @@
+"""`clef score --ray`: the same results as the single-process job, through 2 Ray actors, and a
+rerun after an interrupted Ray run skips what was already scored."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow.parquet as pq
+import pytest
+
+from clef_cli.cli import _ray_argv
+from clef_cli.pipeline import ScoreJob, ScoreSettings
+
+from .conftest import SAMPLE_DATA, TINY_MODEL, write_jsonl
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def synthetic(count: int = 300) -> list[dict]:
+    questions = {
+        "urgent": {"type": "noul", "instructions": "Is it urgent?"},
+        "team": {"type": "choice", "criteria": {"billing": "Money", "tech": None}},
+        "level": {"type": "score", "criteria": ["low", "mid", "high"]},
+    }
+    rows = [{"id": f"s{i}", "state": "order " * (1 + i % 25), "questions": questions} for i in range(count)]
+    rows[5] = {"id": "bad", "state": "x", "questions": {"q": {"type": "rank"}}}
+    rows[9]["id"] = "s2"  # a duplicate id
+    del rows[11]["id"]  # gets its position as id
+    return rows
+
+
+def settings_for(folder, inputs, name: str) -> ScoreSettings:
+    return ScoreSettings(
+        inputs=inputs,
+        output=folder / name,
+        model=str(TINY_MODEL),
+        device="cpu",
+        workers=0,
+        hidden_states="drop",
+        max_length=4096,
+    )
+
+
+def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progress=None):
+    from clef_cli.ray_job import RayScoreJob, RaySettings
+
+    cluster = RaySettings(num_workers=2, cpus_per_worker=0.5, block_records=40)
+    return RayScoreJob(settings, cluster, progress=progress, stop=stop)
+
+
+def assert_same(got: list[dict], want: list[dict]) -> None:
+    assert [row["id"] for row in got] == [row["id"] for row in want]
+    for a, b in zip(got, want):
+        assert a["record_index"] == b["record_index"]
+        assert a["error"] == b["error"]
+        assert a["prompt_tokens"] == b["prompt_tokens"]
+        for x, y in zip(a["answers"] or [], b["answers"] or []):
+            assert x["answer"] == y["answer"]
+            assert [label["probability"] for label in x["labels"]] == pytest.approx(
+                [label["probability"] for label in y["labels"]], abs=1e-5
+            )
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ray-inputs")
+    return [SAMPLE_DATA / "records.parquet", write_jsonl(folder / "synthetic.jsonl", synthetic())]
+
+
+@pytest.fixture(scope="module")
+def local_rows(inputs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("local")
+    summary = ScoreJob(settings_for(folder, inputs, "local.parquet")).run()
+    assert summary.records == 317 and summary.failed == 2
+    return pq.read_table(folder / "local.parquet").to_pylist()
+
+
+def test_ray_run_equals_the_single_process_run(ray_cluster, inputs, local_rows, tmp_path):
+    summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet")).run()
+    assert summary.records == 317 and summary.failed == 2
+    table = pq.read_table(tmp_path / "ray.parquet")
+    assert table.schema.names == ["id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"]
+    assert table.schema.metadata[b"clef.engine"] == b"ray"
+    rows = table.to_pylist()
+    assert_same(rows, local_rows)
+    errors = {row["id"]: row["error"] for row in rows if row["error"]}
+    assert errors["bad"].startswith("record 'bad', field 'questions.q.type'")
+    assert errors["s2"] == "record 's2', field 'id': duplicate record id (first used by record 19)"
+
+
+class StopAfter:
+    """Asks the job to stop once `count` records are committed (a Ctrl-C in the middle)."""
+
+    def __init__(self, stop: threading.Event, count: int) -> None:
+        self.stop, self.count, self.done = stop, count, 0
+
+    def start(self, total, done):
+        pass
+
+    def advance(self, records, tokens, failed):
+        self.done += records
+        if self.done >= self.count:
+            self.stop.set()
+
+    def note(self, message):
+        pass
+
+
+def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_cluster, inputs, local_rows, tmp_path):
+    stop = threading.Event()
+    first = ray_job(settings_for(tmp_path, inputs, "resumed.parquet"), stop=stop, progress=StopAfter(stop, 60)).run()
+    assert first.interrupted
+    assert not (tmp_path / "resumed.parquet").exists()
+    committed = first.committed
+    assert 60 <= committed < 317
+    second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet")).run()
+    assert second.resumed == committed
+    assert second.committed == 317 - committed  # nothing committed is read or scored again
+    assert_same(pq.read_table(tmp_path / "resumed.parquet").to_pylist(), local_rows)
+
+
+def test_ray_option_takes_an_optional_address():
+    assert _ray_argv(["score", "a.jsonl", "--ray"]) == ["score", "a.jsonl", "--ray"]
+    assert _ray_argv(["score", "--ray", "a.jsonl"]) == ["score", "--ray", "a.jsonl"]
+    assert _ray_argv(["score", "--ray", "ray://head:10001", "x"]) == [
+        "score",
+        "--ray",
+        "--ray-address",
+        "ray://head:10001",
+        "x",
+    ]
+    assert _ray_argv(["--ray", "10.0.0.5:6379"]) == ["--ray", "--ray-address", "10.0.0.5:6379"]
+    assert _ray_argv(["--ray=auto"]) == ["--ray", "--ray-address", "auto"]
