@@ -27,7 +27,14 @@ import torch
 
 from clef_cli import __version__, faults
 from clef_cli.batching import PlanEntry, PlannedBatch, plan_batches
-from clef_cli.checkpoint import HIDDEN_DTYPES, Checkpoint, hidden_payload, input_fingerprint, sha256_file
+from clef_cli.checkpoint import (
+    HIDDEN_DTYPES,
+    Checkpoint,
+    DoneSet,
+    hidden_payload,
+    input_fingerprint,
+    sha256_file,
+)
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.locks import JobLock
 from clef_cli.media import MediaLimits
@@ -307,7 +314,7 @@ class ScoreJob:
         total = count_records(self.settings.inputs, self.settings.limit)
         self.progress.start(total, 0)
         done = self._existing_done()
-        report.already_done = len(done)
+        report.already_done = done.count
         hidden_size = release.hidden_size
         with self._pool(release) as pool:
             records = self._records()
@@ -328,14 +335,14 @@ class ScoreJob:
             report.hidden_state_bytes = sum(report.lengths) * self._bytes_per_token(hidden_size)
         return report
 
-    def _existing_done(self) -> set[int]:
+    def _existing_done(self) -> DoneSet:
+        """Records a rerun would skip (the dry run only reads the checkpoint, never changes it)."""
         path = self.settings.checkpoint_path
         if self.settings.restart or not (path / "manifest.json").exists():
-            return set()
+            return DoneSet()
         with contextlib.suppress(ClefError):
-            checkpoint = Checkpoint.open_existing(path)
-            return {i for i in range(len(checkpoint.done.flags)) if i in checkpoint.done}
-        return set()
+            return Checkpoint.open_existing(path).done
+        return DoneSet()
 
     def _bytes_per_token(self, hidden_size: int) -> int:
         return hidden_size * HIDDEN_DTYPES[self.settings.hidden_dtype].itemsize + 4

@@ -308,3 +308,21 @@ def assert_same_rows(rows_a: list, rows_b: list) -> None:
                 assert [label["probability"] for label in x["labels"]] == pytest.approx(
                     [label["probability"] for label in y["labels"]], abs=1e-5
                 )
+
+
+def test_questions_file_for_records_without_a_schema(tmp_path):
+    out = tmp_path / "posts.parquet"
+    result = score(str(SAMPLE_DATA / "posts.jsonl"), "-o", str(out), "-q", str(SAMPLE_DATA / "questions.json"))
+    assert result.exit_code == 0, result.output
+    schema = json.loads((SAMPLE_DATA / "questions.json").read_text())
+    schema = schema.get("questions", schema)
+    for row in pq.read_table(out).to_pylist():
+        assert [answer["question_id"] for answer in row["answers"]] == list(schema)
+
+
+def test_dry_run_counts_records_already_in_the_checkpoint(tmp_path):
+    out = tmp_path / "o.parquet"
+    assert score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "5").exit_code == 0
+    result = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--dry-run")
+    assert "already in the checkpoint: 5 (not planned again)" in result.stdout
+    assert "records: 12 (12 valid, 0 invalid)" in result.stdout
