@@ -24,6 +24,7 @@ from rich.text import Text
 
 from clef_cli import __version__
 from clef_cli.errors import ClefError, RecordError, UsageError
+from clef_cli.media import MediaLimits
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -88,6 +89,7 @@ AllowRemoteOption = Annotated[
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks for errors.")]
+DEFAULT_LIMITS = MediaLimits()
 
 
 def parse_size(text: str) -> int:
@@ -104,9 +106,7 @@ def parse_size(text: str) -> int:
 
 def media_limits(
     max_image_pixels: int, max_audio_seconds: float, max_video_seconds: float, max_file_bytes: str, allow_remote: bool
-) -> Any:
-    from clef_cli.media import MediaLimits
-
+) -> MediaLimits:
     return MediaLimits(
         max_image_pixels=max_image_pixels,
         max_audio_seconds=max_audio_seconds,
@@ -376,9 +376,9 @@ def score(
         float | None, typer.Option("--gpus-per-worker", min=0, help="--ray: GPUs per actor (default 1 with CUDA).")
     ] = None,
     cpus_per_worker: Annotated[float, typer.Option("--cpus-per-worker", min=0, help="--ray: CPUs per actor.")] = 1.0,
-    max_image_pixels: MaxImagePixelsOption = 40_000_000,
-    max_audio_seconds: MaxAudioSecondsOption = 1800.0,
-    max_video_seconds: MaxVideoSecondsOption = 300.0,
+    max_image_pixels: MaxImagePixelsOption = DEFAULT_LIMITS.max_image_pixels,
+    max_audio_seconds: MaxAudioSecondsOption = DEFAULT_LIMITS.max_audio_seconds,
+    max_video_seconds: MaxVideoSecondsOption = DEFAULT_LIMITS.max_video_seconds,
     max_file_bytes: MaxFileBytesOption = "256M",
     allow_remote_media: AllowRemoteOption = False,
     verbose: VerboseOption = False,
@@ -499,9 +499,9 @@ def inspect_spans(
     on_overflow: OverflowOption = "truncate",
     questions: QuestionsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
-    max_image_pixels: MaxImagePixelsOption = 40_000_000,
-    max_audio_seconds: MaxAudioSecondsOption = 1800.0,
-    max_video_seconds: MaxVideoSecondsOption = 300.0,
+    max_image_pixels: MaxImagePixelsOption = DEFAULT_LIMITS.max_image_pixels,
+    max_audio_seconds: MaxAudioSecondsOption = DEFAULT_LIMITS.max_audio_seconds,
+    max_video_seconds: MaxVideoSecondsOption = DEFAULT_LIMITS.max_video_seconds,
     max_file_bytes: MaxFileBytesOption = "256M",
     allow_remote_media: AllowRemoteOption = False,
     verbose: VerboseOption = False,

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from clef_cli.errors import ClefError
@@ -85,3 +86,14 @@ class JobLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def job_locks(output: Path, checkpoint: Path) -> Iterator[JobLock]:
+    """Hold a job's output and its checkpoint (a custom --checkpoint may be shared by several
+    outputs, and an output written from several checkpoints); yields the output's lock."""
+    with (
+        JobLock(output.with_name(output.name + ".lock"), f"output {output}") as output_lock,
+        JobLock(checkpoint.with_name(checkpoint.name + ".lock"), f"checkpoint {checkpoint}"),
+    ):
+        yield output_lock

@@ -36,9 +36,15 @@ from clef_cli.checkpoint import (
     sha256_file,
 )
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.locks import JobLock
+from clef_cli.locks import job_locks
 from clef_cli.media import MediaLimits
-from clef_cli.output import OutputSpec, passthrough_types, remove_stale_temporaries, write_output
+from clef_cli.output import (
+    OutputCounts,
+    OutputSpec,
+    passthrough_types,
+    remove_stale_temporaries,
+    write_output,
+)
 from clef_cli.prompt import DEFAULT_MAX_LENGTH, EncodedRecord, OverflowPolicy
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
 from clef_cli.release import DEFAULT_MODEL, Release, resolve_release, weights_fingerprint
@@ -143,6 +149,12 @@ class JobSummary:
     seconds: float = 0.0
     interrupted: bool = False
     first_errors: list[str] = field(default_factory=list)
+
+    def count(self, written: OutputCounts) -> None:
+        """Totals from the written output (which also holds records resumed from the checkpoint)."""
+        self.records = written.records
+        self.failed = written.failed
+        self.scored = written.records - written.failed
 
 
 @dataclass
@@ -359,10 +371,7 @@ class ScoreJob:
         )
         manifest = job_manifest(settings, release, dtype, release.path)
         checkpoint_path = settings.checkpoint_path
-        with (
-            JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}") as lock,
-            JobLock(checkpoint_path.with_name(checkpoint_path.name + ".lock"), f"checkpoint {checkpoint_path}"),
-        ):
+        with job_locks(settings.output, checkpoint_path) as lock:
             if lock.took_over:
                 self.progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
             checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
@@ -511,19 +520,24 @@ class ScoreJob:
 
     def _finish(self, checkpoint: Checkpoint, release: Release) -> None:
         self.progress.note("writing the output")
-        remove_stale_temporaries(self.settings.output)
-        manifest = checkpoint.manifest
-        spec = OutputSpec(
-            path=self.settings.output,
-            layout=self.settings.layout,
-            keep_columns=self.settings.keep_columns,
-            row_group_size=self.settings.row_group_size,
-            metadata=provenance(self.settings, release, manifest),
-        )
-        counts = write_output(spec, checkpoint.results(), self.settings.inputs, self.settings.limit, self._passthrough)
-        self.summary.records = counts.records
-        self.summary.failed = counts.failed
-        self.summary.scored = counts.records - counts.failed
+        metadata = provenance(self.settings, release, checkpoint.manifest)
+        counts = write_job_output(self.settings, checkpoint.results(), metadata, self._passthrough)
+        self.summary.count(counts)
+
+
+def write_job_output(
+    settings: ScoreSettings, results: Any, metadata: dict[str, str], passthrough: Any = None
+) -> OutputCounts:
+    """The job's Parquet output from its committed results (any engine), in input order."""
+    remove_stale_temporaries(settings.output)
+    spec = OutputSpec(
+        path=settings.output,
+        layout=settings.layout,
+        keep_columns=settings.keep_columns,
+        row_group_size=settings.row_group_size,
+        metadata=metadata,
+    )
+    return write_output(spec, results, settings.inputs, settings.limit, passthrough)
 
 
 def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, Any]) -> dict[str, str]:

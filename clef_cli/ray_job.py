@@ -27,9 +27,17 @@ from clef_cli.backbone import resolve_dtype
 from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.checkpoint import Checkpoint
 from clef_cli.errors import ClefError, RecordError, UsageError
-from clef_cli.locks import JobLock
-from clef_cli.output import OutputSpec, passthrough_types, remove_stale_temporaries, write_output
-from clef_cli.pipeline import JobSummary, Progress, ScoreSettings, SilentProgress, job_manifest, provenance
+from clef_cli.locks import job_locks
+from clef_cli.output import passthrough_types
+from clef_cli.pipeline import (
+    JobSummary,
+    Progress,
+    ScoreSettings,
+    SilentProgress,
+    job_manifest,
+    provenance,
+    write_job_output,
+)
 from clef_cli.prompt import EncodedRecord
 from clef_cli.records import (
     InvalidRecord,
@@ -303,10 +311,7 @@ class RayScoreJob:
         )
         questions = load_questions_file(settings.questions) if settings.questions else None
         checkpoint_path = settings.checkpoint_path
-        with (
-            JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}"),
-            JobLock(checkpoint_path.with_name(checkpoint_path.name + ".lock"), f"checkpoint {checkpoint_path}"),
-        ):
+        with job_locks(settings.output, checkpoint_path):
             checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
             self.summary.resumed = checkpoint.done.count
             _connect(self.ray_settings.address)
@@ -318,19 +323,9 @@ class RayScoreJob:
                 self.summary.seconds = time.monotonic() - started
                 return self.summary
             self.progress.note("writing the output")
-            remove_stale_temporaries(settings.output)
-            spec = OutputSpec(
-                path=settings.output,
-                layout=settings.layout,
-                keep_columns=settings.keep_columns,
-                row_group_size=settings.row_group_size,
-                metadata=provenance(settings, release, checkpoint.manifest) | {"clef.engine": "ray"},
-            )
-            counts = write_output(
-                spec, mark_duplicates(checkpoint.results()), settings.inputs, settings.limit, passthrough
-            )
-        self.summary.records, self.summary.failed = counts.records, counts.failed
-        self.summary.scored = counts.records - counts.failed
+            metadata = provenance(settings, release, checkpoint.manifest) | {"clef.engine": "ray"}
+            counts = write_job_output(settings, mark_duplicates(checkpoint.results()), metadata, passthrough)
+        self.summary.count(counts)
         self.summary.seconds = time.monotonic() - started
         return self.summary
 

@@ -19,9 +19,16 @@ from clef_cli.backbone import load_lexical_rows, resolve_device
 from clef_cli.checkpoint import Checkpoint, describe_differences
 from clef_cli.errors import ClefError, ModelLoadError
 from clef_cli.head import JointSchemaHead, load_joint_head
-from clef_cli.locks import JobLock
-from clef_cli.output import OutputSpec, remove_stale_temporaries, write_output
-from clef_cli.pipeline import JobSummary, Progress, ScoreSettings, SilentProgress, job_manifest, provenance
+from clef_cli.locks import job_locks
+from clef_cli.pipeline import (
+    JobSummary,
+    Progress,
+    ScoreSettings,
+    SilentProgress,
+    job_manifest,
+    provenance,
+    write_job_output,
+)
 from clef_cli.prompt import EncodedQuestion, EncodedRecord
 from clef_cli.records import Question, Record, count_records
 from clef_cli.release import resolve_release
@@ -127,10 +134,7 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
             f"no checkpoint at {source_path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)"
         )
     device = resolve_device(settings.device)
-    with (
-        JobLock(settings.output.with_name(settings.output.name + ".lock"), f"output {settings.output}"),
-        JobLock(source_path.with_name(source_path.name + ".lock"), f"checkpoint {source_path}"),
-    ):
+    with job_locks(settings.output, source_path):
         source = Checkpoint.open_existing(source_path)
         current = job_manifest(settings, release, torch.float32, head_dir)
         _check_same_job(source, settings, current)
@@ -164,20 +168,11 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
                 target.commit(results_table(scored, []))
                 summary.tokens += sum(record.length for record, _ in stored)
                 progress.advance(len(scored), sum(record.length for record, _ in stored), 0)
-            remove_stale_temporaries(settings.output)
-            spec = OutputSpec(
-                path=settings.output,
-                layout=settings.layout,
-                keep_columns=settings.keep_columns,
-                row_group_size=settings.row_group_size,
-                metadata=provenance(settings, release, current | {"settings": source.manifest["settings"]})
-                | {"clef.rehead_from": str(source_path)},
-            )
-            counts = write_output(spec, target.results(), settings.inputs, settings.limit)
+            metadata = provenance(settings, release, current | {"settings": source.manifest["settings"]})
+            counts = write_job_output(settings, target.results(), metadata | {"clef.rehead_from": str(source_path)})
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    summary.records, summary.failed = counts.records, counts.failed
-    summary.scored = counts.records - counts.failed
+    summary.count(counts)
     summary.resumed = summary.scored
     summary.seconds = time.monotonic() - started
     return summary
