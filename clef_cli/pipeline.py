@@ -381,7 +381,7 @@ class ScoreJob:
             total = count_records(settings.inputs, settings.limit)
             self.progress.start(total, checkpoint.done.count)
             with self._pool(release) as pool:
-                self._run_windows(pool, release, checkpoint)
+                self._run_windows(pool, release, checkpoint, total)
             self.summary.seconds = time.monotonic() - started
             if self.stop.is_set():
                 self.summary.interrupted = True
@@ -390,7 +390,7 @@ class ScoreJob:
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
-    def _run_windows(self, pool: EncodePool, release: Release, checkpoint: Checkpoint) -> None:
+    def _run_windows(self, pool: EncodePool, release: Release, checkpoint: Checkpoint, total: int | None) -> None:
         checked_disk = False
         windows = planned_windows(
             pool,
@@ -402,10 +402,12 @@ class ScoreJob:
         for window in windows:
             if window.failures:
                 self._commit(checkpoint, [], window.failures)
+            if self.stop.is_set():
+                return
             if not window.planned:
                 continue
             if not checked_disk:
-                self._check_disk(checkpoint, release, window)
+                self._check_disk(checkpoint, release, window, total)
                 checked_disk = True
             entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in window.planned]
             batches = plan_batches(entries, self.batch_tokens, self.settings.max_batch_size)
@@ -414,13 +416,12 @@ class ScoreJob:
             if self.stop.is_set():
                 return
 
-    def _check_disk(self, checkpoint: Checkpoint, release: Release, window: Window) -> None:
+    def _check_disk(self, checkpoint: Checkpoint, release: Release, window: Window, total: int | None) -> None:
         """Refuse to start when the hidden states would not fit (estimated from the first window)."""
         if self.settings.hidden_states != "keep":
             return
         lengths = [p.length or 0 for p in window.planned]
-        total = count_records(self.settings.inputs, self.settings.limit) or len(lengths)
-        remaining = max(len(lengths), total - checkpoint.done.count)
+        remaining = max(len(lengths), (total or 0) - checkpoint.done.count)
         needed = int(statistics.fmean(lengths) * remaining * self._bytes_per_token(release.hidden_size))
         free = shutil.disk_usage(checkpoint.path).free
         if needed > free:
