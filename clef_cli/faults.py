@@ -3,12 +3,16 @@ job there deterministically instead of racing it. Inert unless the environment a
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
 
 SLOW_COMMIT = "CLEF_TEST_SLOW_COMMIT"
 """Seconds to sleep after each committed shard."""
+CRASH_ON = "CLEF_TEST_CRASH_ON"
+"""A record id: a background encoding process that meets it dies on the spot, as a media decoder
+crashing on a hostile file would."""
 HOLD_OUTPUT = "CLEF_TEST_HOLD_OUTPUT"
 """A marker path: the output writer creates it once the temporary output is complete, then waits
 (up to 60 s) before renaming it into place."""
@@ -25,3 +29,8 @@ def before_output_rename() -> None:
     if marker:
         Path(marker).touch()
         time.sleep(60)
+
+
+def maybe_crash(record_id: str) -> None:
+    if os.environ.get(CRASH_ON) == record_id and multiprocessing.parent_process() is not None:
+        os._exit(70)

@@ -14,12 +14,14 @@ import multiprocessing
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from clef_cli import faults
 from clef_cli.errors import RecordError
 from clef_cli.media import MediaLimits
 from clef_cli.prompt import EncodedRecord, OverflowPolicy, PromptEncoder
@@ -60,12 +62,21 @@ class Planned:
 _worker_encoder: PromptEncoder | None = None
 
 
-def _init_worker(spec: EncoderSpec) -> None:
+def _init_encoder(spec: EncoderSpec) -> None:
+    global _worker_encoder
+    _worker_encoder = spec.build()
+
+
+def _init_pool_worker(spec: EncoderSpec) -> None:
+    """A background worker: one CPU thread for torch, and Ctrl-C left to the main process (which
+    finishes its batch and stops the pool) instead of killing the worker mid-task."""
+    import signal
+
     import torch
 
-    global _worker_encoder
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
-    _worker_encoder = spec.build()
+    _init_encoder(spec)
 
 
 def _encoder() -> PromptEncoder:
@@ -79,6 +90,7 @@ def compact(encoded: EncodedRecord) -> EncodedRecord:
 
 def plan_record(record: Record) -> Planned:
     """Encode to measure the prompt; the caller decides whether to keep the media tensors."""
+    faults.maybe_crash(record.id)
     try:
         encoded = _encoder().encode(record)
     except RecordError as error:
@@ -102,10 +114,22 @@ def within_budget(planned: Planned, budget: list[int]) -> Planned:
 
 
 def encode_record(record: Record) -> EncodedRecord | str:
+    faults.maybe_crash(record.id)
     try:
         return compact(_encoder().encode(record))
     except RecordError as error:
         return str(error)
+
+
+CRASHED = "the encoding process crashed on this record (a media decoder failed hard)"
+
+
+def planning_crashed(record: Record) -> Planned:
+    return Planned(record, error=str(RecordError(record.id, "media", CRASHED)))
+
+
+def encoding_crashed(record: Record) -> str:
+    return str(RecordError(record.id, "media", CRASHED))
 
 
 class _InlineExecutor:
@@ -123,86 +147,124 @@ class _InlineExecutor:
         pass
 
 
+@dataclass(order=True)
+class _Task:
+    priority: int
+    order: int
+    function: Callable[[Record], Any] = field(compare=False)
+    record: Record = field(compare=False)
+    crashed: Callable[[Record], Any] = field(compare=False)
+    result: Future = field(compare=False)
+    suspect: bool = field(default=False, compare=False)
+    """It was in the pool when a worker died: it runs again alone, to tell culprit from bystander."""
+
+
 class EncodePool:
-    """Runs plan/encode tasks with priorities; at most `in_flight` tasks sit in the pool."""
+    """Runs plan/encode tasks with priorities; at most `in_flight` tasks sit in the pool.
+
+    A worker that dies (a media decoder crashing on a hostile file) breaks the process pool. The
+    pool is then rebuilt and every task that was in it runs again alone: the one that crashes
+    again is that record's error, the others are unaffected.
+    """
 
     def __init__(self, spec: EncoderSpec, workers: int) -> None:
+        self.spec = spec
         self.workers = workers
-        if workers > 0:
-            self._executor: Any = ProcessPoolExecutor(
-                max_workers=workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(spec,),
-            )
-        else:
-            _init_worker(spec)
-            self._executor = _InlineExecutor()
         self._in_flight = max(2, 2 * workers)
-        self._queue: list[tuple[int, int, Callable[..., Any], tuple[Any, ...], Future]] = []
+        self._queue: list[_Task] = []
+        self._suspects: list[_Task] = []
+        self._running: dict[int, _Task] = {}
         self._order = itertools.count()
         self._condition = threading.Condition()
-        self._running = 0
         self._closed = False
-        self._thread: threading.Thread | None = None
         if workers > 0:
-            self._thread = threading.Thread(target=self._dispatch, name="clef-encode-dispatch", daemon=True)
-            self._thread.start()
+            self._executor: Any = self._new_executor()
+            self._generation = 0
+            threading.Thread(target=self._dispatch, name="clef-encode-dispatch", daemon=True).start()
+        else:
+            _init_encoder(spec)
+            self._executor = _InlineExecutor()
 
-    def submit(self, priority: int, function: Callable[..., Any], *args: Any) -> Future:
+    def _new_executor(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_pool_worker,
+            initargs=(self.spec,),
+        )
+
+    def _submit(self, priority: int, function: Callable[[Record], Any], record: Record, crashed: Any) -> Future:
         if self.workers == 0:
-            return self._executor.submit(function, *args)
-        result: Future = Future()
+            return self._executor.submit(function, record)
+        task = _Task(priority, next(self._order), function, record, crashed, Future())
         with self._condition:
-            heapq.heappush(self._queue, (priority, next(self._order), function, args, result))
+            heapq.heappush(self._queue, task)
             self._condition.notify()
-        return result
+        return task.result
 
     def plan(self, record: Record) -> Future:
-        return self.submit(BACKGROUND, plan_record, record)
+        return self._submit(BACKGROUND, plan_record, record, planning_crashed)
 
     def encode(self, record: Record) -> Future:
-        return self.submit(URGENT, encode_record, record)
+        return self._submit(URGENT, encode_record, record, encoding_crashed)
+
+    def _next_task(self) -> _Task | None:
+        """Under the lock: a suspect runs only when the pool is empty, and nothing runs beside it."""
+        if self._suspects:
+            return self._suspects.pop(0) if not self._running else None
+        if self._queue and len(self._running) < self._in_flight:
+            return heapq.heappop(self._queue)
+        return None
 
     def _dispatch(self) -> None:
         while True:
             with self._condition:
-                while not self._closed and (not self._queue or self._running >= self._in_flight):
+                task = self._next_task()
+                while not self._closed and task is None:
                     self._condition.wait()
+                    task = self._next_task()
                 if self._closed:
                     return
-                _, _, function, args, result = heapq.heappop(self._queue)
-                self._running += 1
-            if not result.set_running_or_notify_cancel():
-                self._finished()
-                continue
+                assert task is not None
+                if not task.suspect and not task.result.set_running_or_notify_cancel():
+                    continue
+                self._running[task.order] = task
+                generation = self._generation
+                executor = self._executor
             try:
-                inner = self._executor.submit(function, *args)
-            except RuntimeError as error:  # the pool broke (a worker died)
-                result.set_exception(error)
-                self._finished()
-                continue
-            inner.add_done_callback(lambda done, result=result: self._relay(done, result))
+                inner = executor.submit(task.function, task.record)
+            except (BrokenProcessPool, RuntimeError):  # broken, or replaced after a breakage
+                inner = Future()
+                inner.set_exception(BrokenProcessPool("the encoding pool was rebuilt"))
+            inner.add_done_callback(lambda done, task=task, generation=generation: self._done(task, generation, done))
 
-    def _relay(self, done: Future, result: Future) -> None:
-        error = done.exception()
-        if error is not None:
-            result.set_exception(error)
-        else:
-            result.set_result(done.result())
-        self._finished()
-
-    def _finished(self) -> None:
+    def _done(self, task: _Task, generation: int, done: Future) -> None:
         with self._condition:
-            self._running -= 1
-            self._condition.notify()
+            self._running.pop(task.order, None)
+            error = done.exception()
+            if isinstance(error, BrokenProcessPool):
+                if task.suspect:  # it crashed the pool again, alone: it is the culprit
+                    task.result.set_result(task.crashed(task.record))
+                else:
+                    task.suspect = True
+                    self._suspects.append(task)
+                if generation == self._generation:  # the first task to see this breakage rebuilds
+                    self._generation += 1
+                    self._executor.shutdown(wait=False, cancel_futures=True)
+                    self._executor = self._new_executor()
+            elif error is not None:
+                task.result.set_exception(error)
+            else:
+                task.result.set_result(done.result())
+            self._condition.notify_all()
 
     def close(self) -> None:
         with self._condition:
             self._closed = True
-            for *_, pending in self._queue:
-                pending.cancel()
+            for task in self._queue + self._suspects:
+                task.result.cancel()
             self._queue.clear()
+            self._suspects.clear()
             self._condition.notify_all()
         self._executor.shutdown(wait=True, cancel_futures=True)
 

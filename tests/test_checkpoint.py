@@ -47,7 +47,7 @@ def job(tmp_path):
     return path, tmp_path / "out.parquet"
 
 
-def command(inputs: Path, output: Path, *extra: str) -> list[str]:
+def command(inputs: Path, output: Path, *extra: str, workers: int = 0) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -59,7 +59,7 @@ def command(inputs: Path, output: Path, *extra: str) -> list[str]:
         "--model",
         str(TINY_MODEL),
         "--workers",
-        "0",
+        str(workers),
         "--max-batch-size",
         "2",
         "--quiet",
@@ -90,16 +90,28 @@ def journal_records(checkpoint: Path) -> int:
     return total
 
 
-def start_and_kill(inputs: Path, output: Path, ready, env: dict, sig=signal.SIGKILL) -> subprocess.Popen:
+def start_and_kill(
+    inputs: Path, output: Path, ready, env: dict, sig=signal.SIGKILL, workers: int = 0
+) -> subprocess.Popen:
+    """Start a job, wait for `ready()`, then SIGKILL its main process, or SIGINT its whole process
+    group as Ctrl-C in a terminal does (encoding workers included)."""
     process = subprocess.Popen(
-        command(inputs, output), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+        command(inputs, output, workers=workers),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        start_new_session=True,
     )
     deadline = time.monotonic() + 120
     while not ready():
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the job never reached the point to kill it"
         time.sleep(0.005)
-    process.send_signal(sig)
+    if sig == signal.SIGINT:
+        os.killpg(process.pid, sig)
+    else:
+        process.send_signal(sig)
     process.wait(timeout=60)
     return process
 
@@ -166,11 +178,17 @@ def test_sigkill_during_the_final_write_leaves_no_output(job, uninterrupted, tmp
     assert_same_output(rows(output), uninterrupted)
 
 
-def test_sigint_commits_and_exits_130(job, uninterrupted):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_sigint_commits_and_exits_130(job, uninterrupted, workers):
     inputs, output = job
     checkpoint = Path(str(output) + ".ckpt")
     process = start_and_kill(
-        inputs, output, lambda: journal_records(checkpoint) >= 4, {"CLEF_TEST_SLOW_COMMIT": "0.3"}, sig=signal.SIGINT
+        inputs,
+        output,
+        lambda: journal_records(checkpoint) >= 4,
+        {"CLEF_TEST_SLOW_COMMIT": "0.3"},
+        sig=signal.SIGINT,
+        workers=workers,
     )
     assert process.returncode == 130
     _, stderr = process.communicate()

@@ -99,3 +99,16 @@ def test_row_groups_are_buffered_not_one_per_batch(tmp_path, scorer):
     metadata = pq.ParquetFile(tmp_path / "out.parquet").metadata
     assert metadata.num_rows == 17
     assert [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)] == [5, 5, 5, 2]
+
+
+def test_a_record_that_kills_its_encoding_process_fails_alone(tmp_path, scorer, monkeypatch):
+    monkeypatch.setenv("CLEF_TEST_CRASH_ON", "ticket-004")
+    settings = settings_for(tmp_path, workers=1, window=4, limit=None)
+    summary = ScoreJob(settings, scorer=scorer).run()
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    failed = {row["id"]: row["error"] for row in rows if row["error"]}
+    assert failed == {
+        "ticket-004": "record 'ticket-004', field 'media': the encoding process crashed on this record "
+        "(a media decoder failed hard)"
+    }
+    assert summary.scored == 16
