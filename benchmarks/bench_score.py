@@ -83,7 +83,7 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> Path:
     return path
 
 
-def run_pipeline(path: Path, out: Path, workers: int) -> dict:
+def run_pipeline(path: Path, out: Path, workers: int | None) -> dict:
     from clef_cli.pipeline import ScoreJob, ScoreSettings
 
     settings = ScoreSettings(
@@ -161,7 +161,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=2000, help="text records for part (a)")
     parser.add_argument("--media-records", type=int, default=400, help="records for part (b)")
-    parser.add_argument("--workers", type=int, default=1, help="encoding processes for the pipeline")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="encoding processes for the pipeline (default: clef's own choice)"
+    )
     parser.add_argument("--rss-counts", default="10000,100000", help="record counts for part (c)")
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 'c'")
     parser.add_argument("--plan-child", type=int, help=argparse.SUPPRESS)
@@ -172,7 +174,8 @@ def main() -> None:
 
     import torch
 
-    print(f"clef benchmark: tiny fixture model on {torch.get_num_threads()} CPU threads, workers={args.workers}")
+    workers = "auto" if args.workers is None else args.workers
+    print(f"clef benchmark: tiny fixture model on {torch.get_num_threads()} CPU threads, workers={workers}")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for part, records in (("a", text_records(args.records)), ("b", media_records(args.media_records))):

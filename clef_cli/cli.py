@@ -7,7 +7,6 @@ All work happens in the library; every command here is a thin shell around it. E
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -310,10 +309,6 @@ def _run_on_ray(
     return RayScoreJob(settings, cluster, progress, stop=stop).run()
 
 
-def _default_workers() -> int:
-    return max(1, min(4, (os.cpu_count() or 2) - 1))
-
-
 @app.command("score")
 def score(
     inputs: Annotated[list[Path], typer.Argument(help="JSONL, JSON or Parquet files, or folders of Parquet parts.")],
@@ -339,7 +334,12 @@ def score(
     ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Score only the first N records.")] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", min=0, help="Encoding processes (0 encodes inline).")
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="Background encoding processes (0: inline). Default: none on the CPU, up to 4 beside a GPU.",
+        ),
     ] = None,
     window: Annotated[int, typer.Option("--window", min=1, help="Records planned and length-sorted together.")] = 8192,
     checkpoint: Annotated[
@@ -410,7 +410,7 @@ def score(
             layout=layout,
             keep_columns=columns,
             limit=limit,
-            workers=_default_workers() if workers is None else workers,
+            workers=workers,
             window=window,
             checkpoint=checkpoint,
             hidden_states=hidden_states,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shutil
 import statistics
 import threading
@@ -101,7 +102,9 @@ class ScoreSettings:
     layout: str = "wide"
     keep_columns: tuple[str, ...] = ()
     limit: int | None = None
-    workers: int = 1
+    workers: int | None = None
+    """Background encoding processes; None: none on the CPU (the model already uses every core),
+    up to 4 beside a GPU."""
     window: int = 8192
     checkpoint: Path | None = None
     hidden_states: str = "keep"
@@ -301,7 +304,16 @@ class ScoreJob:
 
     def _pool(self, release: Release) -> EncodePool:
         spec = EncoderSpec(release.path, self.settings.max_length, self.settings.overflow, self.settings.limits)
-        return EncodePool(spec, self.settings.workers)
+        return EncodePool(spec, self._workers())
+
+    def _workers(self) -> int:
+        if self.settings.workers is not None:
+            return self.settings.workers
+        from clef_cli.backbone import resolve_device
+
+        if resolve_device(self.settings.device).type == "cpu":
+            return 0
+        return max(1, min(4, (os.cpu_count() or 2) - 1))
 
     def _dtype(self) -> torch.dtype:
         """The compute dtype this run will use (it is part of the checkpoint's settings)."""
