@@ -135,18 +135,26 @@ def run_sequential(path: Path) -> dict:
     }
 
 
+def peak_rss_kib() -> int:
+    """VmHWM: unlike getrusage's ru_maxrss, it is not inherited across exec from the parent."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def plan_child(count: int) -> None:
     """Runs in a fresh process: a dry run (planning only) over `count` text records."""
     from clef_cli.pipeline import ScoreJob, ScoreSettings
 
     with tempfile.TemporaryDirectory() as folder:
         path = write_jsonl(Path(folder) / "records.jsonl", iter_text_records(count, seed=3))
-        baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        baseline = peak_rss_kib()
         settings = ScoreSettings(
             inputs=[path], output=Path(folder) / "o.parquet", model=str(MODEL), workers=0, max_length=4096
         )
         report = ScoreJob(settings).dry_run()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = peak_rss_kib()
     print(json.dumps({"records": report.records, "peak_rss_kib": peak, "baseline_rss_kib": baseline}))
 
 
