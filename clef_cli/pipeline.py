@@ -577,8 +577,3 @@ def human_size(count: float) -> str:
             return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
         count /= 1024
     return f"{count:.1f} TiB"
-
-
-def run_score(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
-    """Library shortcut: run a whole job and return its summary."""
-    return ScoreJob(settings, progress).run()

@@ -59,8 +59,6 @@ class Record:
     videos: tuple[str, ...] = ()
     base_dir: Path | None = None
     """Where relative media paths resolve (the input file's folder); None for remote inputs."""
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    """Input columns asked for with --keep-columns, passed through untouched."""
 
     @property
     def has_media(self) -> bool:
@@ -74,7 +72,6 @@ class InvalidRecord:
     id: str
     index: int
     error: str
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- schema validation
@@ -181,7 +178,6 @@ class RecordBuilder:
     """Turns raw mappings into `Record` / `InvalidRecord`, tracking ids across all inputs."""
 
     default_questions: Mapping[str, Any] | None = None
-    keep_columns: Sequence[str] = ()
     check_duplicates: bool = True
     """Off where records are built in parallel; the caller then checks ids across all records."""
     _seen_ids: dict[str, int] = field(default_factory=dict)
@@ -190,7 +186,6 @@ class RecordBuilder:
         if not isinstance(raw, Mapping):
             return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
         record_id = self._record_id(raw, index)
-        extra = {name: raw.get(name) for name in self.keep_columns}
         try:
             if self.check_duplicates:
                 if record_id in self._seen_ids:
@@ -198,9 +193,9 @@ class RecordBuilder:
                         record_id, "id", f"duplicate record id (first used by record {self._seen_ids[record_id]})"
                     )
                 self._seen_ids[record_id] = index
-            return self._validate(raw, record_id, index, base_dir, json_text, extra)
+            return self._validate(raw, record_id, index, base_dir, json_text)
         except RecordError as error:
-            return InvalidRecord(record_id, index, str(error), extra)
+            return InvalidRecord(record_id, index, str(error))
 
     @staticmethod
     def _record_id(raw: Mapping[str, Any], index: int) -> str:
@@ -216,7 +211,6 @@ class RecordBuilder:
         index: int,
         base_dir: Path | None,
         json_text: bool,
-        extra: Mapping[str, Any],
     ) -> Record:
         if "state" not in raw or raw["state"] is None:
             raise RecordError(record_id, "state", "missing state")
@@ -237,7 +231,6 @@ class RecordBuilder:
             audio=parse_media(raw, "audio", record_id),
             videos=parse_media(raw, "videos", record_id),
             base_dir=base_dir,
-            extra=extra,
         )
 
 
@@ -336,11 +329,10 @@ def raw_rows(source: InputFile) -> Iterator[tuple[Any, str | None]]:
 def read_records(
     paths: Iterable[str | Path],
     questions: Mapping[str, Any] | None = None,
-    keep_columns: Sequence[str] = (),
     limit: int | None = None,
 ) -> Iterator[Record | InvalidRecord]:
     """Stream records from every input in order; `index` counts across all inputs from 0."""
-    builder = RecordBuilder(default_questions=questions, keep_columns=tuple(keep_columns))
+    builder = RecordBuilder(default_questions=questions)
     index = 0
     for source in expand_inputs(paths):
         base_dir = source.base_dir
