@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow.compute as pc
 import torch
 
 from clef_cli import __version__, faults
@@ -541,7 +542,10 @@ class ScoreJob:
 def write_job_output(
     settings: ScoreSettings, results: Any, metadata: dict[str, str], passthrough: Any = None
 ) -> OutputCounts:
-    """The job's Parquet output from its committed results (any engine), in input order."""
+    """The job's Parquet output from its committed results (any engine), in input order. With
+    --limit, records that an earlier, longer run committed stay in the checkpoint but not here."""
+    if settings.limit is not None:
+        results = results.filter(pc.less(results.column("record_index"), settings.limit))
     remove_stale_temporaries(settings.output)
     spec = OutputSpec(
         path=settings.output,

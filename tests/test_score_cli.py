@@ -320,6 +320,15 @@ def test_questions_file_for_records_without_a_schema(tmp_path):
         assert [answer["question_id"] for answer in row["answers"]] == list(schema)
 
 
+def test_a_shorter_limit_after_a_longer_run_reuses_the_checkpoint(tmp_path):
+    out = tmp_path / "o.parquet"
+    assert score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "6").exit_code == 0
+    result = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "2")
+    assert result.exit_code == 0, result.output
+    assert "0 run through the model, 6 from the checkpoint" in result.stderr
+    assert [row["id"] for row in pq.read_table(out).to_pylist()] == ["ticket-001", "ticket-002"]
+
+
 def test_dry_run_counts_records_already_in_the_checkpoint(tmp_path):
     out = tmp_path / "o.parquet"
     assert score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "5").exit_code == 0
