@@ -11,7 +11,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -67,6 +69,14 @@ def _init_encoder(spec: EncoderSpec) -> None:
     _worker_encoder = spec.build()
 
 
+def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
+    """A job killed outright (SIGKILL, the OOM killer) cannot stop its pool; its workers notice
+    they were orphaned and exit instead of lingering with a model's worth of memory."""
+    while os.getppid() == parent:
+        time.sleep(interval)
+    os._exit(1)
+
+
 def _init_pool_worker(spec: EncoderSpec) -> None:
     """A background worker: one CPU thread for torch, and Ctrl-C left to the main process (which
     finishes its batch and stops the pool) instead of killing the worker mid-task."""
@@ -75,6 +85,7 @@ def _init_pool_worker(spec: EncoderSpec) -> None:
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(1)
     _init_encoder(spec)
 

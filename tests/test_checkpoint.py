@@ -91,7 +91,7 @@ def journal_records(checkpoint: Path) -> int:
 
 
 def start_and_kill(
-    inputs: Path, output: Path, ready, env: dict, sig=signal.SIGKILL, workers: int = 0
+    inputs: Path, output: Path, ready, env: dict, sig=signal.SIGKILL, workers: int = 0, started=None
 ) -> subprocess.Popen:
     """Start a job, wait for `ready()`, then SIGKILL its main process, or SIGINT its whole process
     group as Ctrl-C in a terminal does (encoding workers included)."""
@@ -103,6 +103,8 @@ def start_and_kill(
         env={**os.environ, **env},
         start_new_session=True,
     )
+    if started is not None:
+        started(process.pid)
     deadline = time.monotonic() + 120
     while not ready():
         assert process.poll() is None, process.communicate()
@@ -153,10 +155,44 @@ def test_sigkill_before_the_first_commit(job, uninterrupted):
     assert_same_output(rows(output), uninterrupted)
 
 
-def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, uninterrupted):
+def children(pid: int) -> list[int]:
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            if fields.get("PPid", "").strip() == str(pid):
+                found.append(int(status.parent.name))
+    return found
+
+
+def wait_gone(pids: list[int], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, uninterrupted, workers):
     inputs, output = job
     checkpoint = Path(str(output) + ".ckpt")
-    start_and_kill(inputs, output, lambda: journal_records(checkpoint) >= 8, {"CLEF_TEST_SLOW_COMMIT": "0.3"})
+    orphans: list[int] = []
+
+    def ready() -> bool:
+        if journal_records(checkpoint) < 8:
+            return False
+        orphans.extend(children(process_pid[0]))
+        return True
+
+    process_pid: list[int] = []
+    process = start_and_kill(
+        inputs, output, ready, {"CLEF_TEST_SLOW_COMMIT": "0.3"}, workers=workers, started=process_pid.append
+    )
+    assert process.returncode == -signal.SIGKILL
+    assert orphans or workers == 0
+    assert wait_gone(orphans), "encoding workers outlived their killed job"
     committed = journal_records(checkpoint)
     assert 8 <= committed < 24 and not output.exists()
     done = run(inputs, output)
