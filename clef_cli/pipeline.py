@@ -113,8 +113,9 @@ class ScoreSettings:
     restart: bool = False
     row_group_size: int = 16384
     rehead: Path | None = None
-    media_cache_bytes: int = 1 << 30
-    """Media tensors kept from planning (per window) so they need not be decoded twice."""
+    media_spool_bytes: int = 32 << 30
+    """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
+    space at most), so that media are decoded once, not twice."""
 
     @property
     def checkpoint_path(self) -> Path:
@@ -220,8 +221,8 @@ def planned_windows(
     media_budget: int = 0,
 ) -> Iterator[Window]:
     """Windows in input order; the next one is planned in the background while the caller runs
-    the current one. Each window keeps at most `media_budget` bytes of media tensors from
-    planning; the rest are decoded again when their batch runs."""
+    the current one. Each window keeps at most `media_budget` bytes of spooled media tensors
+    from planning; the rest are decoded again when their batch runs."""
 
     def submit(chunk: list[Record | InvalidRecord]) -> tuple[list[FailedRecord], list[Future]]:
         failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
@@ -303,9 +304,19 @@ class ScoreJob:
         schema = load_questions_file(self.settings.questions) if self.settings.questions else None
         return read_records(self.settings.inputs, questions=schema, limit=self.settings.limit)
 
-    def _pool(self, release: Release) -> EncodePool:
-        spec = EncoderSpec(release.path, self.settings.max_length, self.settings.overflow, self.settings.limits)
+    def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
+        settings = self.settings
+        spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool)
         return EncodePool(spec, self._workers())
+
+    def _spool(self, checkpoint: Checkpoint) -> tuple[Path, int]:
+        """A fresh spool folder in the checkpoint and its budget per window (two windows are
+        planned at once)."""
+        spool = checkpoint.path / "spool"
+        shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
+        spool.mkdir()
+        budget = min(self.settings.media_spool_bytes, shutil.disk_usage(spool).free // 4)
+        return spool, budget // 2
 
     def _workers(self) -> int:
         if self.settings.workers is not None:
@@ -393,8 +404,12 @@ class ScoreJob:
             self.summary.resumed = checkpoint.done.count
             total = count_records(settings.inputs, settings.limit)
             self.progress.start(total, checkpoint.done.count)
-            with self._pool(release) as pool:
-                self._run_windows(pool, release, checkpoint, total)
+            spool, spool_budget = self._spool(checkpoint)
+            try:
+                with self._pool(release, spool) as pool:
+                    self._run_windows(pool, release, checkpoint, total, spool_budget)
+            finally:
+                shutil.rmtree(spool, ignore_errors=True)
             self.summary.seconds = time.monotonic() - started
             if self.stop.is_set():
                 self.summary.interrupted = True
@@ -403,14 +418,12 @@ class ScoreJob:
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
-    def _run_windows(self, pool: EncodePool, release: Release, checkpoint: Checkpoint, total: int | None) -> None:
+    def _run_windows(
+        self, pool: EncodePool, release: Release, checkpoint: Checkpoint, total: int | None, spool_budget: int
+    ) -> None:
         checked_disk = False
         windows = planned_windows(
-            pool,
-            self._records(),
-            self.settings.window,
-            skip=checkpoint.done,
-            media_budget=self.settings.media_cache_bytes // 2,
+            pool, self._records(), self.settings.window, skip=checkpoint.done, media_budget=spool_budget
         )
         for window in windows:
             if window.failures:
@@ -461,7 +474,8 @@ class ScoreJob:
                 items = []
                 for index in batch.indices:
                     planned = by_index[index]
-                    items.append(planned.encoded if planned.encoded is not None else pool.encode(planned.record))
+                    ready = planned.ready()
+                    items.append(ready if ready is not None else pool.encode(planned.record))
                 prepared.append((batch, items))
                 if len(prepared) >= PREFETCH_BATCHES:
                     return
@@ -483,7 +497,7 @@ class ScoreJob:
             if encoded:
                 self._score_and_commit(self._runner_for(release), checkpoint, encoded)
             for index in batch.indices:
-                by_index.pop(index, None)
+                by_index.pop(index).discard()
             if self.stop.is_set():
                 for _, pending in prepared:
                     for item in pending:

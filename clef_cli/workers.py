@@ -40,6 +40,9 @@ class EncoderSpec:
     max_length: int
     overflow: OverflowPolicy
     limits: MediaLimits
+    spool: Path | None = None
+    """Where planning leaves each record's media tensors, so the batch that runs it later need
+    not decode its media again; None drops them (a dry run)."""
 
     def build(self) -> PromptEncoder:
         from clef_cli.release import Release, load_processor
@@ -51,22 +54,40 @@ class EncoderSpec:
 @dataclass(frozen=True)
 class Planned:
     """A planned record: its length, or why it cannot be scored, and its encoding (ids as int32).
-    The planner keeps media tensors only up to a byte budget; a record whose tensors were dropped
-    is encoded again when its batch comes, so media never pile up in memory."""
+    Media tensors never travel with it: they wait in a spool file (within a disk budget) until
+    the record's batch runs, or, without one, the record is encoded again then."""
 
     record: Record
     length: int | None = None
     audio_in_video: bool = False
     error: str | None = None
     encoded: EncodedRecord | None = None
+    spooled: Path | None = None
+    spooled_bytes: int = 0
+
+    def ready(self) -> EncodedRecord | None:
+        """The full encoding, media read back from the spool; None when it must be encoded again."""
+        if self.encoded is None or not self.record.has_media:
+            return self.encoded
+        if self.spooled is None:
+            return None
+        from safetensors.torch import load_file
+
+        return replace(self.encoded, media=load_file(str(self.spooled)))
+
+    def discard(self) -> None:
+        if self.spooled is not None:
+            self.spooled.unlink(missing_ok=True)
 
 
 _worker_encoder: PromptEncoder | None = None
+_worker_spool: Path | None = None
 
 
 def _init_encoder(spec: EncoderSpec) -> None:
-    global _worker_encoder
+    global _worker_encoder, _worker_spool
     _worker_encoder = spec.build()
+    _worker_spool = spec.spool
 
 
 def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
@@ -100,28 +121,35 @@ def compact(encoded: EncodedRecord) -> EncodedRecord:
 
 
 def plan_record(record: Record) -> Planned:
-    """Encode to measure the prompt; the caller decides whether to keep the media tensors."""
+    """Encode to measure the prompt; media tensors go to the spool (when there is one)."""
     faults.maybe_crash(record.id)
     try:
         encoded = _encoder().encode(record)
     except RecordError as error:
         return Planned(record, error=str(error))
-    return Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded))
+    planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded))
+    if not encoded.media:
+        return planned
+    if _worker_spool is None:
+        return replace(planned, encoded=None)
+    from safetensors.torch import save_file
 
-
-def media_bytes(encoded: EncodedRecord) -> int:
-    return sum(tensor.numel() * tensor.element_size() for tensor in encoded.media.values())
+    path = _worker_spool / f"{record.index}.safetensors"
+    save_file({name: tensor.contiguous() for name, tensor in encoded.media.items()}, str(path))
+    media_free = replace(planned.encoded, media={}) if planned.encoded is not None else None
+    return replace(planned, encoded=media_free, spooled=path, spooled_bytes=path.stat().st_size)
 
 
 def within_budget(planned: Planned, budget: list[int]) -> Planned:
-    """Keep a planned record's media tensors while `budget[0]` bytes remain; else drop them."""
-    if planned.encoded is None or not planned.encoded.media:
+    """Keep a planned record's spooled media while `budget[0]` bytes remain; else drop them (the
+    record is then encoded again when its batch runs)."""
+    if planned.spooled is None:
         return planned
-    size = media_bytes(planned.encoded)
-    if size <= budget[0]:
-        budget[0] -= size
+    if planned.spooled_bytes <= budget[0]:
+        budget[0] -= planned.spooled_bytes
         return planned
-    return replace(planned, encoded=None)
+    planned.discard()
+    return replace(planned, encoded=None, spooled=None, spooled_bytes=0)
 
 
 def encode_record(record: Record) -> EncodedRecord | str:
