@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,21 +314,16 @@ class Checkpoint:
 
     def commit(self, results: pa.Table, hidden: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None) -> None:
         """Make one shard durable: files first, then the journal line that makes it count."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         name = self._next_name()
-        files: dict[str, dict[str, Any]] = {}
-
-        def add(kind: str, file_name: str, write: Any) -> None:
-            target = self.shards_path / file_name
-            write_atomically(target, write)
-            files[kind] = {"name": file_name, "bytes": target.stat().st_size, "sha256": sha256_file(target)}
-
         table = results.cast(RESULT_SCHEMA)
-        add("results", f"{name}.results.arrow", lambda target: _write_ipc(target, table))
+        files = {"results": self._write_file(f"{name}.results.arrow", _ipc_bytes(table), "sha256")}
         if hidden is not None:
             tensors, metadata = hidden
-            add("hidden", f"{name}.hidden.safetensors", lambda target: save_file(tensors, str(target), metadata))
+            # Hidden states are large: a CRC (several GB/s) guards them against damage, where the
+            # small results files carry a SHA-256.
+            files["hidden"] = self._write_file(f"{name}.hidden.safetensors", save(tensors, metadata), "crc32")
         entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
         with open(self.path / JOURNAL, "a", encoding="utf-8") as journal:
             journal.write(json.dumps(entry.__dict__, sort_keys=True) + "\n")
@@ -336,6 +332,13 @@ class Checkpoint:
         self.entries.append(entry)
         for index in table.column("record_index").to_pylist():
             self.done.add(index)
+
+    def _write_file(self, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
+        """Write a shard file atomically; its size and checksum come from the bytes in memory,
+        so nothing is read back from disk."""
+        write_atomically(self.shards_path / file_name, lambda target: target.write_bytes(data))
+        digest = hashlib.sha256(data).hexdigest() if checksum == "sha256" else zlib.crc32(data)
+        return {"name": file_name, "bytes": len(data), checksum: digest}
 
     # ------------------------------------------------------------------ reading
 
@@ -356,7 +359,11 @@ class Checkpoint:
 
     def verify_hidden(self, entry: ShardEntry) -> bool:
         described = entry.files["hidden"]
-        return sha256_file(self.shards_path / described["name"]) == described["sha256"]
+        crc = 0
+        with (self.shards_path / described["name"]).open("rb") as handle:
+            while chunk := handle.read(1 << 22):
+                crc = zlib.crc32(chunk, crc)
+        return crc == described["crc32"]
 
     def size_on_disk(self) -> int:
         return sum(path.stat().st_size for path in self.path.rglob("*") if path.is_file())
@@ -386,9 +393,11 @@ def _comparable(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"model": manifest.get("model"), "inputs": ", ".join(inputs), "settings": manifest.get("settings")}
 
 
-def _write_ipc(path: Path, table: pa.Table) -> None:
-    with pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
+    return sink.getvalue().to_pybytes()
 
 
 def discard(path: Path) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import queue
 import shutil
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,54 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, 
     }
 
 
+# ----------------------------------------------------------------------------- committing
+
+
+class BackgroundCommitter:
+    """Commits shards on a thread, so writing hidden states to disk overlaps the next forward.
+
+    At most `depth` commits wait; a failed commit is raised on the next `submit` or on `drain`.
+    Commits land in submission order, so the journal reads as if they were made inline.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, depth: int = 2) -> None:
+        self.checkpoint = checkpoint
+        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, name="clef-commit", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            results, hidden, committed = item
+            try:
+                if self._error is None:
+                    self.checkpoint.commit(results, hidden)
+                    committed()
+            except BaseException as error:
+                self._error = error
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def submit(self, results: Any, hidden: Any, committed: Callable[[], None]) -> None:
+        self._raise()
+        self._queue.put((results, hidden, committed))
+
+    def drain(self) -> None:
+        self._queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
 # ----------------------------------------------------------------------------- the job
 
 
@@ -294,6 +343,7 @@ class ScoreJob:
         self.summary = JobSummary(output=settings.output)
         self._passthrough: Any = None
         self._runner: BatchRunner | None = None
+        self._committer: BackgroundCommitter | None = None
 
     # ------------------------------------------------------------------ shared set-up
 
@@ -405,10 +455,13 @@ class ScoreJob:
             total = count_records(settings.inputs, settings.limit)
             self.progress.start(total, checkpoint.done.count)
             spool, spool_budget = self._spool(checkpoint)
+            self._committer = BackgroundCommitter(checkpoint)
             try:
                 with self._pool(release, spool) as pool:
                     self._run_windows(pool, release, checkpoint, total, spool_budget)
+                self._committer.drain()
             finally:
+                self._committer.close()
                 shutil.rmtree(spool, ignore_errors=True)
             self.summary.seconds = time.monotonic() - started
             if self.stop.is_set():
@@ -427,7 +480,7 @@ class ScoreJob:
         )
         for window in windows:
             if window.failures:
-                self._commit(checkpoint, [], window.failures)
+                self._commit([], window.failures)
             if self.stop.is_set():
                 return
             if not window.planned:
@@ -438,7 +491,7 @@ class ScoreJob:
             entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in window.planned]
             batches = plan_batches(entries, self.batch_tokens, self.settings.max_batch_size)
             by_index = {planned.record.index: planned for planned in window.planned}
-            self._run_batches(pool, release, checkpoint, batches, by_index)
+            self._run_batches(pool, release, batches, by_index)
             if self.stop.is_set():
                 return
 
@@ -461,7 +514,6 @@ class ScoreJob:
         self,
         pool: EncodePool,
         release: Release,
-        checkpoint: Checkpoint,
         batches: list[PlannedBatch],
         by_index: dict[int, Planned],
     ) -> None:
@@ -493,9 +545,9 @@ class ScoreJob:
                     failures.append(FailedRecord(record.id, record.index, value))
                 else:
                     encoded.append(value)
-            self._commit(checkpoint, [], failures)
+            self._commit([], failures)
             if encoded:
-                self._score_and_commit(self._runner_for(release), checkpoint, encoded)
+                self._score_and_commit(self._runner_for(release), encoded)
             for index in batch.indices:
                 by_index.pop(index).discard()
             if self.stop.is_set():
@@ -514,7 +566,7 @@ class ScoreJob:
         self.batch_tokens = tokens
         self.progress.note(f"out of GPU memory: batch token budget lowered to {tokens}")
 
-    def _score_and_commit(self, runner: BatchRunner, checkpoint: Checkpoint, records: list[EncodedRecord]) -> None:
+    def _score_and_commit(self, runner: BatchRunner, records: list[EncodedRecord]) -> None:
         """Forward and head for one planned batch, each outcome committed as it comes."""
         for outcome in runner.run(records):
             hidden = None
@@ -524,25 +576,25 @@ class ScoreJob:
                 hidden = hidden_payload(outcome.records, outcome.hidden_states, dtype)
             self.summary.forwarded += len(outcome.records)
             tokens = sum(record.length for record in outcome.records)
-            self._commit(checkpoint, outcome.scored, outcome.failures, hidden, tokens)
+            self._commit(outcome.scored, outcome.failures, hidden, tokens)
 
     def _commit(
-        self,
-        checkpoint: Checkpoint,
-        scored: list[ScoredRecord],
-        failures: list[FailedRecord],
-        hidden: Any = None,
-        tokens: int = 0,
+        self, scored: list[ScoredRecord], failures: list[FailedRecord], hidden: Any = None, tokens: int = 0
     ) -> None:
         if not scored and not failures:
             return
-        checkpoint.commit(results_table(scored, failures), hidden)
-        faults.after_commit()
-        self.summary.committed += len(scored) + len(failures)
-        self.summary.tokens += tokens
-        self.summary.failed += len(failures)
-        self.summary.first_errors.extend(failure.error for failure in failures[: 5 - len(self.summary.first_errors)])
-        self.progress.advance(len(scored) + len(failures), tokens, len(failures))
+
+        def committed() -> None:
+            faults.after_commit()
+            self.summary.committed += len(scored) + len(failures)
+            self.summary.tokens += tokens
+            self.summary.failed += len(failures)
+            room = 5 - len(self.summary.first_errors)
+            self.summary.first_errors.extend(failure.error for failure in failures[:room])
+            self.progress.advance(len(scored) + len(failures), tokens, len(failures))
+
+        assert self._committer is not None
+        self._committer.submit(results_table(scored, failures), hidden, committed)
 
     # ------------------------------------------------------------------ finish
 

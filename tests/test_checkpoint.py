@@ -393,3 +393,17 @@ def test_checkpoint_info(job):
     assert "records done: 24" in human.stdout
     missing = runner.invoke(app, ["checkpoint", "info", str(inputs.parent)])
     assert missing.exit_code == 1 and "is not a clef checkpoint" in missing.stderr
+
+
+def test_rehead_refuses_a_damaged_hidden_state_shard(job, tmp_path):
+    inputs, output = job
+    assert in_process(inputs, output).exit_code == 0
+    shard = next((Path(str(output) + ".ckpt") / "shards").glob("*.hidden.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    second_head_release(tmp_path)
+    result = in_process(
+        inputs, tmp_path / "r.parquet", "--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b")
+    )
+    assert result.exit_code == 1 and "is damaged (checksum mismatch)" in result.stderr
