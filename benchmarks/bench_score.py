@@ -83,14 +83,14 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> Path:
     return path
 
 
-def run_pipeline(path: Path, out: Path, workers: int | None) -> dict:
+def run_pipeline(path: Path, out: Path, workers: int | None, device: str) -> dict:
     from clef_cli.pipeline import ScoreJob, ScoreSettings
 
     settings = ScoreSettings(
         inputs=[path],
         output=out,
         model=str(MODEL),
-        device="cpu",
+        device=device,
         workers=workers,
         max_length=4096,
         hidden_states="drop",
@@ -109,7 +109,7 @@ def run_pipeline(path: Path, out: Path, workers: int | None) -> dict:
     }
 
 
-def run_sequential(path: Path) -> dict:
+def run_sequential(path: Path, device: str) -> dict:
     """The reference's way: encode, forward alone, head, one record at a time (nothing written)."""
     from clef_cli.prompt import PromptEncoder
     from clef_cli.records import read_records
@@ -119,7 +119,7 @@ def run_sequential(path: Path) -> dict:
     started = time.perf_counter()  # start-up included, as it is for the pipeline
     release = resolve_release(str(MODEL))
     encoder = PromptEncoder(load_processor(release), max_length=4096)
-    scorer = load_scorer(release, device="cpu")
+    scorer = load_scorer(release, device=device)
     records = tokens = 0
     for record in read_records([path]):
         encoded = encoder.encode(record)
@@ -172,6 +172,7 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=None, help="encoding processes for the pipeline (default: clef's own choice)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for parts (a) and (b)")
     parser.add_argument("--rss-counts", default="10000,100000", help="record counts for part (c)")
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 'c'")
     parser.add_argument("--plan-child", type=int, help=argparse.SUPPRESS)
@@ -183,15 +184,16 @@ def main() -> None:
     import torch
 
     workers = "auto" if args.workers is None else args.workers
-    print(f"clef benchmark: tiny fixture model on {torch.get_num_threads()} CPU threads, workers={workers}")
+    where = f"{torch.get_num_threads()} CPU threads" if args.device == "cpu" else args.device
+    print(f"clef benchmark: tiny fixture model on {where}, workers={workers}")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for part, records in (("a", text_records(args.records)), ("b", media_records(args.media_records))):
             if part in args.skip:
                 continue
             path = write_jsonl(Path(folder) / f"{part}.jsonl", records)
-            pipeline = run_pipeline(path, Path(folder) / f"{part}.parquet", args.workers)
-            sequential = run_sequential(path)
+            pipeline = run_pipeline(path, Path(folder) / f"{part}.parquet", args.workers, args.device)
+            sequential = run_sequential(path, args.device)
             rows.append((part, pipeline, sequential))
     print()
     print(
