@@ -35,6 +35,7 @@ import torch
 
 from clef_cli.errors import ClefError
 from clef_cli.prompt import EncodedRecord
+from clef_cli.release import file_sha256
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.sources import InputFile
 
@@ -68,14 +69,6 @@ def write_atomically(path: Path, write: Any) -> None:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
     fsync_path(path.parent)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def input_fingerprint(source: InputFile, full_hash_below: int = 1 << 30) -> dict[str, Any]:
@@ -292,7 +285,7 @@ class Checkpoint:
                     return False
             except FileNotFoundError:
                 return False
-            if kind == "results" and sha256_file(path) != described["sha256"]:
+            if kind == "results" and file_sha256(path) != described["sha256"]:
                 return False
         return True
 

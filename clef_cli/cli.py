@@ -241,8 +241,7 @@ def _install_stop_handlers(stop: threading.Event) -> None:
 def _print_summary(summary: Any) -> None:
     if summary.interrupted:
         stderr.print(
-            f"interrupted: {summary.committed} records committed this run; "
-            "rerun the same command to continue",
+            f"interrupted: {summary.committed} records committed this run; rerun the same command to continue",
             markup=False,
         )
         return

@@ -36,7 +36,6 @@ from clef_cli.checkpoint import (
     DoneSet,
     hidden_payload,
     input_fingerprint,
-    sha256_file,
 )
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.locks import job_locks
@@ -50,7 +49,7 @@ from clef_cli.output import (
 )
 from clef_cli.prompt import DEFAULT_MAX_LENGTH, EncodedRecord, OverflowPolicy
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
-from clef_cli.release import DEFAULT_MODEL, Release, resolve_release, weights_fingerprint
+from clef_cli.release import DEFAULT_MODEL, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import results_table
 from clef_cli.scoring import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -253,14 +252,14 @@ def planned_windows(
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, head_dir: Path) -> dict[str, Any]:
     """Fingerprints and every setting that changes results: a checkpoint resumes only if they match."""
-    questions_sha = sha256_file(settings.questions) if settings.questions else None
+    questions_sha = file_sha256(settings.questions) if settings.questions else None
     return {
         "model": {
             "id": settings.model,
-            "config_sha256": sha256_file(release.path / "config.json"),
+            "config_sha256": file_sha256(release.path / "config.json"),
             "weights": weights_fingerprint(release),
-            "head_sha256": sha256_file(head_dir / "joint_head.safetensors"),
-            "head_config_sha256": sha256_file(head_dir / "joint_head_config.json"),
+            "head_sha256": file_sha256(head_dir / "joint_head.safetensors"),
+            "head_config_sha256": file_sha256(head_dir / "joint_head_config.json"),
         },
         "inputs": [input_fingerprint(source) for source in expand_inputs(settings.inputs)],
         "settings": {

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from clef_cli.backbone import load_lexical_rows, resolve_device
+from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.checkpoint import Checkpoint, describe_differences
 from clef_cli.errors import ClefError, ModelLoadError
 from clef_cli.head import JointSchemaHead, load_joint_head
@@ -78,30 +79,21 @@ def _stored_records(metadata: dict[str, str], handle: Any) -> list[tuple[Encoded
 def _score_stored(
     head: JointSchemaHead, lexical: torch.Tensor, stored: list[tuple[EncodedRecord, torch.Tensor]], device: torch.device
 ) -> list[Any]:
+    """Right-pad the stored states into length-sorted batches (the job's own planner) for the head."""
     scored = []
-    batch: list[tuple[EncodedRecord, torch.Tensor]] = []
-
-    def flush() -> None:
-        if not batch:
-            return
-        length = max(record.length for record, _ in batch)
-        hidden = torch.zeros(len(batch), length, batch[0][1].shape[-1], dtype=torch.float32)
-        for row, (record, states) in enumerate(batch):
+    entries = [PlanEntry(position, record.length) for position, (record, _) in enumerate(stored)]
+    for batch in plan_batches(entries, REHEAD_BATCH_TOKENS, max_batch_size=len(entries)):
+        chosen = [stored[position] for position in batch.indices]
+        hidden = torch.zeros(len(chosen), batch.padded_length, chosen[0][1].shape[-1], dtype=torch.float32)
+        for row, (record, states) in enumerate(chosen):
             hidden[row, : record.length] = states.float()
-        records = [record for record, _ in batch]
+        records = [record for record, _ in chosen]
         logits = head_logits(head, hidden.to(device), lexical, records)
         scored.extend(scored_record(record, record_logits) for record, record_logits in zip(records, logits))
-        batch.clear()
-
-    for item in sorted(stored, key=lambda pair: -pair[0].length):
-        if batch and (len(batch) + 1) * batch[0][0].length > REHEAD_BATCH_TOKENS:
-            flush()
-        batch.append(item)
-    flush()
     return scored
 
 
-def _check_same_job(source: Checkpoint, settings: ScoreSettings, current: dict[str, Any]) -> None:
+def _check_same_job(source: Checkpoint, current: dict[str, Any]) -> None:
     """The inputs and encoding settings must be those of the job that filled the checkpoint."""
     stored = source.manifest
     keep = lambda manifest: {  # noqa: E731
@@ -137,7 +129,7 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
     with job_locks(settings.output, source_path):
         source = Checkpoint.open_existing(source_path)
         current = job_manifest(settings, release, torch.float32, head_dir)
-        _check_same_job(source, settings, current)
+        _check_same_job(source, current)
         total = count_records(settings.inputs, settings.limit)
         if total is not None and source.done.count < total:
             raise ClefError(
@@ -166,8 +158,9 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
                     stored = _stored_records(handle.metadata(), handle)
                 scored = _score_stored(head, lexical, stored, device)
                 target.commit(results_table(scored, []))
-                summary.tokens += sum(record.length for record, _ in stored)
-                progress.advance(len(scored), sum(record.length for record, _ in stored), 0)
+                tokens = sum(record.length for record, _ in stored)
+                summary.tokens += tokens
+                progress.advance(len(scored), tokens, 0)
             metadata = provenance(settings, release, current | {"settings": source.manifest["settings"]})
             counts = write_job_output(settings, target.results(), metadata | {"clef.rehead_from": str(source_path)})
         finally:
