@@ -147,8 +147,63 @@ class Backbone:
             feature_mask.sum(-1) if isinstance(feature_mask, torch.Tensor) else None,
             inputs.get("video_second_per_grid"),
         )
+        if "input_features" in inputs:
+            inputs["inputs_embeds"] = self._embeddings_with_audio(
+                inputs["input_ids"], inputs.pop("input_features"), inputs.pop("feature_attention_mask"), batch
+            )
         outputs = self.thinker.model(**inputs, position_ids=position_ids, attention_mask=None, use_cache=False)
         return outputs.last_hidden_state
+
+    def _embeddings_with_audio(
+        self, input_ids: torch.Tensor, features: torch.Tensor, feature_mask: torch.Tensor, batch: ModelBatch
+    ) -> torch.Tensor:
+        """Token embeddings with every audio placeholder filled, each record's clips encoded with
+        exactly the padding they get when the record is scored alone.
+
+        The audio encoder cuts clips into chunks of `2 * n_window` mel frames and pads every chunk
+        of one call to the longest. Padded frames are not neutral: the first convolution's bias
+        makes them non-zero, the next two convolutions (kernel 3) carry them into the last real
+        frames of a shorter chunk, and the attention window size follows the longest chunk too.
+        So a record whose longest chunk is shorter than its neighbours' would change with them.
+        Records are therefore grouped by their own longest chunk, and each group is encoded alone.
+        """
+        model = self.thinker.model
+        embeds = model.get_input_embeddings()(input_ids)
+        clip_rows: list[range] = []
+        groups: dict[int, list[int]] = {}
+        row = 0
+        for position, record in enumerate(batch.records):
+            clips = int(record.media["feature_attention_mask"].shape[0]) if "input_features" in record.media else 0
+            clip_rows.append(range(row, row + clips))
+            row += clips
+            if clips:
+                lengths = feature_mask[clip_rows[-1].start : clip_rows[-1].stop].sum(-1)
+                groups.setdefault(longest_audio_chunk(lengths, self.audio_window), []).append(position)
+        per_record: dict[int, torch.Tensor] = {}
+        for positions in groups.values():
+            rows = [r for position in positions for r in clip_rows[position]]
+            encoded = model.get_audio_features(features[rows], feature_mask[rows], return_dict=True).last_hidden_state
+            counts = [int((input_ids[position] == self.audio_token_id).sum()) for position in positions]
+            if sum(counts) != encoded.shape[0]:
+                raise ValueError(f"audio placeholders ({sum(counts)}) and audio features ({encoded.shape[0]}) differ")
+            per_record.update(zip(positions, torch.split(encoded, counts)))
+        audio = torch.cat([per_record[position] for position in sorted(per_record)]).to(embeds.dtype)
+        placeholders = (input_ids == self.audio_token_id).unsqueeze(-1).expand_as(embeds)
+        return embeds.masked_scatter(placeholders, audio)
+
+    @property
+    def audio_window(self) -> int:
+        return int(self.thinker.config.audio_config.n_window)
+
+    @property
+    def audio_token_id(self) -> int:
+        return int(self.thinker.config.audio_token_id)
+
+
+def longest_audio_chunk(frame_lengths: torch.Tensor, n_window: int) -> int:
+    """The longest of the chunks the audio encoder cuts these clips into (`2 * n_window` frames
+    each, the rest in a last, shorter chunk): the length every chunk of their call is padded to."""
+    return int(torch.clamp(frame_lengths, max=2 * n_window).max())
 
 
 def load_lexical_rows(release: Release) -> torch.Tensor:

@@ -598,6 +598,10 @@ def _print_span_view(encoded: Any, tokenizer: Any, report: dict[str, Any]) -> No
                 Text(option["text"]),
             )
     stdout.print(table)
+    for question in report["questions"]:
+        if question["ignored_criteria"]:
+            ignored = ", ".join(question["ignored_criteria"])
+            stdout.print(f"[yellow]{question['question_id']}: criteria keys ignored: {ignored}[/yellow]")
     media = report["media_tokens"]
     stdout.print(
         f"prompt tokens: {report['prompt_tokens']} of max length {report['max_length']}\n"

@@ -36,6 +36,8 @@ class Question:
     options: tuple[tuple[str, Any], ...]
     criteria_order: tuple[str, ...]
     """Option ids in the order the record wrote them (choice ties go to the first of these)."""
+    ignored_criteria: tuple[str, ...] = ()
+    """Criteria keys the model never reads (noul keys other than true/false), shown by inspect-spans."""
 
     @property
     def type_id(self) -> int:
@@ -77,20 +79,37 @@ class InvalidRecord:
 # --------------------------------------------------------------------------- schema validation
 
 
+def noul_descriptions(criteria: Any, record_id: str, where: str) -> dict[Any, Any]:
+    """The reference's rule: `descriptions = defaults; descriptions.update(criteria or {})`.
+
+    Falsy criteria (null, {}, [], "") mean the defaults, and keys other than true/false are
+    accepted and ignored (`ignored_noul_keys` names them for inspect-spans). Only criteria that
+    `dict.update` itself rejects are errors, since the reference cannot score those either.
+    """
+    descriptions: dict[Any, Any] = dict(NOUL_DEFAULTS)
+    try:
+        descriptions.update(criteria or {})
+    except (TypeError, ValueError):
+        raise RecordError(record_id, where, "noul criteria must be an object with keys true/false") from None
+    return descriptions
+
+
+def ignored_noul_keys(criteria: Any) -> tuple[str, ...]:
+    """Keys of noul criteria that the model never reads (typos such as `maybe` or `True`)."""
+    try:
+        keys = dict(criteria or {})
+    except (TypeError, ValueError):
+        return ()
+    return tuple(str(key) for key in keys if key not in NOUL_DEFAULTS)
+
+
 def question_options(
     question_id: str, qtype: str, criteria: Any, record_id: str
 ) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
     """The (option id, description) pairs in head order, and the ids in the record's order."""
     where = f"questions.{question_id}.criteria"
     if qtype == "noul":
-        if criteria is None:
-            criteria = {}
-        if not isinstance(criteria, Mapping):
-            raise RecordError(record_id, where, "noul criteria must be an object with keys true/false")
-        unknown = sorted(str(key) for key in criteria if key not in NOUL_DEFAULTS)
-        if unknown:
-            raise RecordError(record_id, where, f"noul criteria allow only the keys true and false, got {unknown}")
-        descriptions = {**NOUL_DEFAULTS, **criteria}
+        descriptions = noul_descriptions(criteria, record_id, where)
         options = tuple((key, descriptions[key]) for key in ("true", "false"))
         return options, ("true", "false")
     if qtype == "choice":
@@ -136,6 +155,7 @@ def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
                 instructions=spec.get("instructions"),
                 options=options,
                 criteria_order=criteria_order,
+                ignored_criteria=ignored_noul_keys(spec.get("criteria")) if qtype == "noul" else (),
             )
         )
     return tuple(parsed)

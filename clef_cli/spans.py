@@ -39,7 +39,7 @@ def span_report(encoded: EncodedRecord, tokenizer: Any) -> dict[str, Any]:
     """Everything inspect-spans prints, as JSON-ready data (input ids included)."""
     decode = lambda start, end: tokenizer.decode(encoded.input_ids[start:end])  # noqa: E731
     questions = []
-    for question in encoded.questions:
+    for question, source in zip(encoded.questions, encoded.record.questions, strict=True):
         start, end = question.question_span
         questions.append(
             {
@@ -48,6 +48,7 @@ def span_report(encoded: EncodedRecord, tokenizer: Any) -> dict[str, Any]:
                 "question_span": [start, end],
                 "tokens": end - start,
                 "text": decode(start, end),
+                "ignored_criteria": list(source.ignored_criteria),
                 "options": [
                     {
                         "option_id": option_id,

@@ -86,3 +86,23 @@ def test_python_dash_m_and_version():
     assert done.stdout.startswith("clef ")
     helped = subprocess.run([sys.executable, "-m", "clef_cli", "--help"], capture_output=True, text=True, check=True)
     assert "inspect-spans" in helped.stdout
+
+
+def test_ignored_noul_criteria_keys_are_shown(tmp_path):
+    record = {
+        "id": "typo",
+        "state": "s",
+        "questions": {
+            "urgent": {"type": "noul", "criteria": {"true": "Yes.", "maybe": "Unsure."}},
+            "team": {"type": "choice", "criteria": {"a": None, "b": None}},
+        },
+    }
+    path = write_jsonl(tmp_path / "r.jsonl", [record])
+    args = ["inspect-spans", str(path), "--model", str(TINY_MODEL)]
+    human = runner.invoke(app, args)
+    assert human.exit_code == 0, human.output
+    assert "urgent: criteria keys ignored: maybe" in human.stdout
+    assert "team: criteria keys ignored" not in human.stdout
+    report = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert [q["ignored_criteria"] for q in report["questions"]] == [["maybe"], []]
+    assert report["option_order"]["urgent"] == ["true", "false"]

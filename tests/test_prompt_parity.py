@@ -100,3 +100,60 @@ def test_schema_longer_than_max_length_is_that_records_error(processor, golden_e
     fixed = expected[0]["num_tokens"] - golden_encoded[0].state_tokens
     with pytest.raises(RecordError, match=rf"schema requires {fixed} tokens before state; maximum is 200"):
         tight.encode(golden_encoded[0].record)
+
+
+def _golden(expected, record_id):
+    return next(reference for reference in expected if reference["id"] == record_id)
+
+
+@pytest.mark.parametrize(
+    ("record_id", "question_id", "criteria"),
+    [
+        # extra keys are accepted and ignored, as the reference's defaults.update(criteria) does
+        ("a04-four-questions-overrides", "has_link", {"false": None, "maybe": "Perhaps.", "True": "x"}),
+        ("a13-scalar-state", "above_ten", {"true": "Yes, above ten.", "unsure": None}),
+        # falsy criteria mean the defaults
+        ("a01-text-noul", "refund_allowed", None),
+        ("a01-text-noul", "refund_allowed", {}),
+        ("a01-text-noul", "refund_allowed", []),
+        ("a01-text-noul", "refund_allowed", ""),
+        ("a01-text-noul", "refund_allowed", {"neither": "ignored"}),
+    ],
+)
+def test_noul_criteria_follow_the_reference_update_rule(
+    encoder, golden_records, expected, record_id, question_id, criteria
+):
+    import dataclasses
+
+    from clef_cli.records import RecordBuilder
+
+    record = next(record for record in golden_records if record.id == record_id)
+    raw = {
+        "id": record.id,
+        "state": record.state,
+        "questions": {
+            question.id: {
+                "type": question.type,
+                **({"instructions": question.instructions} if question.instructions is not None else {}),
+                "criteria": criteria if question.id == question_id else _raw_criteria(question),
+            }
+            for question in record.questions
+        },
+    }
+    rebuilt = RecordBuilder().build(raw, record.index, record.base_dir)
+    assert not hasattr(rebuilt, "error"), getattr(rebuilt, "error", None)
+    rebuilt = dataclasses.replace(rebuilt, images=record.images, audio=record.audio, videos=record.videos)
+    encoded = encoder.encode(rebuilt)
+    reference = _golden(expected, record_id)
+    assert encoded.input_ids == reference["input_ids"]
+    ignored = next(question for question in rebuilt.questions if question.id == question_id).ignored_criteria
+    extra = [str(key) for key in (criteria or {}) if key not in ("true", "false")] if isinstance(criteria, dict) else []
+    assert list(ignored) == extra
+
+
+def _raw_criteria(question):
+    if question.type == "noul":
+        return dict(question.options)
+    if question.type == "score":
+        return [description for _, description in question.options]
+    return {option_id: description for option_id, description in question.options}

@@ -173,8 +173,8 @@ def test_unknown_input_type_and_missing_input_are_usage_errors(tmp_path):
             "record 'r', field 'questions.q.criteria': score criteria must be a non-empty list",
         ),
         (
-            {"id": "r", "state": "s", "questions": {"q": {"type": "noul", "criteria": {"yes": "y"}}}},
-            "record 'r', field 'questions.q.criteria': noul criteria allow only the keys true and false, got ['yes']",
+            {"id": "r", "state": "s", "questions": {"q": {"type": "noul", "criteria": "yes"}}},
+            "record 'r', field 'questions.q.criteria': noul criteria must be an object with keys true/false",
         ),
         (
             {"id": "r", "state": "s", "questions": NOUL, "images": ["a.png", 3]},
