@@ -24,6 +24,8 @@ CONCATENATED_MEDIA = (
     "video_second_per_grid",
 )
 PADDED_AUDIO = ("input_features", "feature_attention_mask")
+TOKEN_ALIGNED = ("mm_token_type_ids",)
+"""Per-token media tensors of the media segment, placed at each record's media offset."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,6 @@ class ModelBatch:
         inputs: dict[str, object] = {
             "input_ids": self.input_ids.to(device),
             "attention_mask": self.attention_mask.to(device),
-            "use_audio_in_video": self.use_audio_in_video,
         }
         for name, value in self.media.items():
             if value.is_floating_point() and name not in ("video_second_per_grid",):
@@ -133,6 +134,15 @@ def collate(records: Sequence[EncodedRecord], pad_token_id: int) -> ModelBatch:
         input_ids[row, : record.length] = torch.tensor(record.input_ids, dtype=torch.long)
         attention_mask[row, : record.length] = 1
     media: dict[str, torch.Tensor] = {}
+    for name in TOKEN_ALIGNED:
+        if any(name in record.media for record in records):
+            aligned = torch.zeros((len(records), length), dtype=torch.long)
+            for row, record in enumerate(records):
+                if name in record.media:
+                    values = torch.as_tensor(record.media[name]).reshape(-1)
+                    start = record.media_span[0]
+                    aligned[row, start : start + values.numel()] = values
+            media[name] = aligned
     for name in CONCATENATED_MEDIA:
         parts = [record.media[name] for record in records if name in record.media]
         if parts:

@@ -55,7 +55,14 @@ ModelOption = Annotated[
 ]
 RevisionOption = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
 MaxLengthOption = Annotated[
-    int, typer.Option("--max-length", min=16, help="Prompt token budget; the state is cut to fit.")
+    int | None,
+    typer.Option(
+        "--max-length",
+        min=16,
+        help="Prompt token budget; the state is cut to fit. Default: the model's "
+        "(64000 Clef-Omni, 16384 Clef/Clef-Flash).",
+        show_default=False,
+    ),
 ]
 OverflowOption = Annotated[
     str,
@@ -315,7 +322,7 @@ def score(
     model: ModelOption = "Cloudflare/clef-omni",
     revision: RevisionOption = None,
     questions: QuestionsOption = None,
-    max_length: MaxLengthOption = 64000,
+    max_length: MaxLengthOption = None,
     on_overflow: OverflowOption = "truncate",
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward (batch size x longest).")
@@ -494,7 +501,7 @@ def inspect_spans(
     revision: RevisionOption = None,
     index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
     record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
-    max_length: MaxLengthOption = 64000,
+    max_length: MaxLengthOption = None,
     on_overflow: OverflowOption = "truncate",
     questions: QuestionsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
@@ -510,6 +517,7 @@ def inspect_spans(
     never the weights."""
 
     def body() -> None:
+        from clef_cli.families import family_of
         from clef_cli.prompt import PromptEncoder
         from clef_cli.records import InvalidRecord, load_questions_file
         from clef_cli.release import load_processor, resolve_release
@@ -527,7 +535,8 @@ def inspect_spans(
             raise ClefError(record.error)
         release = resolve_release(model, revision=revision, with_weights=False, require_head=False)
         processor = load_processor(release)
-        encoder = PromptEncoder(processor, max_length=max_length, overflow=policy, limits=limits)
+        family = family_of(release)
+        encoder = PromptEncoder(processor, max_length=max_length, overflow=policy, limits=limits, family=family)
         try:
             encoded = encoder.encode(record)
         except RecordError as error:

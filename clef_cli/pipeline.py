@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,7 +47,7 @@ from clef_cli.output import (
     remove_stale_temporaries,
     write_output,
 )
-from clef_cli.prompt import DEFAULT_MAX_LENGTH, EncodedRecord, OverflowPolicy
+from clef_cli.prompt import EncodedRecord, OverflowPolicy
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
 from clef_cli.release import DEFAULT_MODEL, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import results_table
@@ -93,7 +93,8 @@ class ScoreSettings:
     model: str = DEFAULT_MODEL
     revision: str | None = None
     questions: Path | None = None
-    max_length: int = DEFAULT_MAX_LENGTH
+    max_length: int | None = None
+    """None: the model family's default (64000 for Clef-Omni, 16384 for the dense family)."""
     overflow: OverflowPolicy = OverflowPolicy.truncate
     limits: MediaLimits = field(default_factory=MediaLimits)
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
@@ -116,6 +117,14 @@ class ScoreSettings:
     media_spool_bytes: int = 32 << 30
     """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
     space at most), so that media are decoded once, not twice."""
+
+    def for_release(self, release: Release) -> ScoreSettings:
+        """These settings with the defaults that depend on the model family filled in."""
+        if self.max_length is not None:
+            return self
+        from clef_cli.families import family_of
+
+        return replace(self, max_length=family_of(release).default_max_length)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -256,6 +265,7 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, 
     return {
         "model": {
             "id": settings.model,
+            "family": release.family,
             "config_sha256": file_sha256(release.path / "config.json"),
             "weights": weights_fingerprint(release),
             "head_sha256": file_sha256(head_dir / "joint_head.safetensors"),
@@ -347,7 +357,9 @@ class ScoreJob:
     # ------------------------------------------------------------------ shared set-up
 
     def _release(self, with_weights: bool) -> Release:
-        return resolve_release(self.settings.model, revision=self.settings.revision, with_weights=with_weights)
+        release = resolve_release(self.settings.model, revision=self.settings.revision, with_weights=with_weights)
+        self.settings = self.settings.for_release(release)
+        return release
 
     def _records(self) -> Iterator[Record | InvalidRecord]:
         schema = load_questions_file(self.settings.questions) if self.settings.questions else None
@@ -355,7 +367,7 @@ class ScoreJob:
 
     def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
         settings = self.settings
-        spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool)
+        spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool, release.family)
         return EncodePool(spec, self._workers())
 
     def _spool(self, checkpoint: Checkpoint) -> tuple[Path, int]:
@@ -435,9 +447,9 @@ class ScoreJob:
     # ------------------------------------------------------------------ run
 
     def run(self) -> JobSummary:
-        settings = self.settings
         started = time.monotonic()
         release = self._release(with_weights=True)
+        settings = self.settings
         dtype = self._dtype()
         self._passthrough = (
             passthrough_types(settings.inputs, settings.keep_columns, settings.limit) if settings.keep_columns else None
@@ -629,6 +641,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.version": __version__,
         "clef.model": settings.model,
         "clef.model_revision": release.revision or "",
+        "clef.model_family": release.family,
         "clef.model_config_sha256": model.get("config_sha256", ""),
         "clef.weights_fingerprint": model.get("weights", ""),
         "clef.head_sha256": model.get("head_sha256", ""),

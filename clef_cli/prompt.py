@@ -7,26 +7,20 @@ with the reference. Spans are half-open ranges into the final sequence, after me
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from clef_cli.errors import RecordError
-from clef_cli.media import (
-    DecodedVideo,
-    MediaError,
-    MediaLimits,
-    decode_audio,
-    decode_image,
-    decode_video,
-    open_source,
-)
+from clef_cli.media import MediaLimits
 from clef_cli.records import Question, Record
+
+if TYPE_CHECKING:
+    from clef_cli.families.base import Family
 
 SYSTEM_PROMPT = (
     "Read the complete state and schema. Decide every field jointly. "
@@ -37,11 +31,8 @@ SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
 OPTIONS_HEADER = "\nALLOWED OPTIONS:\n"
 FIELD_END = "END FIELD\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
-IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>\n"
-AUDIO_PLACEHOLDER = "<|audio_start|><|audio_pad|><|audio_end|>\n"
-VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>\n"
-IMAGE_SIZE = {"shortest_edge": 65536, "longest_edge": 1048576}
 DEFAULT_MAX_LENGTH = 64000
+"""Clef-Omni's; each family has its own (`Family.default_max_length`)."""
 
 
 class OverflowPolicy(str, Enum):
@@ -70,16 +61,6 @@ def render_instructions(question: Question) -> str:
     if instructions is None or instructions == "":
         return question.id
     return render(instructions)
-
-
-def _uncapped_video_kwargs(processor: Any) -> dict[str, Any]:
-    """Frames arrive already capped (as the reference caps them); newer video processors can cap
-    again and warn when not told. Pinning their current behaviour keeps parity and silences it."""
-    video_processor = getattr(processor, "video_processor", None)
-    preprocess = getattr(video_processor, "_preprocess", None)
-    if preprocess is not None and "cap_pixels_per_frame" in inspect.signature(preprocess).parameters:
-        return {"cap_pixels_per_frame": False}
-    return {}
 
 
 @dataclass(frozen=True)
@@ -118,32 +99,34 @@ class EncodedRecord:
         return self.state_span[1] - self.state_span[0]
 
 
-@dataclass
-class _MediaEncoding:
-    input_ids: list[int]
-    tensors: dict[str, torch.Tensor]
-    use_audio_in_video: bool
-
-
 class PromptEncoder:
-    """Encodes records with one release's tokenizer and processor (no weights needed)."""
+    """Encodes records with one release's tokenizer and processor (no weights needed).
+
+    The family (default Clef-Omni) decides how media enter the prompt and the default max length;
+    the rest of the prompt is the same for every family.
+    """
 
     def __init__(
         self,
         processor: Any,
-        max_length: int = DEFAULT_MAX_LENGTH,
+        max_length: int | None = None,
         overflow: OverflowPolicy | str = OverflowPolicy.truncate,
         limits: MediaLimits | None = None,
+        family: Family | None = None,
     ) -> None:
+        if family is None:
+            from clef_cli.families import family_named
+
+            family = family_named("omni")
+        self.family = family
         self.processor = processor
         self.tokenizer = processor.tokenizer
-        self.max_length = max_length
+        self.max_length = max_length or family.default_max_length
         self.overflow = OverflowPolicy(overflow)
         self.limits = limits or MediaLimits()
         self._prefix = self._tokens(PREFIX)
         self._suffix = self._tokens(SUFFIX)
         self._cached_tokens = lru_cache(maxsize=4096)(self._tokens)
-        self._video_cap_kwargs = _uncapped_video_kwargs(processor)
 
     def _tokens(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -191,55 +174,11 @@ class PromptEncoder:
             )
         return ids, encoded
 
-    # ------------------------------------------------------------------- media
-
-    def _decode(self, record: Record, name: str, position: int, decoder: Any) -> Any:
-        entry = getattr(record, name)[position]
-        try:
-            return decoder(open_source(entry, record.base_dir, self.limits), self.limits)
-        except MediaError as error:
-            raise RecordError(record.id, f"{name}[{position}]", str(error)) from None
-
-    def _media(self, record: Record) -> _MediaEncoding:
-        if not record.has_media:
-            return _MediaEncoding([], {}, False)
-        images = [self._decode(record, "images", i, decode_image) for i in range(len(record.images))]
-        clips = [self._decode(record, "audio", i, decode_audio) for i in range(len(record.audio))]
-        videos: list[DecodedVideo] = [
-            self._decode(record, "videos", i, decode_video) for i in range(len(record.videos))
-        ]
-        use_audio_in_video = bool(videos) and all(video.soundtrack is not None for video in videos)
-        text = IMAGE_PLACEHOLDER * len(images) + AUDIO_PLACEHOLDER * len(clips) + VIDEO_PLACEHOLDER * len(videos)
-        kwargs: dict[str, Any] = {"images_kwargs": {"size": IMAGE_SIZE}, "return_tensors": "pt"}
-        audio = list(clips)
-        if videos:
-            kwargs["videos_kwargs"] = {"fps": 2.0, "do_sample_frames": False, **self._video_cap_kwargs}
-            kwargs["load_audio_from_video"] = use_audio_in_video
-            if use_audio_in_video:
-                audio += [video.soundtrack for video in videos]
-                kwargs["audio_from_video_indices"] = [None] * len(clips) + list(range(len(videos)))
-        try:
-            output = self.processor(
-                text=[text],
-                images=images or None,
-                audio=audio or None,
-                videos=[video.frames for video in videos] or None,
-                **kwargs,
-            )
-        except (ValueError, RuntimeError, TypeError, IndexError) as error:
-            raise RecordError(record.id, "media", f"the processor refused the media: {error}") from None
-        tensors = {
-            key: value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-            for key, value in output.items()
-            if key not in ("input_ids", "attention_mask")
-        }
-        return _MediaEncoding(output["input_ids"][0].tolist(), tensors, use_audio_in_video)
-
     # ------------------------------------------------------------------- record
 
     def encode(self, record: Record) -> EncodedRecord:
         """The record's token ids, spans and media tensors, or a `RecordError`."""
-        media = self._media(record)
+        media = self.family.encode_media(self.processor, record, self.limits)
         state_ids = self._tokens(render(record.state))
         schema_ids, questions = self._schema(record.questions)
         start = len(self._prefix) + len(media.input_ids)

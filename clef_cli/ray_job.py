@@ -187,12 +187,16 @@ class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
     def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None) -> None:
+        from clef_cli.families import family_of
         from clef_cli.prompt import PromptEncoder
         from clef_cli.release import load_processor
         from clef_cli.scoring import BatchRunner, load_scorer
 
         release = resolve_release(settings.model, revision=settings.revision)
-        self.encoder = PromptEncoder(load_processor(release), settings.max_length, settings.overflow, settings.limits)
+        settings = settings.for_release(release)
+        self.encoder = PromptEncoder(
+            load_processor(release), settings.max_length, settings.overflow, settings.limits, family_of(release)
+        )
         self.runner = BatchRunner(
             load_scorer(release, device=settings.device, dtype=settings.dtype), settings.max_batch_tokens
         )
@@ -300,9 +304,9 @@ class RayScoreJob:
     def run(self) -> JobSummary:
         import ray
 
-        settings = self.settings
         started = time.monotonic()
-        release = resolve_release(settings.model, revision=settings.revision)
+        release = resolve_release(self.settings.model, revision=self.settings.revision)
+        self.settings = settings = self.settings.for_release(release)
         worker_device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
         dtype = resolve_dtype(settings.dtype, worker_device)
         manifest = job_manifest(settings, release, dtype, release.path)

@@ -113,6 +113,7 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
     started = time.monotonic()
     summary = JobSummary(output=settings.output)
     release = resolve_release(settings.model, revision=settings.revision)
+    settings = settings.for_release(release)
     head_dir = Path(settings.rehead)
     head = load_joint_head(head_dir)
     if head.config.hidden_size != release.hidden_size:

@@ -1,4 +1,4 @@
-"""Finding a Clef-Omni release (local folder or hub id through the HF cache) and its processor.
+"""Finding a Clef release (local folder or hub id through the HF cache) and its processor.
 
 Nothing here touches the weights, so `clef inspect-spans` and `clef score --dry-run` stay cheap:
 for a hub id only the small text files are fetched unless the caller asks for the weights.
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import ModelLoadError
+from clef_cli.families import FAMILY_BY_MODEL_TYPE
 
 DEFAULT_MODEL = "Cloudflare/clef-omni"
-MODEL_TYPE = "qwen3_omni_moe"
 HEAD_FILES = ("joint_head_config.json", "joint_head.safetensors")
 TEXT_FILE_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 WEIGHT_INDEX = "model.safetensors.index.json"
@@ -32,12 +32,17 @@ class Release:
     config: dict[str, Any]
 
     @property
-    def thinker_config(self) -> dict[str, Any]:
-        return self.config["thinker_config"]
+    def family(self) -> str:
+        """`omni` (Qwen3-Omni thinker) or `dense` (Qwen3.5): see clef_cli/families/."""
+        return FAMILY_BY_MODEL_TYPE[self.config["model_type"]]
+
+    @property
+    def text_config(self) -> dict[str, Any]:
+        return self.config.get("thinker_config", self.config)["text_config"]
 
     @property
     def hidden_size(self) -> int:
-        return int(self.thinker_config["text_config"]["hidden_size"])
+        return int(self.text_config["hidden_size"])
 
 
 def _offline() -> bool:
@@ -91,26 +96,28 @@ def resolve_release(
         path, resolved_revision = _download(model, revision, with_weights)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise ModelLoadError(f"{path} has no config.json: not a Clef-Omni release")
+        raise ModelLoadError(f"{path} has no config.json: not a Clef release")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
         raise ModelLoadError(f"cannot read {config_path}: {error}") from None
     model_type = config.get("model_type")
-    if model_type != MODEL_TYPE or "thinker_config" not in config:
-        raise ModelLoadError(
-            f"{config_path} has model_type {model_type!r}; "
-            f"a Clef-Omni release needs {MODEL_TYPE!r} with a thinker_config"
-        )
+    known = ", ".join(repr(name) for name in FAMILY_BY_MODEL_TYPE)
+    if model_type not in FAMILY_BY_MODEL_TYPE:
+        raise ModelLoadError(f"{config_path} has model_type {model_type!r}; a Clef release has one of {known}")
+    text_config = config.get("thinker_config", config).get("text_config")
+    if not isinstance(text_config, dict) or "hidden_size" not in text_config:
+        where = "thinker_config.text_config" if model_type == "qwen3_omni_moe" else "text_config"
+        raise ModelLoadError(f"{config_path} has no {where}.hidden_size: not a Clef release")
     if require_head:
         missing = [name for name in HEAD_FILES if not (path / name).is_file()]
         if missing:
-            raise ModelLoadError(f"{path} lacks {' and '.join(missing)}: not a Clef-Omni release")
+            raise ModelLoadError(f"{path} lacks {' and '.join(missing)}: not a Clef release")
     return Release(path=path, model_id=model, revision=resolved_revision, config=config)
 
 
 def load_processor(release: Release) -> Any:
-    """The release's Qwen3-Omni processor (tokenizer, feature extractor, image and video processors)."""
+    """The release's processor (tokenizer, and its family's image, audio and video processors)."""
     from transformers import AutoProcessor
     from transformers.utils import logging as hf_logging
 

@@ -14,6 +14,7 @@ import torch
 from clef_cli.answers import QuestionResult, question_result
 from clef_cli.backbone import Backbone, resolve_device, resolve_dtype
 from clef_cli.batching import PlanEntry, collate, plan_batches
+from clef_cli.families import family_of
 from clef_cli.head import JointSchemaHead, build_layout, load_joint_head
 from clef_cli.prompt import EncodedRecord
 from clef_cli.release import Release, resolve_release
@@ -118,19 +119,19 @@ def load_scorer(
     dtype: str | None = None,
     revision: str | None = None,
 ) -> Scorer:
-    """Load the thinker (weights strictly checked) and the joint head of a release."""
+    """Load the backbone of the release's family (weights strictly checked) and its joint head."""
     from clef_cli.release import load_processor
 
     release = model if isinstance(model, Release) else resolve_release(model, revision=revision)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    backbone = Backbone.load(release, torch_device, torch_dtype)
+    backbone = family_of(release).load_backbone(release, torch_device, torch_dtype)
     head = load_joint_head(release.path).to(torch_device)
     if head.config.hidden_size != backbone.hidden_size:
         from clef_cli.errors import ModelLoadError
 
         raise ModelLoadError(
-            f"the joint head expects hidden size {head.config.hidden_size}, the thinker has {backbone.hidden_size}"
+            f"the joint head expects hidden size {head.config.hidden_size}, the backbone has {backbone.hidden_size}"
         )
     tokenizer = load_processor(release).tokenizer
     return Scorer(backbone=backbone, head=head, pad_token_id=int(tokenizer.pad_token_id), release=release)

@@ -43,12 +43,15 @@ class EncoderSpec:
     spool: Path | None = None
     """Where planning leaves each record's media tensors, so the batch that runs it later need
     not decode its media again; None drops them (a dry run)."""
+    family: str = "omni"
 
     def build(self) -> PromptEncoder:
+        from clef_cli.families import family_named
         from clef_cli.release import Release, load_processor
 
         release = Release(path=self.release_path, model_id=str(self.release_path), revision=None, config={})
-        return PromptEncoder(load_processor(release), self.max_length, self.overflow, self.limits)
+        family = family_named(self.family)
+        return PromptEncoder(load_processor(release), self.max_length, self.overflow, self.limits, family)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ def release_copy(tmp_path, skip=()):
 @pytest.mark.parametrize("missing", ["joint_head_config.json", "joint_head.safetensors"])
 def test_release_without_head_files(tmp_path, missing):
     folder = release_copy(tmp_path, skip=[missing])
-    with pytest.raises(ModelLoadError, match=f"lacks {missing}: not a Clef-Omni release"):
+    with pytest.raises(ModelLoadError, match=f"lacks {missing}: not a Clef release"):
         resolve_release(str(folder))
 
 
@@ -133,7 +133,8 @@ def test_config_that_is_not_qwen3_omni_moe(tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["model_type"] = "qwen2_vl"
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="model_type 'qwen2_vl'; a Clef-Omni release needs 'qwen3_omni_moe'"):
+    message = "model_type 'qwen2_vl'; a Clef release has one of 'qwen3_omni_moe', 'qwen3_5', 'qwen3_5_moe'"
+    with pytest.raises(ModelLoadError, match=message):
         resolve_release(str(folder))
 
 

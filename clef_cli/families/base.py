@@ -1,0 +1,88 @@
+"""What a model family is: how its media enter the prompt and how its backbone loads and runs.
+
+Everything else (records, the prompt text, batching, the head, checkpoints, output, rehead and the
+quality loop) is family-blind. A family answers three questions: which media segment a record's
+images/audio/videos become, how its weights load, and how a padded batch becomes hidden states.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from clef_cli.errors import RecordError
+from clef_cli.media import MediaError, MediaLimits, open_source
+from clef_cli.records import Record
+
+if TYPE_CHECKING:
+    from clef_cli.backbone import Backbone
+    from clef_cli.release import Release
+
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
+AUDIO_PLACEHOLDER = "<|audio_start|><|audio_pad|><|audio_end|>"
+
+
+@dataclass
+class MediaSegment:
+    """The token ids the processor expanded the record's placeholders to, and its tensors."""
+
+    input_ids: list[int] = field(default_factory=list)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    use_audio_in_video: bool = False
+
+
+def decode_entries(record: Record, name: str, decoder: Callable[[Any, MediaLimits], Any], limits: MediaLimits) -> list:
+    """Every entry of one media field, decoded; a failure is that record's error naming the entry."""
+    decoded = []
+    for position, entry in enumerate(getattr(record, name)):
+        try:
+            decoded.append(decoder(open_source(entry, record.base_dir, limits), limits))
+        except MediaError as error:
+            raise RecordError(record.id, f"{name}[{position}]", str(error)) from None
+    return decoded
+
+
+def processor_tensors(record: Record, call: Callable[[], Any]) -> tuple[list[int], dict[str, torch.Tensor]]:
+    """Run one processor call; its ids and every tensor but the ids and the mask."""
+    try:
+        output = call()
+    except (ValueError, RuntimeError, TypeError, IndexError) as error:
+        raise RecordError(record.id, "media", f"the processor refused the media: {error}") from None
+    tensors = {
+        key: value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        for key, value in output.items()
+        if key not in ("input_ids", "attention_mask")
+    }
+    return output["input_ids"][0].tolist(), tensors
+
+
+class Family(ABC):
+    """One model family of the Clef release line."""
+
+    name: str
+    title: str
+    model_types: tuple[str, ...]
+    default_max_length: int
+    lexical_key: str
+    """The safetensors key of the lm_head rows the joint head reads."""
+    media_kinds: tuple[str, ...]
+
+    @abstractmethod
+    def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The text model's config inside a release's config.json."""
+
+    def hidden_size(self, config: dict[str, Any]) -> int:
+        return int(self.text_config(config)["hidden_size"])
+
+    @abstractmethod
+    def encode_media(self, processor: Any, record: Record, limits: MediaLimits) -> MediaSegment:
+        """The record's media segment (empty for a record without media)."""
+
+    @abstractmethod
+    def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> Backbone:
+        """The strictly loaded backbone, its lm_head kept only as the lexical lookup table."""
