@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clef_cli import faults
-from clef_cli.checkpoint import fsync_path
+from clef_cli.atomic import fsync_path
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.records import iter_column_values, parquet_only
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.checkpoint import write_atomically
+from clef_cli.atomic import write_atomically
 from clef_cli.quality import metrics
 from clef_cli.quality.scored import QuestionData
 

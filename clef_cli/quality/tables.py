@@ -33,8 +33,10 @@ def _f(value: float | None, digits: int = 3) -> str:
 def eval_table(document: Mapping[str, Any], title: str = "clef eval") -> Table:
     caption = f"{document['records']} records with gold · joint exact match {_f(document['joint_exact_match'])}"
     table = Table(title=title, caption=caption)
-    for name in ("question", "type", "n", "accuracy (95% CI)", "log loss", "Brier", "ECE", "threshold", "coverage"):
-        table.add_column(name, justify="left" if name in ("question", "type") else "right")
+    longest = max((len(qid) for qid in document["questions"]), default=8)
+    table.add_column("question", min_width=min(longest, 40), overflow="fold")
+    for name in ("type", "n", "accuracy (95% CI)", "log loss", "Brier", "ECE", "threshold", "coverage"):
+        table.add_column(name, justify="left" if name == "type" else "right")
     for qid, found in document["questions"].items():
         low, high = found["accuracy_ci"]
         table.add_row(
