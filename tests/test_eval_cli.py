@@ -252,3 +252,27 @@ def test_eval_and_calibrate_do_not_import_torch(scored, tmp_path):
     ):
         done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed")
+def test_report_renders_in_headless_chromium(scored, tmp_path):
+    import subprocess
+
+    from PIL import Image
+
+    report, shot = tmp_path / "r.html", tmp_path / "shot.png"
+    assert runner.invoke(app, ["eval", str(scored), "--gold", str(GOLD), "--report", str(report)]).exit_code == 0
+    command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}"]
+    subprocess.run([*command, "--window-size=1100,900", report.as_uri()], capture_output=True, timeout=120)
+    image = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert image.shape == (900, 1100)
+    # the plots drew: a good share of the page is neither white nor one flat colour
+    assert (image < 200).mean() > 0.02 and image.std() > 20
+
+
+def test_help_texts_end_with_examples():
+    for command in ("eval", "calibrate"):
+        result = runner.invoke(app, [command, "--help"])
+        assert result.exit_code == 0
+        assert "Examples:" in result.stdout and f"clef {command} out.parquet --gold" in result.stdout
+    assert "--calibration" in runner.invoke(app, ["score", "--help"]).stdout

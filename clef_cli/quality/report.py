@@ -84,13 +84,15 @@ def confusion_png(data: QuestionData) -> str:
 
 
 def coverage_png(data: QuestionData, target: float, found: Mapping[str, Any]) -> str:
-    _, coverage, accuracy = metrics.coverage_curve(data.probabilities, data.gold)
+    cuts, coverage, accuracy = metrics.coverage_curve(data.probabilities, data.gold)
     plt, figure, axes = _figure()
-    axes.step(coverage, accuracy, where="post", color="#1f6fb4")
+    axes.plot(coverage, accuracy, "o-", markersize=3, color="#1f6fb4", label="accept if confidence ≥ c")
     axes.axhline(target, linestyle=":", color="#c0392b", label=f"target {target:g}")
     if found.get("threshold") is not None:
-        axes.plot([found["coverage"]], [target], "o", color="#c0392b", label=f"threshold {found['threshold']:.3f}")
-        axes.axvline(found["coverage"], linestyle=":", color="#c0392b")
+        at = int(np.flatnonzero(cuts == found["threshold"])[0])
+        label = f"threshold c = {found['threshold']:.3f}"
+        axes.plot([coverage[at]], [accuracy[at]], "D", markersize=8, color="#c0392b", label=label)
+        axes.axvline(coverage[at], linestyle=":", color="#c0392b")
     axes.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="coverage (share accepted)", ylabel="accuracy of accepted")
     axes.set_title("Accuracy vs coverage")
     axes.legend(loc="lower left", fontsize=8)
