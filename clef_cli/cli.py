@@ -510,8 +510,9 @@ def evaluate(
         from clef_cli.quality import jobs, tables
 
         inputs = jobs.read_inputs(scored, gold, gold_column)
+        tables.print_problems(stderr, inputs.gold.problems)
         result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
-        tables.print_problems(stderr, result.problems, result.warnings)
+        tables.print_problems(stderr, (), result.warnings)
         stdout.print(tables.eval_table(result.metrics))
         for value, group in result.metrics.get("by", {}).get("groups", {}).items():
             stdout.print(tables.eval_table(group, title=f"{by} = {value}"))

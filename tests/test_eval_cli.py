@@ -221,6 +221,8 @@ def test_unusable_gold_files_exit_2_with_one_line(scored, tmp_path, text, suffix
         result = runner.invoke(app, [*command, "--gold", str(path)])
         assert result.exit_code == 2, result.output
         assert needle in result.stderr and "Traceback" not in result.output
+        if "nobody" in text:
+            assert "record 'nobody' is not in the scored records" in result.stderr
 
 
 def test_usage_errors(scored, tmp_path):

@@ -11,7 +11,7 @@ from typing import Any
 from clef_cli.errors import UsageError
 from clef_cli.quality import metrics
 from clef_cli.quality.calibrate import Calibration, CalibrationRun, calibrate, load_calibration
-from clef_cli.quality.gold import GoldProblem, GoldSet, column_gold_rows, load_gold, match_gold
+from clef_cli.quality.gold import GoldSet, column_gold_rows, load_gold, match_gold
 from clef_cli.quality.scored import Labelled, ScoredFile, labelled, read_scored
 
 
@@ -53,7 +53,6 @@ class EvalResult:
     """The `--json` document."""
     labelled: Labelled
     """The overall per-question data (for the report)."""
-    problems: list[GoldProblem]
     warnings: list[str]
 
 
@@ -86,7 +85,7 @@ def run_eval(
             subset = labelled(inputs.scored, inputs.gold, temperature, records=record_ids)
             if subset.questions:
                 document["by"]["groups"][key] = metrics.evaluate(subset.questions, bins, target)
-    return EvalResult(document, overall, inputs.gold.problems, overall.warnings)
+    return EvalResult(document, overall, overall.warnings)
 
 
 def run_calibrate(inputs: Inputs, method: str = "auto", bins: int = 15) -> tuple[CalibrationRun, Labelled]:
