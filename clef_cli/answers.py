@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from clef_cli.records import Question
+
+if TYPE_CHECKING:  # torch is imported where logits are turned into probabilities, not to derive answers
+    import torch
 
 
 @dataclass(frozen=True)
@@ -44,30 +45,50 @@ def _first_best(option_ids: Sequence[str], probabilities: dict[str, float]) -> s
     return best
 
 
-def question_result(question: Question, logits: torch.Tensor) -> QuestionResult:
-    logits = logits.detach().float().cpu()
-    probabilities = torch.softmax(logits, dim=-1).tolist()
-    option_ids = question.option_ids
+@dataclass(frozen=True)
+class Answer:
+    answer: str
+    confidence: float
+    noul: float | None
+    score: float | None
+
+
+def derive_answer(
+    qtype: str, option_ids: Sequence[str], probabilities: Sequence[float], tie_order: Sequence[str]
+) -> Answer:
+    """The answer, confidence, noul and score from probabilities in head order.
+
+    `tie_order` decides ties for choice questions (the record's criteria order); noul and score
+    break ties in head order. Also used to recalibrate a written output (`--calibration`)."""
     by_id = dict(zip(option_ids, probabilities))
     noul = score = None
-    if question.type == "noul":
+    if qtype == "noul":
         noul = by_id["true"]
         answer = _first_best(option_ids, by_id)
-    elif question.type == "choice":
-        answer = _first_best(question.criteria_order, by_id)
+    elif qtype == "choice":
+        answer = _first_best(tie_order, by_id)
     else:
         score = sum(level * p for level, p in enumerate(probabilities))
         answer = _first_best(option_ids, by_id)
+    return Answer(answer=answer, confidence=by_id[answer], noul=noul, score=score)
+
+
+def question_result(question: Question, logits: torch.Tensor) -> QuestionResult:
+    import torch
+
+    logits = logits.detach().float().cpu()
+    probabilities = torch.softmax(logits, dim=-1).tolist()
+    derived = derive_answer(question.type, question.option_ids, probabilities, question.criteria_order)
     return QuestionResult(
         question_id=question.id,
         type=question.type,
-        option_ids=option_ids,
+        option_ids=question.option_ids,
         logits=tuple(logits.tolist()),
         probabilities=tuple(probabilities),
-        answer=answer,
-        confidence=by_id[answer],
-        noul=noul,
-        score=score,
+        answer=derived.answer,
+        confidence=derived.confidence,
+        noul=derived.noul,
+        score=derived.score,
     )
 
 

@@ -16,7 +16,6 @@ later fails its checksum and its records are computed again.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +32,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import torch
 
+from clef_cli.atomic import write_atomically
 from clef_cli.errors import ClefError
 from clef_cli.prompt import EncodedRecord
 from clef_cli.release import file_sha256
@@ -48,27 +48,6 @@ HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32"
 
 class CheckpointMismatch(ClefError):
     """The checkpoint was made by another model, other inputs or other settings."""
-
-
-def fsync_path(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def write_atomically(path: Path, write: Any) -> None:
-    """`write(temporary_path)`, fsync, then rename into place: never a half-written `path`."""
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(temporary)
-        fsync_path(temporary)
-        os.replace(temporary, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-    fsync_path(path.parent)
 
 
 def input_fingerprint(source: InputFile, full_hash_below: int = 1 << 30) -> dict[str, Any]:

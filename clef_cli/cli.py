@@ -362,6 +362,15 @@ def score(
         Path | None,
         typer.Option("--rehead", help="Re-score the checkpoint's hidden states with the joint head in this folder."),
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibration",
+            help="A `clef calibrate` file: probabilities, answers and confidences are written temperature-scaled "
+            "(logits stay raw). Applied to the output only, so rerunning a finished job with another -o recalibrates "
+            "it from the checkpoint without the model.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
     ] = False,
@@ -423,6 +432,7 @@ def score(
             hidden_dtype=hidden_dtype,
             restart=restart,
             rehead=rehead,
+            calibration=calibration,
         )
         progress = RichProgress(enabled=not quiet and stderr.is_terminal)
         stop = threading.Event()
@@ -452,6 +462,115 @@ def score(
 
     code = run_guarded(verbose, body)
     raise typer.Exit(code)
+
+
+# ----------------------------------------------------------------------------- eval / calibrate
+
+GoldOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--gold", help="Gold labels: JSONL, JSON list, CSV or Parquet; `id` plus a `labels` object or wide columns."
+    ),
+]
+GoldColumnOption = Annotated[
+    str | None,
+    typer.Option("--gold-column", help="Take gold from this column of the scored file (kept with --keep-columns)."),
+]
+BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width confidence bins for ECE.")]
+
+
+def _write_json(path: Path, document: Any) -> None:
+    from clef_cli.atomic import write_atomically
+
+    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+@app.command("eval")
+def evaluate(
+    scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
+    gold: GoldOption = None,
+    gold_column: GoldColumnOption = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every metric as JSON here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report here.")] = None,
+    bins: BinsOption = 15,
+    target_accuracy: Annotated[
+        float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
+    ] = 0.95,
+    calibration: Annotated[
+        Path | None, typer.Option("--calibration", help="Evaluate as if this `clef calibrate` file had been applied.")
+    ] = None,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
+    ] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Accuracy, calibration and an accept-without-review threshold per question, against gold labels.
+
+    \b
+    Examples:
+      clef eval out.parquet --gold sample_data/posts_gold.jsonl
+      clef eval out.parquet --gold gold.csv --json metrics.json --report report.html --target-accuracy 0.9
+    """
+
+    def body() -> int:
+        from clef_cli.quality import jobs, tables
+
+        inputs = jobs.read_inputs(scored, gold, gold_column)
+        tables.print_problems(stderr, inputs.gold.problems)
+        result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
+        tables.print_problems(stderr, (), result.warnings)
+        stdout.print(tables.eval_table(result.metrics))
+        for value, group in result.metrics.get("by", {}).get("groups", {}).items():
+            stdout.print(tables.eval_table(group, title=f"{by} = {value}"))
+        if json_path is not None:
+            _write_json(json_path, result.metrics)
+        if report is not None:
+            from clef_cli.quality.report import write_report
+
+            write_report(report, result.metrics, result.labelled.questions, bins, target_accuracy)
+        return EXIT_OK
+
+    raise typer.Exit(run_guarded(verbose, body))
+
+
+@app.command("calibrate")
+def calibrate(
+    scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Calibration file to write (JSON).")],
+    gold: GoldOption = None,
+    gold_column: GoldColumnOption = None,
+    method: Annotated[
+        str,
+        typer.Option("--method", help="auto (by 5-fold cross-fitted log loss), global, type or question."),
+    ] = "auto",
+    bins: BinsOption = 15,
+    verbose: VerboseOption = False,
+) -> None:
+    """Fit temperature scaling (p = softmax(logit / T)) to gold labels; apply it with
+    `clef score --calibration` or `clef eval --calibration`.
+
+    \b
+    Examples:
+      clef calibrate out.parquet --gold sample_data/posts_gold.jsonl -o cal.json
+      clef score sample_data/posts.jsonl -q sample_data/questions.json -o c.parquet \\
+        --checkpoint out.parquet.ckpt --calibration cal.json
+    """
+
+    def body() -> int:
+        from clef_cli.quality import jobs, tables
+
+        inputs = jobs.read_inputs(scored, gold, gold_column)
+        tables.print_problems(stderr, inputs.gold.problems)
+        run, _ = jobs.run_calibrate(inputs, method, bins)
+        stdout.print(tables.calibrate_table(run))
+        if not run.improved:
+            stdout.print(f"{method}: calibration does not improve the cross-fitted log loss", markup=False)
+        stdout.print(tables.temperatures_line(run), markup=False)
+        _write_json(output, run.calibration.as_json())
+        return EXIT_OK
+
+    raise typer.Exit(run_guarded(verbose, body))
 
 
 # ----------------------------------------------------------------------------- checkpoint

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,11 +20,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clef_cli import faults
-from clef_cli.checkpoint import fsync_path
+from clef_cli.atomic import fsync_path
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.records import iter_column_values, parquet_only
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
 from clef_cli.sources import expand_inputs
+
+if TYPE_CHECKING:
+    from clef_cli.quality.calibrate import Calibration
 
 RESERVED_COLUMNS = set(RESULT_SCHEMA.names) | set(LONG_SCHEMA.names)
 
@@ -36,6 +39,8 @@ class OutputSpec:
     keep_columns: Sequence[str] = ()
     row_group_size: int = 16384
     metadata: dict[str, str] = field(default_factory=dict)
+    calibration: Calibration | None = None
+    """Temperature scaling applied as rows are written (never stored in the checkpoint)."""
 
 
 @dataclass(frozen=True)
@@ -181,13 +186,21 @@ def write_output(
         chunks = _passthrough_chunks(inputs, spec.keep_columns, limit, passthrough, spec.row_group_size)
         for name in spec.keep_columns:
             schema = schema.append(pa.field(name, passthrough.types[name]))
-    schema = schema.with_metadata({key: str(value) for key, value in spec.metadata.items()})
+    metadata = dict(spec.metadata)
+    if spec.calibration is not None:
+        from clef_cli.quality.calibrate import calibrate_results
+
+        metadata["clef.calibration_sha256"] = spec.calibration.sha256 or ""
+        metadata["clef.calibration_method"] = spec.calibration.method
+    schema = schema.with_metadata({key: str(value) for key, value in metadata.items()})
 
     temporary = spec.path.with_name(f".{spec.path.name}.{os.getpid()}.tmp")
     try:
         with pq.ParquetWriter(str(temporary), schema) as writer:
             for start in range(0, results.num_rows, spec.row_group_size):
                 chunk = results.take(order[start : start + spec.row_group_size])
+                if spec.calibration is not None:
+                    chunk = calibrate_results(chunk, spec.calibration)
                 extra = next(chunks) if chunks is not None else {}
                 writer.write_table(_shape(chunk, spec.layout, extra, start, schema), row_group_size=1 << 30)
             if results.num_rows == 0:

@@ -48,6 +48,7 @@ from clef_cli.output import (
     write_output,
 )
 from clef_cli.prompt import EncodedRecord, OverflowPolicy
+from clef_cli.quality.calibrate import load_calibration
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
 from clef_cli.release import DEFAULT_MODEL, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import results_table
@@ -114,6 +115,9 @@ class ScoreSettings:
     restart: bool = False
     row_group_size: int = 16384
     rehead: Path | None = None
+    calibration: Path | None = None
+    """A `clef calibrate` file applied when the output is written; not part of the checkpoint's
+    settings, so a finished job can be recalibrated without running the model."""
     media_spool_bytes: int = 32 << 30
     """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
     space at most), so that media are decoded once, not twice."""
@@ -143,6 +147,8 @@ class ScoreSettings:
             raise UsageError(f"output {self.output} is a folder")
         if not self.output.parent.exists():
             raise UsageError(f"output folder {self.output.parent} does not exist")
+        if self.calibration is not None:
+            load_calibration(self.calibration)
         resolved_inputs = {Path(path).resolve() for path in self.inputs}
         if self.output.resolve() in resolved_inputs:
             raise UsageError("the output would overwrite an input")
@@ -630,6 +636,7 @@ def write_job_output(
         keep_columns=settings.keep_columns,
         row_group_size=settings.row_group_size,
         metadata=metadata,
+        calibration=load_calibration(settings.calibration) if settings.calibration else None,
     )
     return write_output(spec, results, settings.inputs, settings.limit, passthrough)
 

@@ -1,0 +1,234 @@
+"""Temperature scaling on the logits, p' = softmax(logit / T): fitting, choosing, saving, applying.
+
+A scalar T > 0 never changes which option is most probable, only how sure the model says it is,
+so a calibration can be applied to a finished job's output without running the model again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from clef_cli.errors import UsageError
+from clef_cli.quality import metrics
+from clef_cli.quality.scored import QuestionData, softmax
+
+METHODS = ("none", "global", "type", "question")
+LOG_T_BOUNDS = (math.log(0.02), math.log(50.0))
+SHRINK_RECORDS = 50
+"""`question`: log T_q = (n_q log T̂_q + 50 log T_type) / (n_q + 50)."""
+FOLDS = 5
+FOLD_SEED = 0
+VERSION = 1
+
+
+@dataclass
+class Calibration:
+    method: str
+    temperatures: dict[str, float] = field(default_factory=dict)
+    type_temperatures: dict[str, float] = field(default_factory=dict)
+    default: float = 1.0
+    fitted_on: dict[str, Any] = field(default_factory=dict)
+    cross_fitted: dict[str, Any] = field(default_factory=dict)
+    sha256: str | None = None
+    """Of the file it was loaded from."""
+
+    def temperature(self, question_id: str, qtype: str) -> float:
+        if question_id in self.temperatures:
+            return self.temperatures[question_id]
+        return self.type_temperatures.get(qtype, self.default)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "method": self.method,
+            "temperatures": self.temperatures,
+            "type_temperatures": self.type_temperatures,
+            "default": self.default,
+            "fitted_on": self.fitted_on,
+            "cross_fitted": self.cross_fitted,
+        }
+
+
+def load_calibration(path: Path) -> Calibration:
+    """Read a CAL.json written by `clef calibrate`; anything else is a usage error."""
+    from clef_cli.release import file_sha256
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"calibration {str(path)!r} could not be read: {exc}") from exc
+    if not isinstance(data, dict) or data.get("version") != VERSION or data.get("method") not in METHODS:
+        raise UsageError(f"calibration {str(path)!r} is not a version {VERSION} file written by `clef calibrate`")
+    temperatures = {**data.get("temperatures", {}), **data.get("type_temperatures", {}), "default": data.get("default")}
+    for name, value in temperatures.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
+            raise UsageError(
+                f"calibration {str(path)!r}: temperature {name!r} must be a positive number, not {value!r}"
+            )
+    return Calibration(
+        method=data["method"],
+        temperatures={k: float(v) for k, v in data.get("temperatures", {}).items()},
+        type_temperatures={k: float(v) for k, v in data.get("type_temperatures", {}).items()},
+        default=float(data["default"]),
+        fitted_on=data.get("fitted_on", {}),
+        cross_fitted=data.get("cross_fitted", {}),
+        sha256=file_sha256(path),
+    )
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def nll(log_t: float, items: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Summed -ln softmax(logit / T)[gold] over (logits, gold) blocks."""
+    total = 0.0
+    for logits, gold in items:
+        scaled = logits / math.exp(log_t)
+        shifted = scaled - scaled.max(axis=1, keepdims=True)
+        log_norm = np.log(np.exp(shifted).sum(axis=1))
+        total += float(np.sum(log_norm - shifted[np.arange(len(gold)), gold]))
+    return total
+
+
+def fit_temperature(items: Sequence[tuple[np.ndarray, np.ndarray]]) -> float:
+    """The T minimising the NLL of the gold labels, searched over log T (bounded Brent)."""
+    from scipy.optimize import minimize_scalar
+
+    if not any(len(gold) for _, gold in items):
+        return 1.0
+    found = minimize_scalar(nll, bounds=LOG_T_BOUNDS, args=(items,), method="bounded", options={"xatol": 1e-9})
+    return float(math.exp(found.x))
+
+
+def fit(method: str, questions: Mapping[str, QuestionData]) -> Calibration:
+    """Fit one method on all of `questions` (no cross-fitting here)."""
+    blocks = {qid: (data.logits, data.gold) for qid, data in questions.items()}
+    if method == "none":
+        return Calibration("none")
+    overall = fit_temperature(list(blocks.values()))
+    if method == "global":
+        return Calibration("global", default=overall)
+    types: dict[str, float] = {}
+    for qtype in sorted({data.type for data in questions.values()}):
+        types[qtype] = fit_temperature([blocks[q] for q, d in questions.items() if d.type == qtype])
+    if method == "type":
+        return Calibration("type", type_temperatures=types, default=overall)
+    shrunk = {}
+    for qid, data in questions.items():
+        own, prior = math.log(fit_temperature([blocks[qid]])), math.log(types[data.type])
+        shrunk[qid] = math.exp((data.n * own + SHRINK_RECORDS * prior) / (data.n + SHRINK_RECORDS))
+    return Calibration("question", temperatures=shrunk, type_temperatures=types, default=overall)
+
+
+def apply(calibration: Calibration, data: QuestionData) -> np.ndarray:
+    return softmax(data.logits / calibration.temperature(data.question_id, data.type))
+
+
+# ----------------------------------------------------------------------------- cross-fitting
+
+
+def folds_of(questions: Mapping[str, QuestionData], folds: int = FOLDS) -> dict[str, int]:
+    """Each labelled record's fold (seeded shuffle, then round robin), so a record's questions stay together."""
+    records = sorted({record_id for data in questions.values() for record_id in data.record_ids})
+    if len(records) < 2:
+        raise UsageError("calibration needs gold labels for at least 2 scored records")
+    order = np.random.default_rng(FOLD_SEED).permutation(len(records))
+    count = min(folds, len(records))
+    return {records[index]: position % count for position, index in enumerate(order)}
+
+
+def pooled(probabilities: Sequence[np.ndarray], gold: Sequence[np.ndarray], bins: int) -> dict[str, float]:
+    """log_loss, brier and top-label ECE over every (record, question) label together."""
+    losses = np.concatenate(
+        [-np.log(np.clip(p[np.arange(len(y)), y], metrics.LOG_LOSS_FLOOR, 1)) for p, y in zip(probabilities, gold)]
+    )
+    briers = np.concatenate([np.sum((p - np.eye(p.shape[1])[y]) ** 2, axis=1) for p, y in zip(probabilities, gold)])
+    top = np.concatenate([metrics.confidence(p) for p in probabilities])
+    right = np.concatenate([(metrics.predicted(p) == y).astype(float) for p, y in zip(probabilities, gold)])
+    index = metrics.bin_index(top, bins)
+    ece = np.sum(np.abs(np.bincount(index, weights=right - top, minlength=bins))) / len(top)
+    return {"log_loss": float(losses.mean()), "brier": float(briers.mean()), "ece": float(ece)}
+
+
+def cross_fitted(method: str, questions: Mapping[str, QuestionData], bins: int = 15) -> dict[str, float]:
+    """Metrics of `method` fitted on 4 folds of records and applied to the fifth, for every fold."""
+    fold = folds_of(questions)
+    held: dict[str, np.ndarray] = {qid: np.empty_like(data.probabilities) for qid, data in questions.items()}
+    for current in sorted(set(fold.values())):
+        train = {}
+        for qid, data in questions.items():
+            keep = np.array([fold[r] != current for r in data.record_ids], dtype=bool)
+            if keep.any():
+                train[qid] = data.subset(keep)
+        fitted = fit(method, train)
+        for qid, data in questions.items():
+            out = np.array([fold[r] == current for r in data.record_ids], dtype=bool)
+            if out.any():
+                held[qid][out] = apply(fitted, data.subset(out))
+    return pooled([held[q] for q in questions], [questions[q].gold for q in questions], bins)
+
+
+@dataclass
+class CalibrationRun:
+    calibration: Calibration
+    candidates: dict[str, dict[str, float]]
+    """Cross-fitted metrics of every method tried (always "none", the uncalibrated baseline)."""
+    improved: bool
+
+
+def calibrate(
+    questions: Mapping[str, QuestionData], method: str = "auto", bins: int = 15, fitted_on: dict[str, Any] | None = None
+) -> CalibrationRun:
+    """Cross-fit the candidate methods, pick one (`auto`: lowest cross-fitted NLL, none unless
+    something beats it), and fit it on all the labels."""
+    if method not in ("auto", *METHODS):
+        raise UsageError(f"--method must be auto, global, type or question, not {method!r}")
+    tried = METHODS if method == "auto" else ("none", method)
+    candidates = {name: cross_fitted(name, questions, bins) for name in tried}
+    chosen = method
+    if method == "auto":
+        chosen = min(tried, key=lambda name: (candidates[name]["log_loss"], name != "none"))
+    improved = candidates[chosen]["log_loss"] < candidates["none"]["log_loss"]
+    calibration = fit(chosen, questions)
+    calibration.fitted_on = fitted_on or {}
+    calibration.cross_fitted = {"before": candidates["none"], "after": candidates[chosen]}
+    return CalibrationRun(calibration, candidates, improved)
+
+
+# ----------------------------------------------------------------------------- applying to an output
+
+
+def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
+    """The result rows as `clef score --calibration` writes them: each `probability` recomputed as
+    softmax(logit / T) and the answer, confidence, noul and score derived from it; `logit` stays raw.
+
+    A choice tie keeps the answer first written (the record's criteria order decided it, and a
+    positive T keeps ties tied)."""
+    from clef_cli.answers import derive_answer
+
+    if calibration.method == "none":
+        return results
+    rows = results.to_pylist()
+    for row in rows:
+        for answer in row["answers"] or ():
+            labels = answer["labels"]
+            option_ids = [label["label"] for label in labels]
+            temperature = calibration.temperature(answer["question_id"], answer["type"])
+            probabilities = softmax(np.array([label["logit"] for label in labels], dtype=np.float64) / temperature)
+            tie_order = [answer["answer"], *(o for o in option_ids if o != answer["answer"])]
+            derived = derive_answer(answer["type"], option_ids, probabilities.tolist(), tie_order)
+            for label, probability in zip(labels, probabilities.tolist()):
+                label["probability"] = probability
+            answer.update(
+                answer=derived.answer, confidence=derived.confidence, noul=derived.noul, score=derived.score
+            )
+    return pa.Table.from_pylist(rows, schema=results.schema)

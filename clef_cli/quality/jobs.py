@@ -1,0 +1,104 @@
+"""`clef eval` and `clef calibrate` as library calls: read the scored file and the gold, compute,
+return plain results for the CLI (or a notebook) to print and save."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clef_cli.errors import UsageError
+from clef_cli.quality import metrics
+from clef_cli.quality.calibrate import Calibration, CalibrationRun, calibrate, load_calibration
+from clef_cli.quality.gold import GoldSet, column_gold_rows, load_gold, match_gold
+from clef_cli.quality.scored import Labelled, ScoredFile, labelled, read_scored
+
+
+@dataclass
+class Inputs:
+    scored: ScoredFile
+    gold: GoldSet
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_inputs(scored_path: Path, gold_path: Path | None, gold_column: str | None) -> Inputs:
+    """The scored file and its gold, from a file (`--gold`) or a passed-through column (`--gold-column`)."""
+    if (gold_path is None) == (gold_column is None):
+        raise UsageError("give exactly one of --gold FILE or --gold-column NAME")
+    scored = read_scored(scored_path)
+    if gold_path is not None:
+        return Inputs(scored, load_gold(gold_path, scored.options, failed_ids=scored.failed))
+    assert gold_column is not None
+    column = _column(scored, gold_column, "--gold-column")
+    rows, problems = column_gold_rows(scored.ids, column, gold_column)
+    gold = match_gold(rows, scored.options, failed_ids=scored.failed)
+    gold.problems[:0] = problems
+    return Inputs(scored, gold)
+
+
+def _column(scored: ScoredFile, name: str, option: str) -> list[Any]:
+    if name not in scored.columns.column_names:
+        kept = ", ".join(scored.columns.column_names) or "none"
+        raise UsageError(
+            f"{option} {name!r}: the scored file has no such column (passed-through columns: {kept}); "
+            "score with --keep-columns to carry it"
+        )
+    return scored.columns.column(name).to_pylist()
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, Any]
+    """The `--json` document."""
+    labelled: Labelled
+    """The overall per-question data (for the report)."""
+    warnings: list[str]
+
+
+def run_eval(
+    inputs: Inputs,
+    bins: int = 15,
+    target: float = 0.95,
+    calibration: Calibration | None = None,
+    by: str | None = None,
+) -> EvalResult:
+    if bins < 1:
+        raise UsageError("--bins must be at least 1")
+    if not 0 < target <= 1:
+        raise UsageError("--target-accuracy must be in (0, 1]")
+    temperature = calibration.temperature if calibration is not None else None
+    overall = labelled(inputs.scored, inputs.gold, temperature)
+    if not overall.questions:
+        raise UsageError("no scored record has a usable gold label; see the problems above")
+    document = metrics.evaluate(overall.questions, bins, target)
+    if calibration is not None:
+        document["calibration"] = {"method": calibration.method, "sha256": calibration.sha256}
+    if by is not None:
+        values = _column(inputs.scored, by, "--by")
+        groups: dict[str, list[str]] = {}
+        for record_id, value in zip(inputs.scored.ids, values):
+            key = value if isinstance(value, str) else json.dumps(value)
+            groups.setdefault(key, []).append(record_id)
+        document["by"] = {"column": by, "groups": {}}
+        for key, record_ids in groups.items():
+            subset = labelled(inputs.scored, inputs.gold, temperature, records=record_ids)
+            if subset.questions:
+                document["by"]["groups"][key] = metrics.evaluate(subset.questions, bins, target)
+    return EvalResult(document, overall, overall.warnings)
+
+
+def run_calibrate(inputs: Inputs, method: str = "auto", bins: int = 15) -> tuple[CalibrationRun, Labelled]:
+    data = labelled(inputs.scored, inputs.gold)
+    if not data.questions:
+        raise UsageError("no scored record has a usable gold label; see the problems above")
+    fitted_on = {
+        "scored_sha256": inputs.scored.sha256,
+        "gold_sha256": inputs.gold.sha256,
+        "n": sum(question.n for question in data.questions.values()),
+    }
+    return calibrate(data.questions, method, bins, fitted_on), data
+
+
+def read_calibration(path: Path | None) -> Calibration | None:
+    return load_calibration(path) if path is not None else None

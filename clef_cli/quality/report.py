@@ -1,0 +1,171 @@
+"""`clef eval --report`: one self-contained HTML page (PNG plots inlined as data: URIs) for a person.
+
+Per question: a reliability diagram, a confusion heat map, accuracy against coverage with the
+threshold marked, and for score questions the histogram of gold and predicted levels.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clef_cli.atomic import write_atomically
+from clef_cli.quality import metrics
+from clef_cli.quality.scored import QuestionData
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.6em; } h2 { margin-top: 2em; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 1em 0; } td, th { padding: 4px 10px; border-bottom: 1px solid #eee; }
+th { text-align: left; background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.plots { display: flex; flex-wrap: wrap; gap: 12px; } .plots img { width: 340px; border: 1px solid #eee; }
+.note { color: #666; font-size: 0.9em; }
+"""
+
+
+def _figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(4.2, 3.6), dpi=90)
+    return plt, figure, axes
+
+
+def _png(plt: Any, figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def reliability_png(data: QuestionData, bins: int) -> str:
+    table = metrics.reliability(data.probabilities, data.gold, bins)
+    plt, figure, axes = _figure()
+    edges = np.linspace(0, 1, bins + 1)
+    centres = (edges[:-1] + edges[1:]) / 2
+    counts = axes.twinx()
+    counts.bar(centres, table.counts, width=1 / bins, color="#dddddd", zorder=0)
+    counts.set_ylabel("records per bin", color="#888888")
+    axes.set_zorder(counts.get_zorder() + 1)
+    axes.patch.set_visible(False)
+    axes.plot([0, 1], [0, 1], "--", color="#999999", label="perfect calibration")
+    used = table.counts > 0
+    axes.plot(table.confidence[used], table.accuracy[used], "o-", color="#1f6fb4", label="accuracy per bin")
+    axes.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (max probability)", ylabel="accuracy")
+    axes.set_title("Reliability")
+    axes.legend(loc="upper left", fontsize=8)
+    return _png(plt, figure)
+
+
+def confusion_png(data: QuestionData) -> str:
+    matrix = np.array(metrics.confusion(data.probabilities, data.gold, data.option_ids)["matrix"])
+    plt, figure, axes = _figure()
+    axes.imshow(matrix, cmap="Blues")
+    ticks = range(len(data.option_ids))
+    axes.set_xticks(ticks, data.option_ids, rotation=45, ha="right", fontsize=8)
+    axes.set_yticks(ticks, data.option_ids, fontsize=8)
+    for row in ticks:
+        for column in ticks:
+            dark = matrix[row, column] > matrix.max() / 2
+            axes.text(
+                column, row, str(matrix[row, column]), ha="center", va="center", color="white" if dark else "black"
+            )
+    axes.set(xlabel="predicted", ylabel="gold", title="Confusion")
+    return _png(plt, figure)
+
+
+def coverage_png(data: QuestionData, target: float, found: Mapping[str, Any]) -> str:
+    cuts, coverage, accuracy = metrics.coverage_curve(data.probabilities, data.gold)
+    plt, figure, axes = _figure()
+    axes.plot(coverage, accuracy, "o-", markersize=3, color="#1f6fb4", label="accept if confidence ≥ c")
+    axes.axhline(target, linestyle=":", color="#c0392b", label=f"target {target:g}")
+    if found.get("threshold") is not None:
+        at = int(np.flatnonzero(cuts == found["threshold"])[0])
+        label = f"threshold c = {found['threshold']:.3f}"
+        axes.plot([coverage[at]], [accuracy[at]], "D", markersize=8, color="#c0392b", label=label)
+        axes.axvline(coverage[at], linestyle=":", color="#c0392b")
+    axes.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="coverage (share accepted)", ylabel="accuracy of accepted")
+    axes.set_title("Accuracy vs coverage")
+    axes.legend(loc="lower left", fontsize=8)
+    return _png(plt, figure)
+
+
+def levels_png(data: QuestionData) -> str:
+    levels = len(data.option_ids)
+    gold = np.bincount(data.gold, minlength=levels)
+    guess = np.bincount(metrics.predicted(data.probabilities), minlength=levels)
+    plt, figure, axes = _figure()
+    positions = np.arange(levels)
+    axes.bar(positions - 0.2, gold, width=0.4, label="gold", color="#7f8c8d")
+    axes.bar(positions + 0.2, guess, width=0.4, label="predicted (argmax)", color="#1f6fb4")
+    axes.set_xticks(positions, data.option_ids)
+    axes.set(xlabel="level", ylabel="records", title="Score levels")
+    axes.legend(fontsize=8)
+    return _png(plt, figure)
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, list):
+        return "[" + ", ".join(_number(v) for v in value) + "]"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+SUMMARY = ("n", "accuracy", "accuracy_ci", "macro_f1", "log_loss", "brier", "ece", "ece_ci", "threshold", "coverage")
+
+
+def render(document: Mapping[str, Any], questions: Mapping[str, QuestionData], bins: int, target: float) -> str:
+    """The HTML text of the report for `document` (from `metrics.evaluate`) and its data."""
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>clef eval report</title>",
+        f"<style>{STYLE}</style></head><body><h1>clef eval</h1>",
+        f"<p>{document['records']} records with gold; joint exact match {_number(document['joint_exact_match'])}. "
+        f"ECE with {bins} bins; threshold for accuracy ≥ {target:g}.</p>",
+    ]
+    if "calibration" in document:
+        parts.append(f"<p class='note'>Evaluated with calibration {html.escape(str(document['calibration']))}.</p>")
+    header = "".join(f"<th>{name}</th>" for name in ("question", "type", *SUMMARY))
+    parts.append(f"<table><tr>{header}</tr>")
+    for qid, found in document["questions"].items():
+        cells = "".join(f"<td class='num'>{_number(found.get(name))}</td>" for name in SUMMARY)
+        parts.append(
+            f"<tr><td><a href='#q-{html.escape(qid)}'>{html.escape(qid)}</a></td><td>{found['type']}</td>{cells}</tr>"
+        )
+    parts.append("</table>")
+    for qid, found in document["questions"].items():
+        data = questions[qid]
+        extra = "".join(
+            f"<tr><th>{name}</th><td class='num'>{_number(found[name])}</td></tr>"
+            for name in ("rps", "mae", "within_one")
+            if name in found
+        )
+        images = [reliability_png(data, bins), confusion_png(data), coverage_png(data, target, found)]
+        if data.type == "score":
+            images.append(levels_png(data))
+        parts.append(
+            f"<h2 id='q-{html.escape(qid)}'>{html.escape(qid)} <small>({data.type}, n = {data.n})</small></h2>"
+        )
+        if extra:
+            parts.append(f"<table>{extra}</table>")
+        parts.append(
+            "<div class='plots'>" + "".join(f"<img alt='{html.escape(qid)}' src='{uri}'>" for uri in images) + "</div>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(
+    path: Path, document: Mapping[str, Any], questions: Mapping[str, QuestionData], bins: int, target: float
+) -> None:
+    text = render(document, questions, bins, target)
+    write_atomically(Path(path), lambda temporary: temporary.write_text(text, encoding="utf-8"))

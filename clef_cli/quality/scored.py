@@ -1,0 +1,195 @@
+"""The Parquet that `clef score` wrote, read back as per-question arrays with their gold labels.
+
+Wide and long layouts are both accepted. Nothing here imports torch: evaluating millions of
+labels must not need the model's stack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from clef_cli.errors import UsageError
+from clef_cli.quality.gold import GoldSet, QuestionOptions
+from clef_cli.release import file_sha256
+
+Scores = tuple[tuple[float, ...], tuple[float, ...]]
+"""(probabilities, logits) of one question of one record, in head order."""
+
+
+@dataclass
+class ScoredFile:
+    path: Path
+    sha256: str
+    ids: list[str]
+    options: dict[str, QuestionOptions]
+    """record id -> its questions (type, option ids in head order); only records with answers."""
+    scores: dict[str, dict[str, Scores]]
+    failed: list[str]
+    columns: pa.Table
+    """Columns passed through with --keep-columns (one row per record, in `ids` order)."""
+
+
+@dataclass
+class QuestionData:
+    """One question over the records that have both a score and a gold label."""
+
+    question_id: str
+    type: str
+    option_ids: tuple[str, ...]
+    record_ids: list[str]
+    probabilities: np.ndarray
+    """(n, K) in head order."""
+    logits: np.ndarray
+    gold: np.ndarray
+    """(n,) index of the gold option in `option_ids`."""
+
+    @property
+    def n(self) -> int:
+        return len(self.record_ids)
+
+    def subset(self, keep: np.ndarray) -> QuestionData:
+        ids = [record_id for record_id, kept in zip(self.record_ids, keep) if kept]
+        return QuestionData(
+            self.question_id,
+            self.type,
+            self.option_ids,
+            ids,
+            self.probabilities[keep],
+            self.logits[keep],
+            self.gold[keep],
+        )
+
+
+@dataclass
+class Labelled:
+    questions: dict[str, QuestionData]
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_scored(path: Path) -> ScoredFile:
+    """Read a `clef score` output; a file that is not one is a usage error with one line."""
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"scored file {str(path)!r} could not be read as Parquet: {exc}") from exc
+    names = set(table.column_names)
+    if {"id", "answers"} <= names:
+        return _from_wide(path, table)
+    if {"id", "question_id", "label", "probability", "logit"} <= names:
+        return _from_long(path, table)
+    raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
+
+
+def _passthrough(table: pa.Table, clef_columns: set[str]) -> list[str]:
+    return [name for name in table.column_names if name not in clef_columns]
+
+
+def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
+    ids = [str(record_id) for record_id in table.column("id").to_pylist()]
+    options: dict[str, QuestionOptions] = {}
+    scores: dict[str, dict[str, Scores]] = {}
+    failed = []
+    for record_id, answers in zip(ids, table.column("answers").to_pylist()):
+        if not answers:
+            failed.append(record_id)
+            continue
+        options[record_id] = {
+            a["question_id"]: (a["type"], tuple(label["label"] for label in a["labels"])) for a in answers
+        }
+        scores[record_id] = {
+            a["question_id"]: (
+                tuple(label["probability"] for label in a["labels"]),
+                tuple(label["logit"] for label in a["labels"]),
+            )
+            for a in answers
+        }
+    clef = {"id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"}
+    columns = table.select(_passthrough(table, clef))
+    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns)
+
+
+def _from_long(path: Path, table: pa.Table) -> ScoredFile:
+    clef = {"id", "record_index", "question_id", "type", "label", "probability", "logit", "error"}
+    kept = _passthrough(table, clef)
+    ids: list[str] = []
+    first_row: list[int] = []
+    labels: dict[str, dict[str, tuple[str, list[str], list[float], list[float]]]] = {}
+    failed = []
+    rows = table.select(["id", "question_id", "type", "label", "probability", "logit", "error"]).to_pylist()
+    for number, row in enumerate(rows):
+        record_id = str(row["id"])
+        if record_id not in labels:
+            labels[record_id] = {}
+            ids.append(record_id)
+            first_row.append(number)
+        if row["error"] is not None or row["question_id"] is None:
+            failed.append(record_id)
+            continue
+        entry = labels[record_id].setdefault(row["question_id"], (row["type"], [], [], []))
+        entry[1].append(row["label"])
+        entry[2].append(row["probability"])
+        entry[3].append(row["logit"])
+    options = {rid: {q: (e[0], tuple(e[1])) for q, e in qs.items()} for rid, qs in labels.items() if qs}
+    scores = {rid: {q: (tuple(e[2]), tuple(e[3])) for q, e in qs.items()} for rid, qs in labels.items() if qs}
+    columns = table.select(kept).take(pa.array(first_row, pa.int64()))
+    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns)
+
+
+def labelled(
+    scored: ScoredFile,
+    gold: GoldSet,
+    temperature: Callable[[str, str], float] | None = None,
+    records: Sequence[str] | None = None,
+) -> Labelled:
+    """Per question, the records with a score and a gold label, in scored-file order.
+
+    `temperature(question_id, type)` recomputes the probabilities as softmax(logit / T) (what
+    `--calibration` would have written); `records` restricts to a subset (for `--by`). A question
+    id whose options differ between records keeps the first option set; the others are skipped
+    with a warning."""
+    wanted = scored.ids if records is None else records
+    collected: dict[str, tuple[str, tuple[str, ...], list[str], list, list, list[int]]] = {}
+    mismatched: dict[str, int] = {}
+    for record_id in wanted:
+        labels = gold.labels.get(record_id)
+        if not labels or record_id not in scored.options:
+            continue
+        for question_id, answer in labels.items():
+            qtype, option_ids = scored.options[record_id][question_id]
+            entry = collected.setdefault(question_id, (qtype, option_ids, [], [], [], []))
+            if entry[1] != option_ids:
+                mismatched[question_id] = mismatched.get(question_id, 0) + 1
+                continue
+            probabilities, logits = scored.scores[record_id][question_id]
+            entry[2].append(record_id)
+            entry[3].append(probabilities)
+            entry[4].append(logits)
+            entry[5].append(option_ids.index(answer))
+    questions = {}
+    for question_id, (qtype, option_ids, record_ids, probabilities, logits, gold_index) in collected.items():
+        logit_array = np.asarray(logits, dtype=np.float64)
+        prob_array = np.asarray(probabilities, dtype=np.float64)
+        if temperature is not None:
+            prob_array = softmax(logit_array / temperature(question_id, qtype))
+        questions[question_id] = QuestionData(
+            question_id, qtype, option_ids, record_ids, prob_array, logit_array, np.asarray(gold_index, dtype=np.int64)
+        )
+    warnings = [
+        f"question {qid!r}: {count} record(s) with other options than the first were skipped"
+        for qid, count in mismatched.items()
+    ]
+    return Labelled(questions, warnings)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+

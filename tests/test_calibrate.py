@@ -1,0 +1,168 @@
+"""Temperature scaling: recovery of a known T, an independent NLL minimiser, `auto`, and applying
+a calibration to written results exactly as the scorer would have computed them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from scipy.optimize import brentq
+
+from clef_cli.answers import question_result
+from clef_cli.errors import UsageError
+from clef_cli.quality import metrics
+from clef_cli.quality.calibrate import Calibration, calibrate, calibrate_results, fit, fit_temperature, load_calibration
+from clef_cli.quality.scored import QuestionData, softmax
+from clef_cli.records import Question
+from clef_cli.results import RESULT_SCHEMA
+
+
+def drawn(t_star: float, n: int = 5000, k: int = 4, seed: int = 0, qid: str = "q", qtype: str = "choice"):
+    """Logits, and labels drawn from softmax(logit / T*)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(n, k)) * 2.0
+    p = softmax(logits / t_star)
+    gold = np.array([rng.choice(k, p=row) for row in p])
+    ids = [f"{qid}-{i}" for i in range(n)]
+    return QuestionData(qid, qtype, tuple(str(i) for i in range(k)), ids, softmax(logits), logits, gold)
+
+
+def independent_minimiser(logits: np.ndarray, gold: np.ndarray) -> float:
+    """The NLL's stationary point in beta = 1/T: sum over records of E_p[logit] - logit[gold] = 0."""
+
+    def gradient(beta: float) -> float:
+        p = softmax(logits * beta)
+        return float(np.sum((p * logits).sum(axis=1) - logits[np.arange(len(gold)), gold]))
+
+    return 1.0 / brentq(gradient, 1e-3, 1e3, xtol=1e-14, rtol=1e-14)
+
+
+@pytest.mark.parametrize("t_star", [0.5, 2.0])
+def test_global_temperature_is_recovered(t_star):
+    data = drawn(t_star)
+    fitted = fit("global", {"q": data}).default
+    assert abs(fitted - t_star) / t_star < 0.10
+    assert abs(fitted - independent_minimiser(data.logits, data.gold)) < 1e-4
+    calibrated = softmax(data.logits / fitted)
+    assert metrics.accuracy(calibrated, data.gold) == metrics.accuracy(data.probabilities, data.gold)
+    assert np.array_equal(np.argmax(calibrated, axis=1), np.argmax(data.logits, axis=1))
+
+
+def test_type_and_question_methods():
+    hot, cold = drawn(0.5, n=3000, seed=1, qid="a", qtype="noul", k=2), drawn(2.0, n=3000, seed=2, qid="b")
+    small = drawn(2.0, n=20, seed=3, qid="c", qtype="noul", k=2)
+    questions = {"a": hot, "b": cold, "c": small}
+    by_type = fit("type", questions)
+    assert abs(by_type.type_temperatures["choice"] - 2.0) < 0.2
+    by_question = fit("question", questions)
+    noul_t = by_question.type_temperatures["noul"]
+    own_c = fit_temperature([(small.logits, small.gold)])
+    # c has 20 records, so its T sits between its own fit and its type's, closer to the type's
+    low, high = sorted([own_c, noul_t])
+    assert low <= by_question.temperatures["c"] <= high
+    assert abs(np.log(by_question.temperatures["c"] / noul_t)) < abs(np.log(own_c / noul_t))
+    assert abs(by_question.temperatures["a"] - 0.5) < 0.1  # 3000 records: barely shrunk
+
+
+def test_auto_picks_a_temperature_when_it_helps_and_none_when_it_does_not():
+    run = calibrate({"q": drawn(2.0, n=2000)}, "auto")
+    assert run.calibration.method != "none" and run.improved
+    assert run.calibration.cross_fitted["after"]["log_loss"] < run.calibration.cross_fitted["before"]["log_loss"]
+    assert set(run.candidates) == {"none", "global", "type", "question"}
+    already = drawn(1.0, n=2000, seed=7)
+    run = calibrate({"q": already}, "auto")
+    assert run.calibration.method == "none" and not run.improved
+    assert run.calibration.as_json()["temperatures"] == {} and run.calibration.default == 1.0
+
+
+def test_cross_fitting_keeps_a_records_questions_in_one_fold():
+    from clef_cli.quality.calibrate import folds_of
+
+    a, b = drawn(1.0, n=30, qid="a"), drawn(1.0, n=30, qid="b")
+    b.record_ids = list(a.record_ids)
+    folds = folds_of({"a": a, "b": b})
+    assert len(folds) == 30 and set(folds.values()) == set(range(5))
+    with pytest.raises(UsageError, match="at least 2"):
+        folds_of({"a": drawn(1.0, n=1)})
+
+
+def test_calibrated_results_equal_the_scorer_at_scaled_logits():
+    """Written rows recalibrated with T equal question_result() run on logit / T (torch softmax)."""
+    questions = [
+        Question("spam", "noul", "?", (("true", None), ("false", None)), ("true", "false")),
+        Question(
+            "team", "choice", "?", (("billing", "b"), ("sales", "s"), ("tech", "t")), ("tech", "sales", "billing")
+        ),
+        Question("level", "score", "?", (("0", "a"), ("1", "b"), ("2", "c")), ("0", "1", "2")),
+    ]
+    logits = [torch.tensor([0.3, -1.2]), torch.tensor([1.0, 1.0, -2.0]), torch.tensor([0.5, 2.5, 1.5])]
+    raw = [question_result(q, row) for q, row in zip(questions, logits)]
+    table = pa.Table.from_pylist(
+        [
+            {
+                "id": "r1",
+                "record_index": 0,
+                "answers": [
+                    {
+                        "question_id": r.question_id,
+                        "type": r.type,
+                        "answer": r.answer,
+                        "confidence": r.confidence,
+                        "noul": r.noul,
+                        "score": r.score,
+                        "labels": [
+                            {"label": o, "probability": p, "logit": lg}
+                            for o, p, lg in zip(r.option_ids, r.probabilities, r.logits)
+                        ],
+                    }
+                    for r in raw
+                ],
+            },
+            {"id": "r2", "record_index": 1, "error": "broken", "answers": None},
+        ],
+        schema=RESULT_SCHEMA,
+    )
+    calibration = Calibration("question", temperatures={"spam": 0.5}, type_temperatures={"choice": 3.0}, default=2.0)
+    rows = calibrate_results(table, calibration).to_pylist()
+    assert rows[1]["answers"] is None and rows[1]["error"] == "broken"
+    for q, row, answer in zip(questions, logits, rows[0]["answers"]):
+        expected = question_result(q, row / calibration.temperature(q.id, q.type))
+        assert answer["answer"] == expected.answer  # the billing/sales tie stays "sales" (the record's criteria order)
+        assert [label["logit"] for label in answer["labels"]] == pytest.approx(list(row.tolist()), abs=0)
+        assert [label["probability"] for label in answer["labels"]] == pytest.approx(expected.probabilities, abs=1e-6)
+        assert answer["confidence"] == pytest.approx(expected.confidence, abs=1e-6)
+        for name in ("noul", "score"):
+            assert (answer[name] is None) == (getattr(expected, name) is None)
+            if answer[name] is not None:
+                assert answer[name] == pytest.approx(getattr(expected, name), abs=1e-6)
+    assert rows[0]["answers"][1]["answer"] == "sales"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{", "could not be read"),
+        ('{"version": 2, "method": "global", "default": 1}', "not a version 1 file"),
+        ('{"version": 1, "method": "global", "default": 0}', "must be a positive number"),
+        ('{"version": 1, "method": "type", "type_temperatures": {"noul": "x"}, "default": 1}', "'noul'"),
+    ],
+)
+def test_bad_calibration_files_are_usage_errors(tmp_path, content, needle):
+    path = tmp_path / "cal.json"
+    path.write_text(content)
+    with pytest.raises(UsageError, match=needle):
+        load_calibration(path)
+
+
+def test_calibration_round_trips_through_json(tmp_path):
+    run = calibrate({"q": drawn(2.0, n=500)}, "global", fitted_on={"n": 500})
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(run.calibration.as_json()))
+    loaded = load_calibration(path)
+    assert loaded.default == run.calibration.default and loaded.method == "global"
+    assert set(json.loads(path.read_text())) == {
+        "version", "method", "temperatures", "type_temperatures", "default", "fitted_on", "cross_fitted"
+    }  # fmt: skip
