@@ -115,16 +115,16 @@ def test_a_record_that_kills_its_encoding_process_fails_alone(tmp_path, scorer, 
 
 
 def test_media_are_decoded_once_thanks_to_the_spool(tmp_path, scorer, monkeypatch):
-    import clef_cli.prompt as prompt
+    import clef_cli.families.omni as omni
 
     calls: list[str] = []
-    real = prompt.decode_video
+    real = omni.decode_video
 
     def counting(source, limits):
         calls.append(str(source))
         return real(source, limits)
 
-    monkeypatch.setattr(prompt, "decode_video", counting)
+    monkeypatch.setattr(omni, "decode_video", counting)
     summary = ScoreJob(settings_for(tmp_path, limit=None, max_batch_size=2), scorer=scorer).run()
     assert summary.scored == 17
     assert len(calls) == 3  # three records with a video, each decoded once
@@ -132,12 +132,12 @@ def test_media_are_decoded_once_thanks_to_the_spool(tmp_path, scorer, monkeypatc
 
 
 def test_without_spool_room_media_are_decoded_again_and_results_agree(tmp_path, scorer, monkeypatch):
-    import clef_cli.prompt as prompt
+    import clef_cli.families.omni as omni
 
     calls: list[str] = []
-    real = prompt.decode_video
+    real = omni.decode_video
     monkeypatch.setattr(
-        prompt, "decode_video", lambda source, limits: calls.append(str(source)) or real(source, limits)
+        omni, "decode_video", lambda source, limits: calls.append(str(source)) or real(source, limits)
     )
     ScoreJob(settings_for(tmp_path, limit=None, media_spool_bytes=0), scorer=scorer).run()
     assert len(calls) == 6
