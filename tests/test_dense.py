@@ -255,6 +255,23 @@ def test_score_inspect_and_rehead_end_to_end(tmp_path, valid):
             for la, lb in zip(qa["labels"], qb["labels"], strict=True):
                 assert abs(la["logit"] - lb["logit"]) <= 1e-5
 
+    gold = write_jsonl(
+        tmp_path / "gold.jsonl",
+        [
+            {"id": "d01-text", "labels": {"team": "tech", "urgent": True}},
+            {"id": "d07-unicode", "labels": {"lang": "de"}},
+        ],
+    )
+    evaluated = runner.invoke(app, ["eval", str(out), "--gold", str(gold), "--json", str(tmp_path / "m.json")])
+    assert evaluated.exit_code == 0, evaluated.output
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["records"] == 2
+    for question_id, record_id, gold_option in [("team", "d01-text", "tech"), ("lang", "d07-unicode", "de")]:
+        want = next(q for q in by_id[record_id]["questions"] if q["question_id"] == question_id)
+        predicted = want["option_ids"][int(np.argmax(want["probabilities"]))]
+        assert metrics["questions"][question_id]["n"] == 1
+        assert metrics["questions"][question_id]["accuracy"] == float(predicted == gold_option)
+
     spans = runner.invoke(app, ["inspect-spans", inputs, "--model", str(TINY_DENSE), "--id", "d03-one-image", "--json"])
     assert spans.exit_code == 0, spans.output
     report = json.loads(spans.stdout)
