@@ -282,7 +282,10 @@ def _run_on_ray(
     address: str | None,
     num_workers: int,
     gpus_per_worker: float | None,
-    cpus_per_worker: float,
+    cpus_per_worker: float | None,
+    block_records: int,
+    stall_timeout: float,
+    quiet: bool,
     progress: Any,
     stop: threading.Event,
 ) -> Any:
@@ -304,6 +307,9 @@ def _run_on_ray(
         num_workers=num_workers,
         gpus_per_worker=gpus_per_worker,
         cpus_per_worker=cpus_per_worker,
+        block_records=block_records,
+        stall_timeout=stall_timeout,
+        quiet=quiet,
     )
     return RayScoreJob(settings, cluster, progress, stop=stop).run()
 
@@ -358,7 +364,10 @@ def score(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
+    ] = False,
     ray: Annotated[
         bool,
         typer.Option(
@@ -374,7 +383,26 @@ def score(
     gpus_per_worker: Annotated[
         float | None, typer.Option("--gpus-per-worker", min=0, help="--ray: GPUs per actor (default 1 with CUDA).")
     ] = None,
-    cpus_per_worker: Annotated[float, typer.Option("--cpus-per-worker", min=0, help="--ray: CPUs per actor.")] = 1.0,
+    cpus_per_worker: Annotated[
+        float | None,
+        typer.Option(
+            "--cpus-per-worker",
+            min=0,
+            help="--ray: CPUs per actor (default: share what Ray Data's read tasks leave, at most 1 each).",
+        ),
+    ] = None,
+    block_records: Annotated[
+        int,
+        typer.Option("--block-records", min=1, help="--ray: records handed to an actor at a time (one shard each)."),
+    ] = 256,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            "--stall-timeout",
+            min=1,
+            help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
+        ),
+    ] = 1800.0,
     max_image_pixels: MaxImagePixelsOption = DEFAULT_LIMITS.max_image_pixels,
     max_audio_seconds: MaxAudioSecondsOption = DEFAULT_LIMITS.max_audio_seconds,
     max_video_seconds: MaxVideoSecondsOption = DEFAULT_LIMITS.max_video_seconds,
@@ -432,7 +460,16 @@ def score(
                 summary = run_rehead(settings, progress)
             elif ray or ray_address:
                 summary = _run_on_ray(
-                    settings, ray_address, num_workers, gpus_per_worker, cpus_per_worker, progress, stop
+                    settings,
+                    ray_address,
+                    num_workers,
+                    gpus_per_worker,
+                    cpus_per_worker,
+                    block_records,
+                    stall_timeout,
+                    quiet or not stderr.is_terminal,
+                    progress,
+                    stop,
                 )
             else:
                 summary = ScoreJob(settings, progress, stop=stop).run()
