@@ -270,8 +270,12 @@ class Checkpoint:
         numbers = [int(entry.name) for entry in self.entries if entry.name.isdigit()]
         return f"{max(numbers, default=0) + 1:08d}"
 
-    def commit(self, results: pa.Table, hidden: HiddenPayload | None = None) -> None:
-        """Make one shard durable: files first, then the journal line that makes it count."""
+    def commit(
+        self, results: pa.Table, hidden: HiddenPayload | None = None, hidden_file: dict[str, Any] | None = None
+    ) -> None:
+        """Make one shard durable: files first, then the journal line that makes it count.
+        `hidden_file` is a hidden shard a worker already wrote into shards/ (`write_shard_file`'s
+        description); like any file, it counts only once this journal line is written."""
         name = self._next_name()
         table = results.cast(RESULT_SCHEMA)
         files = {"results": self._write_file(f"{name}.results.arrow", _ipc_bytes(table), "sha256")}
@@ -279,6 +283,8 @@ class Checkpoint:
             # Hidden states are large: a CRC (several GB/s) guards them against damage, where the
             # small results files carry a SHA-256.
             files["hidden"] = self._write_file(f"{name}.hidden.safetensors", hidden.to_bytes(), "crc32")
+        elif hidden_file is not None:
+            files["hidden"] = hidden_file
         entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
         with open(self.path / JOURNAL, "a", encoding="utf-8") as journal:
             journal.write(json.dumps(entry.__dict__, sort_keys=True) + "\n")
@@ -289,11 +295,7 @@ class Checkpoint:
             self.done.add(index)
 
     def _write_file(self, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
-        """Write a shard file atomically; its size and checksum come from the bytes in memory,
-        so nothing is read back from disk."""
-        write_atomically(self.shards_path / file_name, lambda target: target.write_bytes(data))
-        digest = hashlib.sha256(data).hexdigest() if checksum == "sha256" else zlib.crc32(data)
-        return {"name": file_name, "bytes": len(data), checksum: digest}
+        return write_shard_file(self.shards_path, file_name, data, checksum)
 
     # ------------------------------------------------------------------ reading
 
@@ -335,6 +337,14 @@ class Checkpoint:
             "settings": manifest.get("settings", {}),
             "created": manifest.get("created"),
         }
+
+
+def write_shard_file(folder: Path, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
+    """Write a shard file atomically; its size and checksum (sha256 or crc32) come from the bytes
+    in memory, so nothing is read back from disk."""
+    write_atomically(folder / file_name, lambda target: target.write_bytes(data))
+    digest = hashlib.sha256(data).hexdigest() if checksum == "sha256" else zlib.crc32(data)
+    return {"name": file_name, "bytes": len(data), checksum: digest}
 
 
 def _comparable(manifest: dict[str, Any]) -> dict[str, Any]:

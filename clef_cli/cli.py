@@ -299,9 +299,6 @@ def _run_on_ray(
 
     if gpus_per_worker is None:
         gpus_per_worker = 1.0 if settings.device != "cpu" and torch.cuda.is_available() else 0.0
-    if settings.hidden_states == "keep":
-        settings.hidden_states = "drop"
-        progress.note("--ray keeps results only in the checkpoint (no hidden states)")
     cluster = RaySettings(
         address=None if address in (None, "local") else address,
         num_workers=num_workers,

@@ -28,6 +28,7 @@ from clef_cli.backbone import resolve_dtype
 from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.checkpoint import Checkpoint
 from clef_cli.errors import ClefError, RecordError, UsageError
+from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
 from clef_cli.locks import job_locks
 from clef_cli.output import passthrough_types
 from clef_cli.pipeline import (
@@ -40,6 +41,7 @@ from clef_cli.pipeline import (
     write_job_output,
 )
 from clef_cli.prompt import EncodedRecord
+from clef_cli.ray_hidden import check_every_node_sees, commit_block, tag, write_hidden
 from clef_cli.ray_logs import RAY_LOG, ray_output_to
 from clef_cli.ray_resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
 from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
@@ -53,7 +55,7 @@ from clef_cli.records import (
 )
 from clef_cli.release import resolve_release
 from clef_cli.results import RESULT_SCHEMA, results_table
-from clef_cli.scoring import FailedRecord, ScoredRecord
+from clef_cli.scoring import FailedRecord
 from clef_cli.sources import InputFile, expand_inputs
 
 JSONL_RANGE_BYTES = 64 << 20
@@ -195,7 +197,7 @@ def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict
 class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
-    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None) -> None:
+    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None, hidden_dir: str | None) -> None:
         from clef_cli.prompt import PromptEncoder
         from clef_cli.release import load_processor
         from clef_cli.scoring import BatchRunner, load_scorer
@@ -207,6 +209,8 @@ class ScoreActor:
         )
         self.builder = RecordBuilder(default_questions=questions, check_duplicates=False)
         self.max_batch_size = settings.max_batch_size
+        self.hidden_dir = Path(hidden_dir) if hidden_dir else None
+        self.hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
 
     def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
         index = row["record_index"]
@@ -232,12 +236,16 @@ class ScoreActor:
             else:
                 encoded[item.record.index] = item
         entries = [PlanEntry(index, item.length, item.use_audio_in_video) for index, item in encoded.items()]
-        scored: list[ScoredRecord] = []
+        pieces = [tag(results_table([], failures), None)]
         for batch in plan_batches(entries, self.runner.max_batch_tokens, self.max_batch_size):
             for outcome in self.runner.run([encoded[index] for index in batch.indices]):
-                scored.extend(outcome.scored)
-                failures.extend(outcome.failures)
-        return results_table(scored, failures)
+                described = None
+                if outcome.records and self.hidden_dir is not None:
+                    assert outcome.hidden_states is not None
+                    payload = hidden_payload(outcome.records, outcome.hidden_states, self.hidden_dtype)
+                    described = write_hidden(self.hidden_dir, payload)
+                pieces.append(tag(results_table(outcome.scored, outcome.failures), described))
+        return pa.concat_tables(pieces)
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -348,6 +356,8 @@ class RayScoreJob:
                 actors = fit_actors(
                     alive_nodes(), cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker
                 )
+                if settings.hidden_states == "keep":
+                    check_every_node_sees(checkpoint.shards_path)
                 slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
                 self.progress.start(count_records(settings.inputs, settings.limit), checkpoint.done.count)
                 self._stream(ray, slices, checkpoint, questions, actors)
@@ -366,13 +376,14 @@ class RayScoreJob:
     ) -> None:
         settings, cluster = self.settings, self.ray_settings
         done = bytes(checkpoint.done.flags)  # one byte per record: small, sent with each read task
+        hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states == "keep" else None
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
             .flat_map(read_slice, fn_kwargs={"done": done, "limit": settings.limit}, num_cpus=DATA_TASK_CPUS)
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
             .map_batches(
                 ScoreActor,
-                fn_constructor_kwargs={"settings": settings, "questions": questions},
+                fn_constructor_kwargs={"settings": settings, "questions": questions, "hidden_dir": hidden_dir},
                 batch_size=cluster.block_records,
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),
@@ -392,7 +403,7 @@ class RayScoreJob:
         for block in blocks:
             if block.num_rows == 0:
                 continue
-            checkpoint.commit(block)
+            commit_block(checkpoint, block)
             faults.after_commit()
             self.summary.committed += block.num_rows
             failed = block.num_rows - block.column("error").null_count

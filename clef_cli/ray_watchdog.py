@@ -88,8 +88,8 @@ class Watched(Iterator[T]):
 
 
 def waiting_for() -> str:
-    """What Ray is waiting for right now, in one line: pending resource demands and alive actors
-    (for the stall message; best effort, since these are Ray's internal status calls)."""
+    """What Ray is waiting for right now, in one line: pending resource demands and this job's
+    actors by state (for the stall message; best effort, since these are Ray's internal status calls)."""
     import ray
 
     parts: list[str] = []
@@ -108,11 +108,15 @@ def waiting_for() -> str:
     try:
         from ray._private import state
 
-        actors = [actor for actor in state.actors().values() if actor.get("State") == "ALIVE"]
-        names = sorted({str(actor.get("ActorClassName")) for actor in actors})
-        parts.append(f"alive actors: {len(actors)} ({', '.join(names)})" if actors else "alive actors: none")
+        job = ray.get_runtime_context().get_job_id()
+        by_state: dict[str, list[str]] = {}
+        for actor in state.actors().values():
+            if actor.get("JobID") in (job, None) and actor.get("State") != "DEAD":
+                by_state.setdefault(str(actor.get("State")).lower(), []).append(str(actor.get("ActorClassName")))
+        counts = [f"{len(names)} {kind} ({', '.join(sorted(set(names)))})" for kind, names in by_state.items()]
+        parts.append("actors: " + (", ".join(counts) or "none"))
     except Exception as error:
-        parts.append(f"alive actors: unknown ({type(error).__name__})")
+        parts.append(f"actors: unknown ({type(error).__name__})")
     try:
         free = ray.available_resources()
         parts.append(f"free: {free.get('CPU', 0):g} CPU, {free.get('GPU', 0):g} GPU")
