@@ -24,6 +24,7 @@ from rich.text import Text
 from clef_cli import __version__
 from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.media import MediaLimits
+from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -390,7 +391,7 @@ def score(
     ] = None,
     block_records: Annotated[
         int,
-        typer.Option("--block-records", min=1, help="--ray: records handed to an actor at a time (one shard each)."),
+        typer.Option("--block-records", min=1, help="--ray: records handed to an actor at a time."),
     ] = 256,
     stall_timeout: Annotated[
         float,
@@ -399,7 +400,7 @@ def score(
             min=1,
             help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
         ),
-    ] = 1800.0,
+    ] = DEFAULT_STALL_TIMEOUT,
     max_image_pixels: MaxImagePixelsOption = DEFAULT_LIMITS.max_image_pixels,
     max_audio_seconds: MaxAudioSecondsOption = DEFAULT_LIMITS.max_audio_seconds,
     max_video_seconds: MaxVideoSecondsOption = DEFAULT_LIMITS.max_video_seconds,

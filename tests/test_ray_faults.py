@@ -90,8 +90,8 @@ def local_rows(clean_input, tmp_path_factory):
 
 
 def clef(address: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "clef_cli", "score", *args, "-m", str(TINY_MODEL), "--device", "cpu",
-            "--hidden-states", "drop", "--ray", address]  # fmt: skip
+    settings = ["-m", str(TINY_MODEL), "--device", "cpu", "--max-length", "4096", "--hidden-states", "drop"]
+    return [sys.executable, "-m", "clef_cli", "score", *args, *settings, "--ray", address]
 
 
 def run_clef(address: str, *args: str, timeout: float, env: dict[str, str] | None = None):
