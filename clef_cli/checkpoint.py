@@ -8,6 +8,8 @@ Layout of a checkpoint folder::
     shards/NNNNNNNN.results.arrow         one row per record (the output's columns)
     shards/NNNNNNNN.hidden.safetensors    final hidden states, input ids, spans (optional;
                                           format in hidden_store.py)
+    shards/ray-UUID.hidden.safetensors    the same, written by a `--ray` actor (journaled likewise)
+    ray.log                the output of a quiet `--ray` run's Ray
 
 A shard counts only once its journal line is written, and that line is written last (after the
 files are fsynced and renamed into place). A job killed at any instant therefore leaves either a
