@@ -24,6 +24,7 @@ from rich.text import Text
 from clef_cli import __version__
 from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.media import MediaLimits
+from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -289,7 +290,10 @@ def _run_on_ray(
     address: str | None,
     num_workers: int,
     gpus_per_worker: float | None,
-    cpus_per_worker: float,
+    cpus_per_worker: float | None,
+    block_records: int,
+    stall_timeout: float,
+    quiet: bool,
     progress: Any,
     stop: threading.Event,
 ) -> Any:
@@ -303,14 +307,14 @@ def _run_on_ray(
 
     if gpus_per_worker is None:
         gpus_per_worker = 1.0 if settings.device != "cpu" and torch.cuda.is_available() else 0.0
-    if settings.hidden_states == "keep":
-        settings.hidden_states = "drop"
-        progress.note("--ray keeps results only in the checkpoint (no hidden states)")
     cluster = RaySettings(
         address=None if address in (None, "local") else address,
         num_workers=num_workers,
         gpus_per_worker=gpus_per_worker,
         cpus_per_worker=cpus_per_worker,
+        block_records=block_records,
+        stall_timeout=stall_timeout,
+        quiet=quiet,
     )
     return RayScoreJob(settings, cluster, progress, stop=stop).run()
 
@@ -374,7 +378,10 @@ def score(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
+    ] = False,
     ray: Annotated[
         bool,
         typer.Option(
@@ -390,7 +397,26 @@ def score(
     gpus_per_worker: Annotated[
         float | None, typer.Option("--gpus-per-worker", min=0, help="--ray: GPUs per actor (default 1 with CUDA).")
     ] = None,
-    cpus_per_worker: Annotated[float, typer.Option("--cpus-per-worker", min=0, help="--ray: CPUs per actor.")] = 1.0,
+    cpus_per_worker: Annotated[
+        float | None,
+        typer.Option(
+            "--cpus-per-worker",
+            min=0,
+            help="--ray: CPUs per actor (default: share what Ray Data's read tasks leave, at most 1 each).",
+        ),
+    ] = None,
+    block_records: Annotated[
+        int,
+        typer.Option("--block-records", min=1, help="--ray: records handed to an actor at a time."),
+    ] = 256,
+    stall_timeout: Annotated[
+        float,
+        typer.Option(
+            "--stall-timeout",
+            min=1,
+            help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
+        ),
+    ] = DEFAULT_STALL_TIMEOUT,
     max_image_pixels: MaxImagePixelsOption = DEFAULT_LIMITS.max_image_pixels,
     max_audio_seconds: MaxAudioSecondsOption = DEFAULT_LIMITS.max_audio_seconds,
     max_video_seconds: MaxVideoSecondsOption = DEFAULT_LIMITS.max_video_seconds,
@@ -449,7 +475,16 @@ def score(
                 summary = run_rehead(settings, progress)
             elif ray or ray_address:
                 summary = _run_on_ray(
-                    settings, ray_address, num_workers, gpus_per_worker, cpus_per_worker, progress, stop
+                    settings,
+                    ray_address,
+                    num_workers,
+                    gpus_per_worker,
+                    cpus_per_worker,
+                    block_records,
+                    stall_timeout,
+                    quiet or not stderr.is_terminal,
+                    progress,
+                    stop,
                 )
             else:
                 summary = ScoreJob(settings, progress, stop=stop).run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -34,3 +35,30 @@ def before_output_rename() -> None:
 def maybe_crash(record_id: str) -> None:
     if os.environ.get(CRASH_ON) == record_id and multiprocessing.parent_process() is not None:
         os._exit(70)
+
+
+HANG_ON = "CLEF_TEST_HANG_ON"
+"""A record id: a Ray scoring actor that meets it never returns (for the stall watchdog)."""
+KILL_ACTOR_ON = "CLEF_TEST_KILL_ACTOR_ON"
+"""`RECORD_ID:MARKER_PATH`: the first Ray scoring actor that meets the record creates the marker
+and SIGKILLs its own process, mid-block (later actors find the marker and carry on)."""
+
+
+def ray_env() -> dict[str, str]:
+    """The crash-test variables that are set, for the Ray workers' environment."""
+    return {key: value for key, value in os.environ.items() if key.startswith("CLEF_TEST_")}
+
+
+def in_ray_actor(record_id: str) -> None:
+    if os.environ.get(HANG_ON) == record_id:
+        while True:
+            time.sleep(3600)
+    target, _, marker = os.environ.get(KILL_ACTOR_ON, "").partition(":")
+    if target == record_id and marker:
+        try:
+            descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(descriptor, str(os.getpid()).encode())
+        os.close(descriptor)
+        os.kill(os.getpid(), signal.SIGKILL)

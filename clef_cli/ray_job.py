@@ -23,10 +23,12 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from clef_cli import faults
 from clef_cli.backbone import resolve_dtype
 from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.checkpoint import Checkpoint
 from clef_cli.errors import ClefError, RecordError, UsageError
+from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
 from clef_cli.locks import job_locks
 from clef_cli.output import passthrough_types
 from clef_cli.pipeline import (
@@ -39,6 +41,10 @@ from clef_cli.pipeline import (
     write_job_output,
 )
 from clef_cli.prompt import EncodedRecord
+from clef_cli.ray_hidden import check_every_node_sees, commit_block, tag, write_hidden
+from clef_cli.ray_logs import RAY_LOG, ray_output_to
+from clef_cli.ray_resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
+from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.records import (
     InvalidRecord,
     RecordBuilder,
@@ -49,7 +55,7 @@ from clef_cli.records import (
 )
 from clef_cli.release import resolve_release
 from clef_cli.results import RESULT_SCHEMA, results_table
-from clef_cli.scoring import FailedRecord, ScoredRecord
+from clef_cli.scoring import FailedRecord
 from clef_cli.sources import InputFile, expand_inputs
 
 JSONL_RANGE_BYTES = 64 << 20
@@ -61,9 +67,14 @@ class RaySettings:
     """A Ray cluster address; None starts (or joins) a local one."""
     num_workers: int = 1
     gpus_per_worker: float = 0.0
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float | None = None
+    """None: share the CPUs that Ray Data's read tasks leave (at most one per actor)."""
     block_records: int = 256
     """Records handed to an actor at a time (each block is length-sorted into batches)."""
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    """Seconds without a block back from the actors before the job stops itself (exit 1)."""
+    quiet: bool = False
+    """Send Ray's own output to ray.log in the checkpoint folder instead of stderr."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,7 @@ def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict
 class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
-    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None) -> None:
+    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None, hidden_dir: str | None) -> None:
         from clef_cli.families import family_of
         from clef_cli.prompt import PromptEncoder
         from clef_cli.release import load_processor
@@ -202,6 +213,8 @@ class ScoreActor:
         )
         self.builder = RecordBuilder(default_questions=questions, check_duplicates=False)
         self.max_batch_size = settings.max_batch_size
+        self.hidden_dir = Path(hidden_dir) if hidden_dir else None
+        self.hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
 
     def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
         index = row["record_index"]
@@ -211,6 +224,7 @@ class ScoreActor:
         record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, json_text=row["parquet"])
         if isinstance(record, InvalidRecord):
             return FailedRecord(record.id, record.index, record.error)
+        faults.in_ray_actor(record.id)
         try:
             return self.encoder.encode(record)
         except RecordError as error:
@@ -226,18 +240,23 @@ class ScoreActor:
             else:
                 encoded[item.record.index] = item
         entries = [PlanEntry(index, item.length, item.use_audio_in_video) for index, item in encoded.items()]
-        scored: list[ScoredRecord] = []
+        pieces = [tag(results_table([], failures), None)]
         for batch in plan_batches(entries, self.runner.max_batch_tokens, self.max_batch_size):
             for outcome in self.runner.run([encoded[index] for index in batch.indices]):
-                scored.extend(outcome.scored)
-                failures.extend(outcome.failures)
-        return results_table(scored, failures)
+                described = None
+                if outcome.records and self.hidden_dir is not None:
+                    assert outcome.hidden_states is not None
+                    payload = hidden_payload(outcome.records, outcome.hidden_states, self.hidden_dtype)
+                    described = write_hidden(self.hidden_dir, payload)
+                pieces.append(tag(results_table(outcome.scored, outcome.failures), described))
+        return pa.concat_tables(pieces)
 
 
 # ----------------------------------------------------------------------------- the driver
 
 
-def _connect(address: str | None) -> None:
+def _connect(address: str | None) -> bool:
+    """Join (or start) the cluster; True when this call started Ray, so the job shuts it down."""
     import logging
 
     import ray
@@ -247,11 +266,12 @@ def _connect(address: str | None) -> None:
     context.enable_auto_log_stats = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     if ray.is_initialized():
-        return
+        return False
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ClefError(f"cannot reach the Ray cluster {address or '(local)'}: {error}") from None
+    return True
 
 
 def mark_duplicates(results: pa.Table) -> pa.Table:
@@ -302,8 +322,6 @@ class RayScoreJob:
         self.summary = JobSummary(output=settings.output)
 
     def run(self) -> JobSummary:
-        import ray
-
         started = time.monotonic()
         release = resolve_release(self.settings.model, revision=self.settings.revision)
         self.settings = settings = self.settings.for_release(release)
@@ -318,10 +336,7 @@ class RayScoreJob:
         with job_locks(settings.output, checkpoint_path):
             checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
             self.summary.resumed = checkpoint.done.count
-            _connect(self.ray_settings.address)
-            slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
-            self.progress.start(count_records(settings.inputs, settings.limit), checkpoint.done.count)
-            self._stream(ray, slices, checkpoint, questions)
+            self._on_cluster(checkpoint, questions)
             if self.stop.is_set():
                 self.summary.interrupted = True
                 self.summary.seconds = time.monotonic() - started
@@ -333,27 +348,67 @@ class RayScoreJob:
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
-    def _stream(self, ray: Any, slices: list[Slice], checkpoint: Checkpoint, questions: Any) -> None:
+    def _on_cluster(self, checkpoint: Checkpoint, questions: Any) -> None:
+        """Connect, fit the plan to the cluster, score; Ray's output in ray.log when quiet."""
+        import ray
+
+        settings, cluster = self.settings, self.ray_settings
+        log = checkpoint.path / RAY_LOG if cluster.quiet else None
+        with ray_output_to(log):
+            started_ray = _connect(cluster.address)
+            try:
+                actors = fit_actors(
+                    alive_nodes(), cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker
+                )
+                if settings.hidden_states == "keep":
+                    check_every_node_sees(checkpoint.shards_path)
+                slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
+                self.progress.start(count_records(settings.inputs, settings.limit), checkpoint.done.count)
+                self._stream(ray, slices, checkpoint, questions, actors)
+            except Stalled as error:
+                where = f" (Ray's log: {log})" if log else ""
+                raise Stalled(
+                    f"{error}; the {self.summary.committed} records committed this run are kept in "
+                    f"{checkpoint.path}; rerun the same command to continue{where}"
+                ) from None
+            finally:
+                if started_ray:
+                    ray.shutdown()
+
+    def _stream(
+        self, ray: Any, slices: list[Slice], checkpoint: Checkpoint, questions: Any, actors: ActorResources
+    ) -> None:
         settings, cluster = self.settings, self.ray_settings
         done = bytes(checkpoint.done.flags)  # one byte per record: small, sent with each read task
+        hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states == "keep" else None
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
-            .flat_map(read_slice, fn_kwargs={"done": done, "limit": settings.limit})
+            .flat_map(read_slice, fn_kwargs={"done": done, "limit": settings.limit}, num_cpus=DATA_TASK_CPUS)
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
             .map_batches(
                 ScoreActor,
-                fn_constructor_kwargs={"settings": settings, "questions": questions},
+                fn_constructor_kwargs={"settings": settings, "questions": questions, "hidden_dir": hidden_dir},
                 batch_size=cluster.block_records,
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),
-                num_gpus=cluster.gpus_per_worker,
-                num_cpus=cluster.cpus_per_worker,
+                num_gpus=actors.gpus,
+                num_cpus=actors.cpus,
+                **({"runtime_env": {"env_vars": faults.ray_env()}} if faults.ray_env() else {}),
             )
         )
-        for block in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+        batches = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
+        blocks = Watched(batches, cluster.stall_timeout, waiting_for)
+        try:
+            self._commit_blocks(blocks, checkpoint)
+        finally:
+            blocks.close()
+
+    def _commit_blocks(self, blocks: Watched[pa.Table], checkpoint: Checkpoint) -> None:
+        for block in blocks:
             if block.num_rows == 0:
                 continue
-            checkpoint.commit(block)
+            commit_block(checkpoint, block)
+            faults.after_commit()
             self.summary.committed += block.num_rows
             failed = block.num_rows - block.column("error").null_count
             scored = block.num_rows - failed
