@@ -47,6 +47,7 @@ from clef_cli.output import (
     remove_stale_temporaries,
     write_output,
 )
+from clef_cli.parquet_rows import StructNulls
 from clef_cli.prompt import DEFAULT_MAX_LENGTH, EncodedRecord, OverflowPolicy
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
 from clef_cli.release import DEFAULT_MODEL, Release, file_sha256, resolve_release, weights_fingerprint
@@ -59,7 +60,7 @@ from clef_cli.scoring import (
     ScoredRecord,
     Scorer,
 )
-from clef_cli.sources import expand_inputs
+from clef_cli.sources import expand_inputs, local_path
 from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 PREFETCH_BATCHES = 3
@@ -88,13 +89,16 @@ class SilentProgress:
 class ScoreSettings:
     """Everything `clef score` can be told; a library caller builds this directly."""
 
-    inputs: Sequence[Path]
+    inputs: Sequence[str | Path]
+    """Local paths or URIs (resolved by `sources`)."""
     output: Path
     model: str = DEFAULT_MODEL
     revision: str | None = None
     questions: Path | None = None
     max_length: int = DEFAULT_MAX_LENGTH
     overflow: OverflowPolicy = OverflowPolicy.truncate
+    struct_nulls: StructNulls = StructNulls.refuse
+    """What a null inside a Parquet struct column of state/questions means (see parquet_rows)."""
     limits: MediaLimits = field(default_factory=MediaLimits)
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
@@ -134,8 +138,8 @@ class ScoreSettings:
             raise UsageError(f"output {self.output} is a folder")
         if not self.output.parent.exists():
             raise UsageError(f"output folder {self.output.parent} does not exist")
-        resolved_inputs = {Path(path).resolve() for path in self.inputs}
-        if self.output.resolve() in resolved_inputs:
+        local_inputs = (local_path(location) for location in self.inputs)
+        if self.output.resolve() in {path.resolve() for path in local_inputs if path is not None}:
             raise UsageError("the output would overwrite an input")
 
 
@@ -265,6 +269,7 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, 
         "settings": {
             "max_length": settings.max_length,
             "overflow": settings.overflow.value,
+            "struct_nulls": settings.struct_nulls.value,
             "dtype": str(dtype).removeprefix("torch."),
             "media_limits": settings.limits.as_dict(),
             "questions_sha256": questions_sha,
@@ -351,7 +356,8 @@ class ScoreJob:
 
     def _records(self) -> Iterator[Record | InvalidRecord]:
         schema = load_questions_file(self.settings.questions) if self.settings.questions else None
-        return read_records(self.settings.inputs, questions=schema, limit=self.settings.limit)
+        settings = self.settings
+        return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
 
     def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
         settings = self.settings
@@ -634,6 +640,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.head_sha256": model.get("head_sha256", ""),
         "clef.max_length": str(settings.max_length),
         "clef.overflow": settings.overflow.value,
+        "clef.struct_nulls": settings.struct_nulls.value,
         "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
         "clef.layout": settings.layout,
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -29,6 +29,7 @@ from clef_cli.checkpoint import Checkpoint
 from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.locks import job_locks
 from clef_cli.output import passthrough_types
+from clef_cli.parquet_rows import StructNulls, parquet_rows
 from clef_cli.pipeline import (
     JobSummary,
     Progress,
@@ -139,7 +140,9 @@ def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
     return slices
 
 
-def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict[str, Any]]:
+def read_slice(
+    row: dict[str, Any], done: bytes, limit: int | None, struct_nulls: StructNulls = StructNulls.refuse
+) -> list[dict[str, Any]]:
     """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
     piece = Slice(**row)
     source = InputFile(piece.location, piece.size)
@@ -163,7 +166,7 @@ def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict
 
     index = piece.first_index
     if piece.kind == "parquet":
-        for record in source.parquet().read_row_group(piece.part).to_pylist():
+        for record in parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls):
             add(index, record, None)
             index += 1
     elif piece.kind == "json":
@@ -334,7 +337,9 @@ class RayScoreJob:
         done = bytes(checkpoint.done.flags)  # one byte per record: small, sent with each read task
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
-            .flat_map(read_slice, fn_kwargs={"done": done, "limit": settings.limit})
+            .flat_map(
+                read_slice, fn_kwargs={"done": done, "limit": settings.limit, "struct_nulls": settings.struct_nulls}
+            )
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
             .map_batches(
                 ScoreActor,
