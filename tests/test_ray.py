@@ -11,9 +11,10 @@ import pytest
 from clef_cli.cli import _ray_argv
 from clef_cli.pipeline import ScoreJob, ScoreSettings
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .conftest import SAMPLE_DATA, TINY_MODEL, require_ray, write_jsonl
 
-ray = pytest.importorskip("ray")
+ray = require_ray()
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +83,7 @@ def local_rows(inputs, tmp_path_factory):
     return pq.read_table(folder / "local.parquet").to_pylist()
 
 
+@pytest.mark.slow
 def test_ray_run_equals_the_single_process_run(ray_cluster, inputs, local_rows, tmp_path):
     summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet")).run()
     assert summary.records == 317 and summary.failed == 2
@@ -113,6 +115,7 @@ class StopAfter:
         pass
 
 
+@pytest.mark.slow
 def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_cluster, inputs, local_rows, tmp_path):
     stop = threading.Event()
     first = ray_job(settings_for(tmp_path, inputs, "resumed.parquet"), stop=stop, progress=StopAfter(stop, 60)).run()
