@@ -11,7 +11,7 @@ import pytest
 from clef_cli.cli import _ray_argv
 from clef_cli.pipeline import ScoreJob, ScoreSettings
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, require_ray, write_jsonl
+from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray, write_jsonl
 
 ray = require_ray()
 pytestmark = pytest.mark.ray
@@ -57,16 +57,7 @@ def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progre
 
 
 def assert_same(got: list[dict], want: list[dict]) -> None:
-    assert [row["id"] for row in got] == [row["id"] for row in want]
-    for a, b in zip(got, want):
-        assert a["record_index"] == b["record_index"]
-        assert a["error"] == b["error"]
-        assert a["prompt_tokens"] == b["prompt_tokens"]
-        for x, y in zip(a["answers"] or [], b["answers"] or []):
-            assert x["answer"] == y["answer"]
-            assert [label["probability"] for label in x["labels"]] == pytest.approx(
-                [label["probability"] for label in y["labels"]], abs=1e-5
-            )
+    assert_same_rows(got, want, probability_tolerance=1e-5)
 
 
 @pytest.fixture(scope="module")
