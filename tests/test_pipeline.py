@@ -141,6 +141,6 @@ def test_without_spool_room_media_are_decoded_again_and_results_agree(tmp_path, 
     (tmp_path / "b").mkdir()
     spooled.run()
     inline, spooled_rows = (pq.read_table(tmp_path / name).to_pylist() for name in ("out.parquet", "b.parquet"))
-    assert len(inline) == 6
+    assert len(inline) == 17
     for a, b in zip(inline, spooled_rows, strict=True):
         assert a["answers"] == b["answers"]
