@@ -132,6 +132,7 @@ def uninterrupted(tmp_path_factory):
     return rows(folder / "out.parquet")
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 def test_sigkill_before_the_first_commit(job, uninterrupted):
     inputs, output = job
     checkpoint = Path(str(output) + ".ckpt")
@@ -163,6 +164,7 @@ def wait_gone(pids: list[int], seconds: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 @pytest.mark.parametrize("workers", [0, 1])
 def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, uninterrupted, workers):
     inputs, output = job
@@ -190,6 +192,7 @@ def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, unint
     assert_same_rows(rows(output), uninterrupted)
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 def test_sigkill_during_the_final_write_leaves_no_output(job, uninterrupted, tmp_path):
     inputs, output = job
     marker = tmp_path / "holding"
@@ -203,6 +206,7 @@ def test_sigkill_during_the_final_write_leaves_no_output(job, uninterrupted, tmp
     assert_same_rows(rows(output), uninterrupted)
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 @pytest.mark.parametrize("workers", [0, 1])
 def test_sigint_commits_and_exits_130(job, uninterrupted, workers):
     inputs, output = job
@@ -257,6 +261,7 @@ def test_another_model_is_refused(job, tmp_path):
     assert "model.head_sha256: checkpoint has" in refused.stderr
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_shard_is_detected_and_recomputed(job, uninterrupted, damage):
     inputs, output = job
