@@ -19,7 +19,8 @@ from clef_cli.errors import UsageError
 from clef_cli.records import read_records
 from clef_cli.sources import expand_inputs, is_uri, local_path
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, require_ray
+from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
+from .test_struct_nulls import write_struct_parquet
 
 runner = CliRunner()
 COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-states", "drop", "--limit", "4"]
@@ -96,25 +97,25 @@ def test_cli_scores_a_file_uri_like_the_path(copied_sample, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_cli_ray_run_reads_a_file_uri(copied_sample, tmp_path):
-    """The real entry point (`python -m clef_cli`, `--ray` parsing included) in a fresh process."""
+def test_cli_ray_run_reads_file_uris_and_refuses_struct_nulls_the_same_way(copied_sample, tmp_path):
+    """The real entry point (`python -m clef_cli`, `--ray` parsing included) in a fresh process, on a
+    Parquet file of struct columns (refused records) and one with media paths relative to it."""
     require_ray()
+    write_struct_parquet(copied_sample / "struct.parquet")
+    names = ("struct.parquet", "records.parquet")
+    options = [*COMMON[:-1], "8"]  # --limit 8: the 4 struct records, then 4 sample records
     local = runner.invoke(
-        app, ["score", str(copied_sample / "records.parquet"), "-o", str(tmp_path / "l.parquet"), *COMMON]
+        app, ["score", *(str(copied_sample / n) for n in names), "-o", str(tmp_path / "l.parquet"), *options]
     )
-    assert local.exit_code == 0, local.output
-    uri = f"file://{quote(str(copied_sample / 'records.parquet'))}"
-    command = [sys.executable, "-m", "clef_cli", "score", uri, "-o", str(tmp_path / "r.parquet"), *COMMON]
+    assert local.exit_code == 3, local.output
+    uris = [f"file://{quote(str(copied_sample / name))}" for name in names]
+    command = [sys.executable, "-m", "clef_cli", "score", *uris, "-o", str(tmp_path / "r.parquet"), *options]
     command += ["--ray", "--num-workers", "1", "--cpus-per-worker", "1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 3, done.stderr[-3000:]
     ray_rows = pq.read_table(tmp_path / "r.parquet").to_pylist()
     local_rows = pq.read_table(tmp_path / "l.parquet").to_pylist()
-    assert [row["id"] for row in ray_rows] == [row["id"] for row in local_rows] and len(ray_rows) == 4
-    for got, want in zip(ray_rows, local_rows, strict=True):
-        assert got["error"] is None and got["prompt_tokens"] == want["prompt_tokens"]
-        for a, b in zip(got["answers"], want["answers"], strict=True):
-            assert a["answer"] == b["answer"]
-            assert [x["probability"] for x in a["labels"]] == pytest.approx(
-                [y["probability"] for y in b["labels"]], abs=1e-6
-            )
+    assert len(ray_rows) == 8
+    assert_same_rows(ray_rows, local_rows)
+    assert [row["id"] for row in ray_rows if row["error"]] == ["r1", "r2", "r3"]
+    assert all("null in the Parquet struct column" in row["error"] for row in ray_rows if row["error"])
