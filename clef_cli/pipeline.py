@@ -126,6 +126,10 @@ class ScoreSettings:
         return self.checkpoint or self.output.with_name(self.output.name + ".ckpt")
 
     def validate(self) -> None:
+        try:
+            self.struct_nulls = StructNulls(self.struct_nulls)  # a library caller may pass the name
+        except ValueError:
+            raise UsageError(f"--struct-nulls must be refuse, absent or null, not {self.struct_nulls!r}") from None
         if self.layout not in ("wide", "long"):
             raise UsageError(f"--layout must be 'wide' or 'long', not {self.layout!r}")
         if self.hidden_states not in ("keep", "drop"):

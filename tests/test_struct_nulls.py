@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
@@ -254,3 +255,16 @@ def test_readme_snippet_writes_records_losslessly(tmp_path):
     got = list(read_records([tmp_path / "r.parquet"]))
     assert all(isinstance(record, Record) for record in got)
     assert got == oracle
+
+
+def test_the_choice_is_checked_in_the_library_and_the_cli(tmp_path):
+    from clef_cli.errors import UsageError
+    from clef_cli.pipeline import ScoreSettings
+
+    settings = ScoreSettings(inputs=["r.jsonl"], output=tmp_path / "o.parquet", struct_nulls="absent")
+    settings.validate()
+    assert settings.struct_nulls is StructNulls.absent
+    with pytest.raises(UsageError, match=r"^--struct-nulls must be refuse, absent or null, not 'maybe'$"):
+        ScoreSettings(inputs=["r.jsonl"], output=tmp_path / "o.parquet", struct_nulls="maybe").validate()
+    result = runner.invoke(app, ["score", "r.jsonl", "-o", str(tmp_path / "o.parquet"), "--struct-nulls", "maybe"])
+    assert result.exit_code == 2 and "'maybe' is not one of 'refuse', 'absent', 'null'" in result.output
