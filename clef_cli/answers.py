@@ -48,7 +48,7 @@ def question_result(question: Question, logits: torch.Tensor) -> QuestionResult:
     logits = logits.detach().float().cpu()
     probabilities = torch.softmax(logits, dim=-1).tolist()
     option_ids = question.option_ids
-    by_id = dict(zip(option_ids, probabilities))
+    by_id = dict(zip(option_ids, probabilities, strict=True))
     noul = score = None
     if question.type == "noul":
         noul = by_id["true"]

@@ -547,7 +547,7 @@ class ScoreJob:
             prepare()
             encoded: list[EncodedRecord] = []
             failures: list[FailedRecord] = []
-            for index, item in zip(batch.indices, items):
+            for index, item in zip(batch.indices, items, strict=True):
                 value = item.result() if isinstance(item, Future) else item
                 if isinstance(value, str):
                     record = by_index[index].record

@@ -89,7 +89,8 @@ def _score_stored(
             hidden[row, : record.length] = states.float()
         records = [record for record, _ in chosen]
         logits = head_logits(head, hidden.to(device), lexical, records)
-        scored.extend(scored_record(record, record_logits) for record, record_logits in zip(records, logits))
+        pairs = zip(records, logits, strict=True)
+        scored.extend(scored_record(record, record_logits) for record, record_logits in pairs)
     return scored
 
 
