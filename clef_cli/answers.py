@@ -60,7 +60,7 @@ def derive_answer(
 
     `tie_order` decides ties for choice questions (the record's criteria order); noul and score
     break ties in head order. Also used to recalibrate a written output (`--calibration`)."""
-    by_id = dict(zip(option_ids, probabilities))
+    by_id = dict(zip(option_ids, probabilities, strict=True))
     noul = score = None
     if qtype == "noul":
         noul = by_id["true"]

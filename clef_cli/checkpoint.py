@@ -236,10 +236,14 @@ class Checkpoint:
         return True
 
     def _remove_unjournaled(self) -> None:
+        """Shard files without a journal line, and temporaries a killed write left (the caller
+        holds the job lock, so no other writer is under way)."""
         keep = {described["name"] for entry in self.entries for described in entry.files.values()}
         for path in self.shards_path.iterdir():
             if path.name not in keep:
                 path.unlink(missing_ok=True)
+        for path in self.path.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
 
     def _rewrite_journal(self) -> None:
         lines = "".join(json.dumps(entry.__dict__, sort_keys=True) + "\n" for entry in self.entries)
@@ -256,7 +260,19 @@ class Checkpoint:
     ) -> None:
         """Make one shard durable: files first, then the journal line that makes it count.
         `hidden_file` is a hidden shard a worker already wrote into shards/ (`write_shard_file`'s
-        description); like any file, it counts only once this journal line is written."""
+        description); like any file, it counts only once this journal line is written. A disk
+        error (full, read-only, gone) stops the job with what it means: earlier shards are kept, and
+        whatever this one left behind is cleaned up when the job resumes."""
+        try:
+            self._commit(results, hidden, hidden_file)
+        except OSError as error:
+            raise ClefError(
+                f"could not commit to the checkpoint {self.path}: {error.strerror or error}; the "
+                f"{self.done.count} records committed before are kept: make room and rerun the same command "
+                "to continue"
+            ) from error
+
+    def _commit(self, results: pa.Table, hidden: HiddenPayload | None, hidden_file: dict[str, Any] | None) -> None:
         name = self._next_name()
         table = results.cast(RESULT_SCHEMA)
         files = {"results": self._write_file(f"{name}.results.arrow", _ipc_bytes(table), "sha256")}

@@ -24,6 +24,7 @@ from rich.text import Text
 from clef_cli import __version__
 from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.media import MediaLimits
+from clef_cli.parquet_rows import StructNulls
 from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -70,6 +71,17 @@ OverflowOption = Annotated[
     typer.Option(
         "--on-overflow",
         help="When the state does not fit: 'truncate' cuts it (the reference's behaviour), 'error' refuses the record.",
+    ),
+]
+StructNullsOption = Annotated[
+    StructNulls,
+    typer.Option(
+        "--struct-nulls",
+        case_sensitive=False,
+        help="What a null inside a Parquet struct column of state or questions means. A struct column gives "
+        "every row the keys of every record, so by default ('refuse') such a record is refused rather than "
+        "scored on a prompt it may not have meant. 'absent': the record has no such key. 'null': the record "
+        "set it to null. JSON-text and map columns keep each record's own keys and need no choice.",
     ),
 ]
 QuestionsOption = Annotated[
@@ -321,13 +333,20 @@ def _run_on_ray(
 
 @app.command("score")
 def score(
-    inputs: Annotated[list[Path], typer.Argument(help="JSONL, JSON or Parquet files, or folders of Parquet parts.")],
+    inputs: Annotated[
+        list[str],
+        typer.Argument(
+            help="JSONL, JSON or Parquet files, or folders of Parquet parts: local paths or URIs "
+            "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open)."
+        ),
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output Parquet file (written atomically).")],
     model: ModelOption = "Cloudflare/clef-omni",
     revision: RevisionOption = None,
     questions: QuestionsOption = None,
     max_length: MaxLengthOption = None,
     on_overflow: OverflowOption = "truncate",
+    struct_nulls: StructNullsOption = StructNulls.refuse,
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward (batch size x longest).")
     ] = 32768,
@@ -441,6 +460,7 @@ def score(
             questions=questions,
             max_length=max_length,
             overflow=overflow_policy(on_overflow),
+            struct_nulls=struct_nulls,
             limits=media_limits(
                 max_image_pixels, max_audio_seconds, max_video_seconds, max_file_bytes, allow_remote_media
             ),
@@ -650,13 +670,16 @@ def checkpoint_info(
 
 @app.command("inspect-spans")
 def inspect_spans(
-    record_file: Annotated[Path, typer.Argument(help="A JSONL, JSON or Parquet file of records.")],
+    record_file: Annotated[
+        str, typer.Argument(help="A JSONL, JSON or Parquet file of records (a local path or a URI).")
+    ],
     model: ModelOption = "Cloudflare/clef-omni",
     revision: RevisionOption = None,
     index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
     record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
     max_length: MaxLengthOption = None,
     on_overflow: OverflowOption = "truncate",
+    struct_nulls: StructNullsOption = StructNulls.refuse,
     questions: QuestionsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
     max_image_pixels: MaxImagePixelsOption = DEFAULT_LIMITS.max_image_pixels,
@@ -684,7 +707,7 @@ def inspect_spans(
         )
         policy = overflow_policy(on_overflow)
         schema = load_questions_file(questions) if questions else None
-        record = _select_record(record_file, schema, index, record_id)
+        record = _select_record(record_file, schema, index, record_id, struct_nulls)
         if isinstance(record, InvalidRecord):
             raise ClefError(record.error)
         release = resolve_release(model, revision=revision, with_weights=False, require_head=False)
@@ -704,11 +727,13 @@ def inspect_spans(
     run_guarded(verbose, body)
 
 
-def _select_record(path: Path, schema: Any, index: int | None, record_id: str | None) -> Any:
+def _select_record(
+    path: str, schema: Any, index: int | None, record_id: str | None, struct_nulls: StructNulls
+) -> Any:
     from clef_cli.records import read_records
 
     wanted_index = 0 if index is None and record_id is None else index
-    for record in read_records([path], questions=schema):
+    for record in read_records([path], questions=schema, struct_nulls=struct_nulls):
         if record_id is not None and record.id == record_id:
             return record
         if wanted_index is not None and record.index == wanted_index:

@@ -82,7 +82,7 @@ def hidden_payload(
                         "option_ids": list(question.option_ids),
                         "criteria_order": list(question.criteria_order),
                     }
-                    for question, encoded in zip(record.record.questions, record.questions)
+                    for question, encoded in zip(record.record.questions, record.questions, strict=True)
                 ],
             }
         )

@@ -46,6 +46,7 @@ from clef_cli.output import (
     remove_stale_temporaries,
     write_output,
 )
+from clef_cli.parquet_rows import StructNulls
 from clef_cli.prompt import EncodedRecord, OverflowPolicy
 from clef_cli.quality.calibrate import load_calibration
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
@@ -59,7 +60,7 @@ from clef_cli.scoring import (
     ScoredRecord,
     Scorer,
 )
-from clef_cli.sources import expand_inputs
+from clef_cli.sources import expand_inputs, local_path
 from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 PREFETCH_BATCHES = 3
@@ -88,7 +89,8 @@ class SilentProgress:
 class ScoreSettings:
     """Everything `clef score` can be told; a library caller builds this directly."""
 
-    inputs: Sequence[Path]
+    inputs: Sequence[str | Path]
+    """Local paths or URIs (resolved by `sources`)."""
     output: Path
     model: str = DEFAULT_MODEL
     revision: str | None = None
@@ -96,6 +98,8 @@ class ScoreSettings:
     max_length: int | None = None
     """None: the model family's default (64000 for Clef-Omni, 16384 for the dense family)."""
     overflow: OverflowPolicy = OverflowPolicy.truncate
+    struct_nulls: StructNulls = StructNulls.refuse
+    """What a null inside a Parquet struct column of state/questions means (see parquet_rows)."""
     limits: MediaLimits = field(default_factory=MediaLimits)
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
@@ -134,6 +138,10 @@ class ScoreSettings:
         return self.checkpoint or self.output.with_name(self.output.name + ".ckpt")
 
     def validate(self) -> None:
+        try:
+            self.struct_nulls = StructNulls(self.struct_nulls)  # a library caller may pass the name
+        except ValueError:
+            raise UsageError(f"--struct-nulls must be refuse, absent or null, not {self.struct_nulls!r}") from None
         if self.layout not in ("wide", "long"):
             raise UsageError(f"--layout must be 'wide' or 'long', not {self.layout!r}")
         if self.hidden_states not in ("keep", "drop"):
@@ -148,8 +156,8 @@ class ScoreSettings:
             raise UsageError(f"output folder {self.output.parent} does not exist")
         if self.calibration is not None:
             load_calibration(self.calibration)
-        resolved_inputs = {Path(path).resolve() for path in self.inputs}
-        if self.output.resolve() in resolved_inputs:
+        local_inputs = (local_path(location) for location in self.inputs)
+        if self.output.resolve() in {path.resolve() for path in local_inputs if path is not None}:
             raise UsageError("the output would overwrite an input")
 
 
@@ -280,6 +288,7 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: torch.dtype, 
         "settings": {
             "max_length": settings.max_length,
             "overflow": settings.overflow.value,
+            "struct_nulls": settings.struct_nulls.value,
             "dtype": str(dtype).removeprefix("torch."),
             "media_limits": settings.limits.as_dict(),
             "questions_sha256": questions_sha,
@@ -368,7 +377,8 @@ class ScoreJob:
 
     def _records(self) -> Iterator[Record | InvalidRecord]:
         schema = load_questions_file(self.settings.questions) if self.settings.questions else None
-        return read_records(self.settings.inputs, questions=schema, limit=self.settings.limit)
+        settings = self.settings
+        return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
 
     def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
         settings = self.settings
@@ -554,7 +564,7 @@ class ScoreJob:
             prepare()
             encoded: list[EncodedRecord] = []
             failures: list[FailedRecord] = []
-            for index, item in zip(batch.indices, items):
+            for index, item in zip(batch.indices, items, strict=True):
                 value = item.result() if isinstance(item, Future) else item
                 if isinstance(value, str):
                     record = by_index[index].record
@@ -653,6 +663,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.head_sha256": model.get("head_sha256", ""),
         "clef.max_length": str(settings.max_length),
         "clef.overflow": settings.overflow.value,
+        "clef.struct_nulls": settings.struct_nulls.value,
         "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
         "clef.layout": settings.layout,
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -36,7 +36,7 @@ def write_hidden(folder: Path, payload: HiddenPayload) -> dict[str, Any]:
 def tag(results: pa.Table, described: dict[str, Any] | None) -> pa.Table:
     """The result rows of one batch, each naming the hidden shard that holds its states."""
     values = (None, None, None) if described is None else (described["name"], described["bytes"], described["crc32"])
-    for field, value in zip(TAGS, values):
+    for field, value in zip(TAGS, values, strict=True):
         results = results.append_column(field, pa.array([value] * results.num_rows, type=field.type))
     return results
 
@@ -83,7 +83,7 @@ def check_every_node_sees(folder: Path) -> None:
         seen = ray.get(checks, timeout=120)
     finally:
         probe.unlink(missing_ok=True)
-    blind = [str(node.get("NodeManagerAddress")) for node, ok in zip(nodes, seen) if not ok]
+    blind = [str(node.get("NodeManagerAddress")) for node, ok in zip(nodes, seen, strict=True) if not ok]
     if blind:
         raise UsageError(
             f"--hidden-states keep needs the checkpoint {folder} on a filesystem every Ray node mounts, but "

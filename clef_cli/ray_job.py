@@ -31,6 +31,7 @@ from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
 from clef_cli.locks import job_locks
 from clef_cli.output import passthrough_types
+from clef_cli.parquet_rows import StructNulls, parquet_rows
 from clef_cli.pipeline import (
     JobSummary,
     Progress,
@@ -141,7 +142,7 @@ def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
             count = ray.remote(_count_range)
             counts = ray.get([count.remote(source.location, source.size, a, b) for a, b in ranges])
             line = 1
-            for (start, stop), (records, lines) in zip(ranges, counts):
+            for (start, stop), (records, lines) in zip(ranges, counts, strict=True):
                 slices.append(Slice(source.location, source.size, "jsonl", start, stop, index, line))
                 index += records
                 line += lines
@@ -150,7 +151,9 @@ def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
     return slices
 
 
-def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict[str, Any]]:
+def read_slice(
+    row: dict[str, Any], done: bytes, limit: int | None, struct_nulls: StructNulls = StructNulls.refuse
+) -> list[dict[str, Any]]:
     """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
     piece = Slice(**row)
     source = InputFile(piece.location, piece.size)
@@ -174,7 +177,7 @@ def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict
 
     index = piece.first_index
     if piece.kind == "parquet":
-        for record in source.parquet().read_row_group(piece.part).to_pylist():
+        for record in parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls):
             add(index, record, None)
             index += 1
     elif piece.kind == "json":
@@ -279,7 +282,8 @@ def mark_duplicates(results: pa.Table) -> pa.Table:
     ordered = results.sort_by("record_index")
     first: dict[str, int] = {}
     duplicates: dict[int, str] = {}
-    for record_id, index in zip(ordered.column("id").to_pylist(), ordered.column("record_index").to_pylist()):
+    ids, indices = ordered.column("id").to_pylist(), ordered.column("record_index").to_pylist()
+    for record_id, index in zip(ids, indices, strict=True):
         if record_id in first:
             error = RecordError(record_id, "id", f"duplicate record id (first used by record {first[record_id]})")
             duplicates[index] = str(error)
@@ -383,7 +387,11 @@ class RayScoreJob:
         hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states == "keep" else None
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
-            .flat_map(read_slice, fn_kwargs={"done": done, "limit": settings.limit}, num_cpus=DATA_TASK_CPUS)
+            .flat_map(
+                read_slice,
+                fn_kwargs={"done": done, "limit": settings.limit, "struct_nulls": settings.struct_nulls},
+                num_cpus=DATA_TASK_CPUS,
+            )
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
             .map_batches(
                 ScoreActor,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.parquet_rows import AmbiguousNulls, StructNulls, parquet_rows
 from clef_cli.sources import InputFile, expand_inputs
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
@@ -123,7 +124,7 @@ def question_options(
     if not isinstance(criteria, list) or not criteria:
         raise RecordError(record_id, where, "score criteria must be a non-empty list of level descriptions")
     levels = tuple(str(level) for level in range(len(criteria)))
-    return tuple(zip(levels, criteria)), levels
+    return tuple(zip(levels, criteria, strict=True)), levels
 
 
 def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
@@ -232,6 +233,9 @@ class RecordBuilder:
         base_dir: Path | None,
         json_text: bool,
     ) -> Record:
+        for name in ("state", "questions"):
+            if isinstance(raw.get(name), AmbiguousNulls):
+                raise raw[name].error(record_id)
         if "state" not in raw or raw["state"] is None:
             raise RecordError(record_id, "state", "missing state")
         state = raw["state"]
@@ -239,7 +243,6 @@ class RecordBuilder:
         if json_text:
             state = _decode_json_container(state)
             questions = _decode_json_text(questions, record_id, "questions")
-            questions = _drop_absent_questions(questions)
         if questions is None:
             questions = self.default_questions
         return Record(
@@ -263,15 +266,6 @@ def _decode_json_container(value: Any) -> Any:
     except json.JSONDecodeError:
         return value
     return decoded if isinstance(decoded, (dict, list)) else value
-
-
-def _drop_absent_questions(questions: Any) -> Any:
-    """A nested Parquet struct column has every question id of the file; absent ones are null."""
-    if isinstance(questions, list) and all(isinstance(item, tuple) and len(item) == 2 for item in questions):
-        questions = dict(questions)  # a Parquet map column
-    if isinstance(questions, Mapping):
-        return {key: value for key, value in questions.items() if value is not None}
-    return questions
 
 
 # --------------------------------------------------------------------------- readers
@@ -327,20 +321,25 @@ def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:
         yield item, None
 
 
-def _raw_parquet(source: InputFile, batch_size: int = 1024) -> Iterator[tuple[Any, str | None]]:
+def _raw_parquet(
+    source: InputFile, struct_nulls: StructNulls | None, batch_size: int = 1024
+) -> Iterator[tuple[Any, str | None]]:
     try:
         parquet = source.parquet()
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
     for batch in parquet.iter_batches(batch_size=batch_size):
-        for row in batch.to_pylist():
+        rows = batch.to_pylist() if struct_nulls is None else parquet_rows(batch, struct_nulls)
+        for row in rows:
             yield row, None
 
 
-def raw_rows(source: InputFile) -> Iterator[tuple[Any, str | None]]:
-    """(raw record, None) or (None, problem) for every record of one input, in order."""
+def raw_rows(source: InputFile, struct_nulls: StructNulls | None = None) -> Iterator[tuple[Any, str | None]]:
+    """(raw record, None) or (None, problem) for every record of one input, in order. Parquet
+    rows are read for records under `struct_nulls`, or exactly as stored when it is None
+    (pass-through columns)."""
     if source.is_parquet:
-        return _raw_parquet(source)
+        return _raw_parquet(source, struct_nulls)
     if source.suffix == ".json":
         return _raw_json(source)
     return _raw_jsonl(source)
@@ -350,14 +349,16 @@ def read_records(
     paths: Iterable[str | Path],
     questions: Mapping[str, Any] | None = None,
     limit: int | None = None,
+    struct_nulls: StructNulls = StructNulls.refuse,
 ) -> Iterator[Record | InvalidRecord]:
-    """Stream records from every input in order; `index` counts across all inputs from 0."""
+    """Stream records from every input in order; `index` counts across all inputs from 0.
+    `struct_nulls` says what a null inside a Parquet struct column means (see parquet_rows)."""
     builder = RecordBuilder(default_questions=questions)
     index = 0
     for source in expand_inputs(paths):
         base_dir = source.base_dir
         json_text = source.is_parquet
-        for raw, problem in raw_rows(source):
+        for raw, problem in raw_rows(source, struct_nulls):
             if limit is not None and index >= limit:
                 return
             if problem is not None:

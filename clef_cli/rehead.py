@@ -48,7 +48,8 @@ def _score_stored(
         hidden = pad_states([record.hidden for record in chosen], batch.padded_length)
         records = [record.encoded for record in chosen]
         logits = head_logits(head, hidden.to(device), lexical, records)
-        scored.extend(scored_record(record, record_logits) for record, record_logits in zip(records, logits))
+        pairs = zip(records, logits, strict=True)
+        scored.extend(scored_record(record, record_logits) for record, record_logits in pairs)
     return scored
 
 

@@ -65,7 +65,9 @@ def scored_row(result: ScoredRecord) -> dict[str, object]:
                 "score": question.score,
                 "labels": [
                     {"label": label, "probability": probability, "logit": logit}
-                    for label, probability, logit in zip(question.option_ids, question.probabilities, question.logits)
+                    for label, probability, logit in zip(
+                        question.option_ids, question.probabilities, question.logits, strict=True
+                    )
                 ],
             }
             for question in result.questions

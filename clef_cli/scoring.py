@@ -73,7 +73,7 @@ def scored_record(record: EncodedRecord, logits: Sequence[torch.Tensor]) -> Scor
         state_tokens_cut=record.state_tokens_cut,
         questions=tuple(
             question_result(question, question_logits)
-            for question, question_logits in zip(record.record.questions, logits)
+            for question, question_logits in zip(record.record.questions, logits, strict=True)
         ),
     )
 
@@ -95,7 +95,7 @@ class Scorer:
         """Score records that may share a forward (same audio-in-video flag)."""
         hidden = self.hidden_states(records)
         logits = head_logits(self.head, hidden, self.backbone.lexical_rows, records)
-        return [scored_record(record, record_logits) for record, record_logits in zip(records, logits)]
+        return [scored_record(record, record_logits) for record, record_logits in zip(records, logits, strict=True)]
 
     def score(
         self,
@@ -108,7 +108,7 @@ class Scorer:
         results: list[ScoredRecord | None] = [None] * len(records)
         for batch in plan_batches(entries, max_batch_tokens, max_batch_size):
             scored = self.score_batch([records[i] for i in batch.indices])
-            for i, result in zip(batch.indices, scored):
+            for i, result in zip(batch.indices, scored, strict=True):
                 results[i] = result
         return [result for result in results if result is not None]
 
@@ -192,7 +192,7 @@ class BatchRunner:
             for record in records:  # find the records that break the forward; score the others
                 yield from self.run([record])
             return
-        scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits)]
+        scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits, strict=True)]
         yield BatchOutcome(records=list(records), scored=scored, hidden_states=hidden)
 
     def _halves(self, records: list[EncodedRecord]) -> Iterator[BatchOutcome]:

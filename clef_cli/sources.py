@@ -1,5 +1,8 @@
 """Input files: local paths or URIs that pyarrow's filesystems understand (s3://, gs://, ...).
 
+Every input location, from the command line or a library call, is resolved here and only here:
+a URI of pyarrow's local filesystem (`file:///abs`, `file:/abs`, `local:///abs`) becomes the
+local path it names, so media paths resolve against its folder exactly as for a plain path.
 A folder (local or remote) stands for its Parquet parts, in name order, so a job's record order
 is stable from one run to the next.
 """
@@ -7,6 +10,7 @@ is stable from one run to the next.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +22,27 @@ INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 
+LOCAL_SCHEMES = ("file", "local")
+"""pyarrow's schemes for the local filesystem; they also work without `//` (`file:/abs`)."""
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+
+
 def is_uri(location: str | Path) -> bool:
-    return "://" in str(location)
+    """A string with a scheme (`s3://...`, `file:/...`); a `Path` is always local."""
+    if isinstance(location, Path):
+        return False
+    match = _SCHEME.match(location)
+    return match is not None and ("://" in location or match.group(1).lower() in LOCAL_SCHEMES)
+
+
+def local_path(location: str | Path) -> Path | None:
+    """The local path an input names (a plain path or a local-filesystem URI); None if remote."""
+    if not is_uri(location):
+        return Path(location)
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(str(location))
+    return Path(path) if isinstance(filesystem, pafs.LocalFileSystem) else None
 
 
 def _filesystem(uri: str) -> tuple[Any, str]:
@@ -52,8 +75,6 @@ class InputFile:
     @property
     def base_dir(self) -> Path | None:
         """Where relative media paths resolve: the folder of a local input (none for a remote one)."""
-        if self.location.startswith("file://"):
-            return Path(self.location.removeprefix("file://")).parent
         return None if is_uri(self.location) else Path(self.location).parent
 
     def open_binary(self) -> BinaryIO:
@@ -77,8 +98,7 @@ def _check_suffix(location: str) -> None:
         raise UsageError(f"{location}: unsupported input type (use .jsonl, .json or .parquet)")
 
 
-def _expand_local(raw: str | Path) -> list[InputFile]:
-    path = Path(raw)
+def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
     if path.is_dir():
         parts = sorted(p for p in path.iterdir() if p.suffix in PARQUET_SUFFIXES and p.is_file())
         if not parts:
@@ -87,7 +107,7 @@ def _expand_local(raw: str | Path) -> list[InputFile]:
     if path.is_file():
         _check_suffix(str(path))
         return [InputFile(str(path.resolve()), path.stat().st_size)]
-    raise UsageError(f"input not found: {path}")
+    raise UsageError(f"input not found: {given}")
 
 
 def _expand_uri(uri: str) -> list[InputFile]:
@@ -112,10 +132,12 @@ def _expand_uri(uri: str) -> list[InputFile]:
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
-    """Input files in a stable order, checked to exist and to be of a readable type."""
+    """Input files in a stable order, checked to exist and to be of a readable type. Local files
+    (given as paths or as local-filesystem URIs) are named by their absolute path."""
     files: list[InputFile] = []
     for raw in paths:
-        files.extend(_expand_uri(str(raw)) if is_uri(raw) else _expand_local(raw))
+        path = local_path(raw)
+        files.extend(_expand_local(path, raw) if path is not None else _expand_uri(str(raw)))
     if not files:
         raise UsageError("no input files given")
     return files

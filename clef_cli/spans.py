@@ -56,7 +56,9 @@ def span_report(encoded: EncodedRecord, tokenizer: Any) -> dict[str, Any]:
                         "tokens": option_end - option_start,
                         "text": decode(option_start, option_end),
                     }
-                    for option_id, (option_start, option_end) in zip(question.option_ids, question.option_spans)
+                    for option_id, (option_start, option_end) in zip(
+                        question.option_ids, question.option_spans, strict=True
+                    )
                 ],
             }
         )

@@ -99,7 +99,7 @@ def test_calibrated_results_equal_the_scorer_at_scaled_logits():
         Question("level", "score", "?", (("0", "a"), ("1", "b"), ("2", "c")), ("0", "1", "2")),
     ]
     logits = [torch.tensor([0.3, -1.2]), torch.tensor([1.0, 1.0, -2.0]), torch.tensor([0.5, 2.5, 1.5])]
-    raw = [question_result(q, row) for q, row in zip(questions, logits)]
+    raw = [question_result(q, row) for q, row in zip(questions, logits, strict=True)]
     table = pa.Table.from_pylist(
         [
             {
@@ -115,7 +115,7 @@ def test_calibrated_results_equal_the_scorer_at_scaled_logits():
                         "score": r.score,
                         "labels": [
                             {"label": o, "probability": p, "logit": lg}
-                            for o, p, lg in zip(r.option_ids, r.probabilities, r.logits)
+                            for o, p, lg in zip(r.option_ids, r.probabilities, r.logits, strict=True)
                         ],
                     }
                     for r in raw
@@ -128,7 +128,7 @@ def test_calibrated_results_equal_the_scorer_at_scaled_logits():
     calibration = Calibration("question", temperatures={"spam": 0.5}, type_temperatures={"choice": 3.0}, default=2.0)
     rows = calibrate_results(table, calibration).to_pylist()
     assert rows[1]["answers"] is None and rows[1]["error"] == "broken"
-    for q, row, answer in zip(questions, logits, rows[0]["answers"]):
+    for q, row, answer in zip(questions, logits, rows[0]["answers"], strict=True):
         expected = question_result(q, row / calibration.temperature(q.id, q.type))
         assert answer["answer"] == expected.answer  # the billing/sales tie stays "sales" (the record's criteria order)
         assert [label["logit"] for label in answer["labels"]] == pytest.approx(list(row.tolist()), abs=0)

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .conftest import TINY_MODEL, write_jsonl
+from .conftest import TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 SUMMARY = re.compile(r"(\d+) run through the model, (\d+) from the checkpoint")
@@ -132,17 +132,7 @@ def uninterrupted(tmp_path_factory):
     return rows(folder / "out.parquet")
 
 
-def assert_same_output(got: list[dict], want: list[dict]) -> None:
-    assert [row["id"] for row in got] == [row["id"] for row in want]
-    for a, b in zip(got, want):
-        assert a["error"] == b["error"] and a["prompt_tokens"] == b["prompt_tokens"]
-        for x, y in zip(a["answers"], b["answers"]):
-            assert x["answer"] == y["answer"]
-            assert [label["probability"] for label in x["labels"]] == pytest.approx(
-                [label["probability"] for label in y["labels"]], abs=1e-6
-            )
-
-
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 def test_sigkill_before_the_first_commit(job, uninterrupted):
     inputs, output = job
     checkpoint = Path(str(output) + ".ckpt")
@@ -152,7 +142,7 @@ def test_sigkill_before_the_first_commit(job, uninterrupted):
     done = run(inputs, output)
     assert done.returncode == 0, done.stderr
     assert forwards(done) == (24 - committed, committed)
-    assert_same_output(rows(output), uninterrupted)
+    assert_same_rows(rows(output), uninterrupted)
 
 
 def children(pid: int) -> list[int]:
@@ -174,6 +164,7 @@ def wait_gone(pids: list[int], seconds: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 @pytest.mark.parametrize("workers", [0, 1])
 def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, uninterrupted, workers):
     inputs, output = job
@@ -198,9 +189,10 @@ def test_sigkill_mid_run_resumes_without_forwarding_committed_records(job, unint
     done = run(inputs, output)
     assert done.returncode == 0, done.stderr
     assert forwards(done) == (24 - committed, committed)
-    assert_same_output(rows(output), uninterrupted)
+    assert_same_rows(rows(output), uninterrupted)
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 def test_sigkill_during_the_final_write_leaves_no_output(job, uninterrupted, tmp_path):
     inputs, output = job
     marker = tmp_path / "holding"
@@ -211,9 +203,10 @@ def test_sigkill_during_the_final_write_leaves_no_output(job, uninterrupted, tmp
     assert done.returncode == 0, done.stderr
     assert forwards(done) == (0, 24)
     assert not list(output.parent.glob(f".{output.name}.*.tmp"))
-    assert_same_output(rows(output), uninterrupted)
+    assert_same_rows(rows(output), uninterrupted)
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 @pytest.mark.parametrize("workers", [0, 1])
 def test_sigint_commits_and_exits_130(job, uninterrupted, workers):
     inputs, output = job
@@ -233,7 +226,7 @@ def test_sigint_commits_and_exits_130(job, uninterrupted, workers):
     assert committed >= 4 and not output.exists()
     done = run(inputs, output)
     assert forwards(done) == (24 - committed, committed)
-    assert_same_output(rows(output), uninterrupted)
+    assert_same_rows(rows(output), uninterrupted)
 
 
 def in_process(inputs: Path, output: Path, *extra: str):
@@ -268,6 +261,7 @@ def test_another_model_is_refused(job, tmp_path):
     assert "model.head_sha256: checkpoint has" in refused.stderr
 
 
+@pytest.mark.slow  # a real process killed at a chosen instant, then resumed
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_shard_is_detected_and_recomputed(job, uninterrupted, damage):
     inputs, output = job
@@ -284,7 +278,7 @@ def test_a_damaged_shard_is_detected_and_recomputed(job, uninterrupted, damage):
     done = run(inputs, output)
     assert done.returncode == 0, done.stderr
     assert forwards(done) == (2, 22)
-    assert_same_output(rows(output), uninterrupted)
+    assert_same_rows(rows(output), uninterrupted)
 
 
 def second_head_release(tmp_path: Path) -> Path:
@@ -318,7 +312,7 @@ def test_rehead_equals_a_full_run_with_that_head(job, tmp_path):
     reheaded = tmp_path / "rehead-b.parquet"
     result = in_process(inputs, reheaded, "--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b"))
     assert result.exit_code == 0, result.output
-    assert_same_output(rows(reheaded), rows(full))
+    assert_same_rows(rows(reheaded), rows(full))
     assert rows(reheaded)[0]["answers"] != rows(output)[0]["answers"]
     metadata = pq.read_schema(reheaded).metadata
     assert metadata[b"clef.rehead_from"].decode() == str(output) + ".ckpt"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 
 from typer.testing import CliRunner
 
@@ -26,7 +27,7 @@ def test_json_view_input_ids_equal_the_encoder(golden_encoded):
         assert report["input_ids"] == encoded.input_ids
         assert report["prompt_tokens"] == encoded.length
         assert report["option_order"] == {q.question_id: list(q.option_ids) for q in encoded.questions}
-        for question, reported in zip(encoded.questions, report["questions"]):
+        for question, reported in zip(encoded.questions, report["questions"], strict=True):
             assert reported["question_span"] == list(question.question_span)
             assert [o["span"] for o in reported["options"]] == [list(s) for s in question.option_spans]
 
@@ -83,7 +84,7 @@ def test_missing_model_is_one_line(tmp_path):
 
 def test_python_dash_m_and_version():
     done = subprocess.run([sys.executable, "-m", "clef_cli", "--version"], capture_output=True, text=True, check=True)
-    assert done.stdout.startswith("clef ")
+    assert done.stdout == f"clef {version('clef-cli')}\n"
     helped = subprocess.run([sys.executable, "-m", "clef_cli", "--help"], capture_output=True, text=True, check=True)
     assert "inspect-spans" in helped.stdout
 

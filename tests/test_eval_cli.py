@@ -125,8 +125,8 @@ def test_calibrate_then_score_from_the_checkpoint_without_the_model(scored, tmp_
     table = pq.read_table(calibrated)
     assert table.schema.metadata[b"clef.calibration_sha256"].decode() == file_sha256(cal)
     raw = pq.read_table(scored).to_pylist()
-    for before, after in zip(raw, table.to_pylist()):
-        for a, b in zip(before["answers"], after["answers"]):
+    for before, after in zip(raw, table.to_pylist(), strict=True):
+        for a, b in zip(before["answers"], after["answers"], strict=True):
             logits = np.array([label["logit"] for label in a["labels"]])
             assert [label["logit"] for label in b["labels"]] == logits.tolist()  # raw logits untouched
             expected = np.exp(logits / temperature) / np.exp(logits / temperature).sum()
@@ -177,7 +177,7 @@ def test_long_layout_gold_column_and_by(scored, tmp_path):
     for value, records in (("a", ids[:3]), ("b", ids[3:])):
         rows = [r for r in wide.to_pylist() if r["id"] in records]
         spam = [next(a for a in r["answers"] if a["question_id"] == "is_spam") for r in rows]
-        right = [a["answer"] == gold[r["id"]]["is_spam"] for a, r in zip(spam, rows)]
+        right = [a["answer"] == gold[r["id"]]["is_spam"] for a, r in zip(spam, rows, strict=True)]
         assert groups[value]["questions"]["is_spam"]["accuracy"] == pytest.approx(np.mean(right), abs=1e-12)
 
 

@@ -37,7 +37,7 @@ def test_round_trip_streamed_by_shard(tmp_path, golden_encoded):
     assert reader.num_records == 5
     stored = list(reader.records())
     assert [record.index for record in stored] == [r.record.index for r in records_a + records_b]
-    for record, original, row in zip(stored, records_a + records_b, [0, 1, 2, 0, 1]):
+    for record, original, row in zip(stored, records_a + records_b, [0, 1, 2, 0, 1], strict=True):
         source = hidden_a if original in records_a else hidden_b
         assert record.id == original.record.id and record.input_ids == list(original.input_ids)
         assert record.encoded.questions == original.questions
@@ -47,7 +47,7 @@ def test_round_trip_streamed_by_shard(tmp_path, golden_encoded):
     headers = list(reader.records(states=False))
     assert all(record.hidden is None for record in headers)
     loaded = load_states(headers[::-1])
-    assert all(torch.equal(a, b.hidden) for a, b in zip(loaded, stored[::-1]))
+    assert all(torch.equal(a, b.hidden) for a, b in zip(loaded, stored[::-1], strict=True))
     length = max(state.shape[0] for state in loaded[:2]) + 3
     padded = pad_states(loaded[:2], length)
     assert padded.shape == (2, length, 8) and torch.equal(padded[0, : loaded[0].shape[0]], loaded[0])

@@ -12,16 +12,16 @@ from .conftest import GOLDEN_MAX_LENGTH
 
 def test_every_golden_record_encodes_to_the_reference_ids(golden_encoded, expected):
     assert len(golden_encoded) == len(expected) == 15
-    for encoded, reference in zip(golden_encoded, expected):
+    for encoded, reference in zip(golden_encoded, expected, strict=True):
         assert encoded.record.id == reference["id"]
         assert encoded.input_ids == reference["input_ids"], encoded.record.id
         assert encoded.length == reference["num_tokens"]
 
 
 def test_spans_and_option_ids_match_the_reference(golden_encoded, expected):
-    for encoded, reference in zip(golden_encoded, expected):
+    for encoded, reference in zip(golden_encoded, expected, strict=True):
         assert len(encoded.questions) == len(reference["questions"])
-        for question, golden in zip(encoded.questions, reference["questions"]):
+        for question, golden in zip(encoded.questions, reference["questions"], strict=True):
             assert question.question_id == golden["question_id"]
             assert question.question_type == golden["question_type"]
             assert list(question.question_span) == golden["question_span"]
@@ -30,14 +30,14 @@ def test_spans_and_option_ids_match_the_reference(golden_encoded, expected):
 
 
 def test_decoded_prompt_matches(golden_encoded, expected, processor):
-    for encoded, reference in zip(golden_encoded, expected):
+    for encoded, reference in zip(golden_encoded, expected, strict=True):
         assert processor.tokenizer.decode(encoded.input_ids) == reference["prompt"]
 
 
 @pytest.mark.parametrize("name", ["pixel_values", "pixel_values_videos", "input_features"])
 def test_media_tensors_match_the_reference_decoding(golden_encoded, expected, name):
     checked = 0
-    for encoded, reference in zip(golden_encoded, expected):
+    for encoded, reference in zip(golden_encoded, expected, strict=True):
         golden = reference["media"].get(name)
         if golden is None:
             assert name not in encoded.media
@@ -52,10 +52,14 @@ def test_media_tensors_match_the_reference_decoding(golden_encoded, expected, na
 
 
 def test_grids_audio_lengths_and_audio_in_video_flag(golden_encoded, expected):
-    for encoded, reference in zip(golden_encoded, expected):
+    grids = ("image_grid_thw", "video_grid_thw")
+    for encoded, reference in zip(golden_encoded, expected, strict=True):
         media = reference["media"]
         assert encoded.use_audio_in_video == media["use_audio_in_video"], encoded.record.id
-        for name in ("image_grid_thw", "video_grid_thw"):
+        # exactly the reference's media tensors: no extra grid, feature or timing key
+        names = {"audio_feature_lengths": "feature_attention_mask"}
+        assert set(encoded.media) == {names.get(key, key) for key in media if key != "use_audio_in_video"}
+        for name in grids:
             if name in media:
                 assert encoded.media[name].tolist() == media[name]
         if "audio_feature_lengths" in media:

@@ -103,7 +103,7 @@ def test_score_metrics_equal_direct_loops():
     p, gold = random_case(4, n=60, k=4)
     k = 4
     rps = mae = within = 0.0
-    for row, g in zip(p, gold):
+    for row, g in zip(p, gold, strict=True):
         rps += sum((sum(row[: j + 1]) - (1.0 if g <= j else 0.0)) ** 2 for j in range(k - 1)) / (k - 1)
         mae += abs(sum(level * row[level] for level in range(k)) - g)
         within += abs(int(np.argmax(row)) - g) <= 1

@@ -11,9 +11,10 @@ import pytest
 from clef_cli.cli import _ray_argv
 from clef_cli.pipeline import ScoreJob, ScoreSettings
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray, write_jsonl
 
-ray = pytest.importorskip("ray")
+ray = require_ray()
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="session")
@@ -56,16 +57,7 @@ def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progre
 
 
 def assert_same(got: list[dict], want: list[dict]) -> None:
-    assert [row["id"] for row in got] == [row["id"] for row in want]
-    for a, b in zip(got, want):
-        assert a["record_index"] == b["record_index"]
-        assert a["error"] == b["error"]
-        assert a["prompt_tokens"] == b["prompt_tokens"]
-        for x, y in zip(a["answers"] or [], b["answers"] or []):
-            assert x["answer"] == y["answer"]
-            assert [label["probability"] for label in x["labels"]] == pytest.approx(
-                [label["probability"] for label in y["labels"]], abs=1e-5
-            )
+    assert_same_rows(got, want, probability_tolerance=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +74,7 @@ def local_rows(inputs, tmp_path_factory):
     return pq.read_table(folder / "local.parquet").to_pylist()
 
 
+@pytest.mark.slow
 def test_ray_run_equals_the_single_process_run(ray_cluster, inputs, local_rows, tmp_path):
     summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet")).run()
     assert summary.records == 317 and summary.failed == 2
@@ -113,6 +106,7 @@ class StopAfter:
         pass
 
 
+@pytest.mark.slow
 def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_cluster, inputs, local_rows, tmp_path):
     stop = threading.Event()
     first = ray_job(settings_for(tmp_path, inputs, "resumed.parquet"), stop=stop, progress=StopAfter(stop, 60)).run()

@@ -15,19 +15,19 @@ from clef_cli.errors import ModelLoadError
 from clef_cli.release import resolve_release
 from clef_cli.scoring import load_scorer
 
-from .conftest import TINY_MODEL
-
-LOGIT_TOLERANCE = 1e-4
-PROBABILITY_TOLERANCE = 1e-5
+from .conftest import LOGIT_TOLERANCE, PROBABILITY_TOLERANCE, TINY_MODEL
 
 
 def assert_matches_golden(results, records, expected):
-    for result, record, reference in zip(results, records, expected):
+    assert len(results) == len(records) == len(expected)
+    for result, record, reference in zip(results, records, expected, strict=True):
         assert result.record_id == reference["id"]
-        for got, question, golden in zip(result.questions, record.questions, reference["questions"]):
+        for got, question, golden in zip(result.questions, record.questions, reference["questions"], strict=True):
             assert list(got.option_ids) == golden["option_ids"]
-            assert max(abs(a - b) for a, b in zip(got.logits, golden["logits"])) <= LOGIT_TOLERANCE, result.record_id
-            assert max(abs(a - b) for a, b in zip(got.probabilities, golden["probabilities"])) <= PROBABILITY_TOLERANCE
+            logit_error = max(abs(a - b) for a, b in zip(got.logits, golden["logits"], strict=True))
+            assert logit_error <= LOGIT_TOLERANCE, result.record_id
+            probability_error = max(abs(a - b) for a, b in zip(got.probabilities, golden["probabilities"], strict=True))
+            assert probability_error <= PROBABILITY_TOLERANCE, result.record_id
             assert_answer_matches(systemone_answer(question, got), golden["answer"])
 
 
@@ -180,11 +180,17 @@ def test_thinker_weights_with_an_unexpected_key(tmp_path):
         load_scorer(str(folder), device="cpu")
 
 
-def test_speech_output_weights_are_skipped(tmp_path):
+def test_speech_output_weights_are_skipped(tmp_path, scorer, golden_encoded):
+    """Talker and code2wav weights in the shard are ignored: the scores are the normal scorer's."""
     folder = release_copy(tmp_path)
-    rewrite_weights(folder, lambda state: state.update({"talker.model.norm.weight": torch.ones(4)}))
-    scorer = load_scorer(str(folder), device="cpu")
-    assert not any(name.startswith(("talker", "code2wav")) for name, _ in scorer.backbone.thinker.named_parameters())
+    extra = {"talker.model.norm.weight": torch.full((64,), 3.0), "code2wav.decoder.weight": torch.ones(4, 4)}
+    rewrite_weights(folder, lambda state: state.update(extra))
+    with_speech = load_scorer(str(folder), device="cpu", dtype="float32")
+    for encoded in golden_encoded[:4]:
+        got, want = with_speech.score_batch([encoded])[0], scorer.score_batch([encoded])[0]
+        assert len(got.questions) == len(want.questions) > 0
+        for a, b in zip(got.questions, want.questions, strict=True):
+            assert a.option_ids == b.option_ids and a.logits == b.logits
 
 
 def test_thinker_weights_with_a_mismatched_shape(tmp_path):

@@ -148,12 +148,11 @@ def folds_of(questions: Mapping[str, QuestionData], folds: int = FOLDS) -> dict[
 
 def pooled(probabilities: Sequence[np.ndarray], gold: Sequence[np.ndarray], bins: int) -> dict[str, float]:
     """log_loss, brier and top-label ECE over every (record, question) label together."""
-    losses = np.concatenate(
-        [-np.log(np.clip(p[np.arange(len(y)), y], metrics.LOG_LOSS_FLOOR, 1)) for p, y in zip(probabilities, gold)]
-    )
-    briers = np.concatenate([np.sum((p - np.eye(p.shape[1])[y]) ** 2, axis=1) for p, y in zip(probabilities, gold)])
+    pairs = list(zip(probabilities, gold, strict=True))
+    losses = np.concatenate([-np.log(np.clip(p[np.arange(len(y)), y], metrics.LOG_LOSS_FLOOR, 1)) for p, y in pairs])
+    briers = np.concatenate([np.sum((p - np.eye(p.shape[1])[y]) ** 2, axis=1) for p, y in pairs])
     top = np.concatenate([metrics.confidence(p) for p in probabilities])
-    right = np.concatenate([(metrics.predicted(p) == y).astype(float) for p, y in zip(probabilities, gold)])
+    right = np.concatenate([(metrics.predicted(p) == y).astype(float) for p, y in pairs])
     index = metrics.bin_index(top, bins)
     ece = np.sum(np.abs(np.bincount(index, weights=right - top, minlength=bins))) / len(top)
     return {"log_loss": float(losses.mean()), "brier": float(briers.mean()), "ece": float(ece)}
@@ -226,7 +225,7 @@ def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
             probabilities = softmax(np.array([label["logit"] for label in labels], dtype=np.float64) / temperature)
             tie_order = [answer["answer"], *(o for o in option_ids if o != answer["answer"])]
             derived = derive_answer(answer["type"], option_ids, probabilities.tolist(), tie_order)
-            for label, probability in zip(labels, probabilities.tolist()):
+            for label, probability in zip(labels, probabilities.tolist(), strict=True):
                 label["probability"] = probability
             answer.update(
                 answer=derived.answer, confidence=derived.confidence, noul=derived.noul, score=derived.score

@@ -243,7 +243,7 @@ def column_gold_rows(
     labels object (or its JSON text); a cell that is not one is a problem, not a failure."""
     rows: list[GoldRow] = []
     problems: list[GoldProblem] = []
-    for record_id, value in zip(ids, values):
+    for record_id, value in zip(ids, values, strict=True):
         labels = parse_labels(value)
         if labels is None:
             problems.append(

@@ -77,7 +77,7 @@ def run_eval(
     if by is not None:
         values = _column(inputs.scored, by, "--by")
         groups: dict[str, list[str]] = {}
-        for record_id, value in zip(inputs.scored.ids, values):
+        for record_id, value in zip(inputs.scored.ids, values, strict=True):
             key = value if isinstance(value, str) else json.dumps(value)
             groups.setdefault(key, []).append(record_id)
         document["by"] = {"column": by, "groups": {}}

@@ -181,7 +181,7 @@ def evaluate(questions: Mapping[str, QuestionData], bins: int = 15, target: floa
     right: dict[str, bool] = {}
     for data in questions.values():
         correct = predicted(data.probabilities) == data.gold
-        for record_id, ok in zip(data.record_ids, correct):
+        for record_id, ok in zip(data.record_ids, correct, strict=True):
             right[record_id] = right.get(record_id, True) and bool(ok)
     return {
         "records": len(right),

@@ -54,7 +54,7 @@ class QuestionData:
         return len(self.record_ids)
 
     def subset(self, keep: np.ndarray) -> QuestionData:
-        ids = [record_id for record_id, kept in zip(self.record_ids, keep) if kept]
+        ids = [record_id for record_id, kept in zip(self.record_ids, keep, strict=True) if kept]
         return QuestionData(
             self.question_id,
             self.type,
@@ -96,7 +96,7 @@ def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
     options: dict[str, QuestionOptions] = {}
     scores: dict[str, dict[str, Scores]] = {}
     failed = []
-    for record_id, answers in zip(ids, table.column("answers").to_pylist()):
+    for record_id, answers in zip(ids, table.column("answers").to_pylist(), strict=True):
         if not answers:
             failed.append(record_id)
             continue
