@@ -6,7 +6,8 @@ Layout of a checkpoint folder::
     manifest.json          format version, fingerprints, result-changing settings
     journal.jsonl          one line per committed shard (file sizes and checksums)
     shards/NNNNNNNN.results.arrow         one row per record (the output's columns)
-    shards/NNNNNNNN.hidden.safetensors    final hidden states, input ids, spans (optional)
+    shards/NNNNNNNN.hidden.safetensors    final hidden states, input ids, spans (optional;
+                                          format in hidden_store.py)
 
 A shard counts only once its journal line is written, and that line is written last (after the
 files are fsynced and renamed into place). A job killed at any instant therefore leaves either a
@@ -24,17 +25,16 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import torch
 
 from clef_cli.errors import ClefError
-from clef_cli.prompt import EncodedRecord
+from clef_cli.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
 from clef_cli.release import file_sha256
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.sources import InputFile
@@ -43,7 +43,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 JOURNAL = "journal.jsonl"
 SHARDS = "shards"
-HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class CheckpointMismatch(ClefError):
@@ -140,40 +139,6 @@ class ShardEntry:
     @property
     def has_hidden(self) -> bool:
         return "hidden" in self.files
-
-
-def hidden_payload(
-    records: Sequence[EncodedRecord], hidden_states: torch.Tensor, dtype: torch.dtype
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Per record: its real tokens' hidden states `[L, d]`, its input ids and its spans."""
-    tensors: dict[str, torch.Tensor] = {}
-    described = []
-    hidden_cpu = hidden_states.detach().to("cpu", dtype)
-    for row, record in enumerate(records):
-        index = record.record.index
-        tensors[f"hidden.{index}"] = hidden_cpu[row, : record.length].contiguous()
-        tensors[f"input_ids.{index}"] = torch.as_tensor(list(record.input_ids), dtype=torch.int32)
-        described.append(
-            {
-                "index": index,
-                "id": record.record.id,
-                "prompt_tokens": record.length,
-                "state_tokens_cut": record.state_tokens_cut,
-                "questions": [
-                    {
-                        "question_id": question.id,
-                        "question_type": encoded.question_type,
-                        "type": question.type,
-                        "question_span": list(encoded.question_span),
-                        "option_spans": [list(span) for span in encoded.option_spans],
-                        "option_ids": list(question.option_ids),
-                        "criteria_order": list(question.criteria_order),
-                    }
-                    for question, encoded in zip(record.record.questions, record.questions)
-                ],
-            }
-        )
-    return tensors, {"records": json.dumps(described, ensure_ascii=False)}
 
 
 class Checkpoint:
@@ -305,18 +270,15 @@ class Checkpoint:
         numbers = [int(entry.name) for entry in self.entries if entry.name.isdigit()]
         return f"{max(numbers, default=0) + 1:08d}"
 
-    def commit(self, results: pa.Table, hidden: tuple[dict[str, torch.Tensor], dict[str, str]] | None = None) -> None:
+    def commit(self, results: pa.Table, hidden: HiddenPayload | None = None) -> None:
         """Make one shard durable: files first, then the journal line that makes it count."""
-        from safetensors.torch import save
-
         name = self._next_name()
         table = results.cast(RESULT_SCHEMA)
         files = {"results": self._write_file(f"{name}.results.arrow", _ipc_bytes(table), "sha256")}
         if hidden is not None:
-            tensors, metadata = hidden
             # Hidden states are large: a CRC (several GB/s) guards them against damage, where the
             # small results files carry a SHA-256.
-            files["hidden"] = self._write_file(f"{name}.hidden.safetensors", save(tensors, metadata), "crc32")
+            files["hidden"] = self._write_file(f"{name}.hidden.safetensors", hidden.to_bytes(), "crc32")
         entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
         with open(self.path / JOURNAL, "a", encoding="utf-8") as journal:
             journal.write(json.dumps(entry.__dict__, sort_keys=True) + "\n")
@@ -345,18 +307,17 @@ class Checkpoint:
         tables = list(self._result_tables())
         return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
 
-    def hidden_shards(self) -> Iterator[tuple[ShardEntry, Path]]:
+    def hidden_shards(self) -> list[HiddenShardFile]:
+        """The committed hidden-state shards, in commit order (read them with `hidden_reader`)."""
+        shards = []
         for entry in self.entries:
             if entry.has_hidden:
-                yield entry, self.shards_path / entry.files["hidden"]["name"]
+                described = entry.files["hidden"]
+                shards.append(HiddenShardFile(self.shards_path / described["name"], entry.records, described["crc32"]))
+        return shards
 
-    def verify_hidden(self, entry: ShardEntry) -> bool:
-        described = entry.files["hidden"]
-        crc = 0
-        with (self.shards_path / described["name"]).open("rb") as handle:
-            while chunk := handle.read(1 << 22):
-                crc = zlib.crc32(chunk, crc)
-        return crc == described["crc32"]
+    def hidden_reader(self) -> HiddenReader:
+        return HiddenReader(self.hidden_shards())
 
     def size_on_disk(self) -> int:
         return sum(path.stat().st_size for path in self.path.rglob("*") if path.is_file())

@@ -31,13 +31,12 @@ import torch
 from clef_cli import __version__, faults
 from clef_cli.batching import PlanEntry, PlannedBatch, plan_batches
 from clef_cli.checkpoint import (
-    HIDDEN_DTYPES,
     Checkpoint,
     DoneSet,
-    hidden_payload,
     input_fingerprint,
 )
 from clef_cli.errors import ClefError, UsageError
+from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
 from clef_cli.locks import job_locks
 from clef_cli.media import MediaLimits
 from clef_cli.output import (

@@ -6,20 +6,19 @@ only other backbone tensor the head needs (the lm_head rows) is read from its we
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 from clef_cli.backbone import load_lexical_rows, resolve_device
 from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.checkpoint import Checkpoint, describe_differences
 from clef_cli.errors import ClefError, ModelLoadError
 from clef_cli.head import JointSchemaHead, load_joint_head
+from clef_cli.hidden_store import StoredRecord, pad_states
 from clef_cli.locks import job_locks
 from clef_cli.pipeline import (
     JobSummary,
@@ -30,8 +29,7 @@ from clef_cli.pipeline import (
     provenance,
     write_job_output,
 )
-from clef_cli.prompt import EncodedQuestion, EncodedRecord
-from clef_cli.records import Question, Record, count_records
+from clef_cli.records import count_records
 from clef_cli.release import resolve_release
 from clef_cli.results import results_table
 from clef_cli.scoring import FailedRecord, head_logits, scored_record
@@ -39,55 +37,16 @@ from clef_cli.scoring import FailedRecord, head_logits, scored_record
 REHEAD_BATCH_TOKENS = 65536
 
 
-def _stored_records(metadata: dict[str, str], handle: Any) -> list[tuple[EncodedRecord, torch.Tensor]]:
-    """Rebuild each stored record's encoding (ids, spans, option order) and its hidden states."""
-    rebuilt = []
-    for stored in json.loads(metadata["records"]):
-        index = stored["index"]
-        questions = tuple(
-            Question(
-                id=q["question_id"],
-                type=q["type"],
-                instructions=None,
-                options=tuple((option_id, None) for option_id in q["option_ids"]),
-                criteria_order=tuple(q["criteria_order"]),
-            )
-            for q in stored["questions"]
-        )
-        encoded_questions = tuple(
-            EncodedQuestion(
-                question_id=q["question_id"],
-                question_type=q["question_type"],
-                question_span=tuple(q["question_span"]),
-                option_spans=tuple(tuple(span) for span in q["option_spans"]),
-                option_ids=tuple(q["option_ids"]),
-            )
-            for q in stored["questions"]
-        )
-        record = Record(id=stored["id"], index=index, state=None, questions=questions)
-        input_ids = handle.get_tensor(f"input_ids.{index}").tolist()
-        encoded = EncodedRecord(
-            record=record,
-            input_ids=input_ids,
-            questions=encoded_questions,
-            state_tokens_cut=stored["state_tokens_cut"],
-        )
-        rebuilt.append((encoded, handle.get_tensor(f"hidden.{index}")))
-    return rebuilt
-
-
 def _score_stored(
-    head: JointSchemaHead, lexical: torch.Tensor, stored: list[tuple[EncodedRecord, torch.Tensor]], device: torch.device
+    head: JointSchemaHead, lexical: torch.Tensor, stored: list[StoredRecord], device: torch.device
 ) -> list[Any]:
     """Right-pad the stored states into length-sorted batches (the job's own planner) for the head."""
     scored = []
-    entries = [PlanEntry(position, record.length) for position, (record, _) in enumerate(stored)]
+    entries = [PlanEntry(position, record.length) for position, record in enumerate(stored)]
     for batch in plan_batches(entries, REHEAD_BATCH_TOKENS, max_batch_size=len(entries)):
         chosen = [stored[position] for position in batch.indices]
-        hidden = torch.zeros(len(chosen), batch.padded_length, chosen[0][1].shape[-1], dtype=torch.float32)
-        for row, (record, states) in enumerate(chosen):
-            hidden[row, : record.length] = states.float()
-        records = [record for record, _ in chosen]
+        hidden = pad_states([record.hidden for record in chosen], batch.padded_length)
+        records = [record.encoded for record in chosen]
         logits = head_logits(head, hidden.to(device), lexical, records)
         scored.extend(scored_record(record, record_logits) for record, record_logits in zip(records, logits))
     return scored
@@ -145,20 +104,17 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
             failures = _failures(source)
             if failures:
                 target.commit(results_table([], failures))
-            missing = source.done.count - len(failures) - sum(e.records for e, _ in source.hidden_shards())
+            reader = source.hidden_reader()
+            missing = source.done.count - len(failures) - reader.num_records
             if missing > 0:
                 raise ClefError(
                     f"{missing} scored records in {source_path} have no stored hidden states "
                     "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
                 )
-            for entry, path in source.hidden_shards():
-                if not source.verify_hidden(entry):
-                    raise ClefError(f"hidden-state shard {path} is damaged (checksum mismatch); rerun the job for it")
-                with safe_open(str(path), framework="pt") as handle:
-                    stored = _stored_records(handle.metadata(), handle)
+            for _, stored in reader.by_shard():
                 scored = _score_stored(head, lexical, stored, device)
                 target.commit(results_table(scored, []))
-                tokens = sum(record.length for record, _ in stored)
+                tokens = sum(record.length for record in stored)
                 summary.tokens += tokens
                 progress.advance(len(scored), tokens, 0)
             metadata = provenance(settings, release, current | {"settings": source.manifest["settings"]})
