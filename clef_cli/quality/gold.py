@@ -1,0 +1,254 @@
+"""Gold labels written by people, matched against the questions of the scored records.
+
+A gold file is user input, so every problem in it (a value that is not an option, an unknown
+question, a duplicate or unknown id) becomes a named `GoldProblem` and the record or label is
+skipped; only a file that cannot be read at all, or a row without `id`, stops the command.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clef_cli.errors import UsageError
+from clef_cli.release import file_sha256
+
+QuestionOptions = Mapping[str, tuple[str, tuple[str, ...]]]
+"""question_id -> (type, allowed option ids in head order)."""
+
+GoldRow = tuple[str, dict[str, object]]
+SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+class GoldFileError(UsageError):
+    """The gold file cannot be read, or a row has no `id` (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class GoldProblem:
+    record_id: str | None
+    question_id: str | None
+    message: str
+
+
+@dataclass
+class GoldSet:
+    labels: dict[str, dict[str, str]]
+    """record id -> {question_id: gold option id}; only records with at least one usable label."""
+    problems: list[GoldProblem] = field(default_factory=list)
+    sha256: str | None = None
+    """Of the gold file; None when the gold came from a column of the scored file."""
+
+    @property
+    def n_labels(self) -> int:
+        return sum(len(questions) for questions in self.labels.values())
+
+
+def read_gold_rows(path: Path) -> list[GoldRow]:
+    """(record id, {question_id: raw value}) per row, in file order.
+
+    A row holds either a `labels` object (or its JSON text) or one column per question id.
+    """
+    path = Path(path)
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise GoldFileError(f"gold file {str(path)!r}: unknown format; use .jsonl, .json, .csv or .parquet")
+    try:
+        raw = _read_raw(path, kind)
+    except GoldFileError:
+        raise
+    except (OSError, ValueError, UnicodeDecodeError) as exc:  # pyarrow errors subclass these
+        raise GoldFileError(f"gold file {str(path)!r} could not be read: {exc}") from exc
+    return [_gold_row(path, number, row) for number, row in enumerate(raw, start=1)]
+
+
+def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
+    if kind == "jsonl":
+        rows = []
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise GoldFileError(f"gold file {str(path)!r} line {number}: not JSON ({exc.msg})") from exc
+        return _objects(path, rows)
+    if kind == "json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise GoldFileError(f"gold file {str(path)!r}: not JSON ({exc.msg} at line {exc.lineno})") from exc
+        if not isinstance(data, list):
+            raise GoldFileError(f"gold file {str(path)!r}: a .json gold file holds a list of rows")
+        return _objects(path, data)
+    if kind == "csv":
+        with path.open(encoding="utf-8", newline="") as handle:
+            return [
+                {key: (value if value != "" else None) for key, value in row.items()} for row in csv.DictReader(handle)
+            ]
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _objects(path: Path, rows: list[object]) -> list[dict[str, object]]:
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise GoldFileError(f"gold file {str(path)!r} row {number}: expected an object, got {type(row).__name__}")
+    return rows  # type: ignore[return-value]
+
+
+def _gold_row(path: Path, number: int, row: dict[str, object]) -> GoldRow:
+    record_id = row.get("id")
+    if record_id is None or record_id == "":
+        raise GoldFileError(f"gold file {str(path)!r} row {number}: no `id`")
+    if "labels" in row:
+        labels = parse_labels(row["labels"])
+        if labels is None:
+            raise GoldFileError(
+                f"gold file {str(path)!r} row {number} (id {str(record_id)!r}): `labels` is not an object"
+            )
+    else:
+        labels = {key: value for key, value in row.items() if key != "id"}
+    return str(record_id), labels
+
+
+def parse_labels(value: object) -> dict[str, object] | None:
+    """A `labels` cell: a mapping, a JSON object text, or an Arrow map (list of pairs); else None."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, list) and all(isinstance(item, tuple) and len(item) == 2 for item in value):
+        value = dict(value)
+    if isinstance(value, Mapping):
+        return {str(key): item for key, item in value.items()}
+    return None
+
+
+def normalise(value: object, qtype: str) -> str | None:
+    """A raw gold value as an option id string; None means "no label" (empty cell)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "":
+            return None
+        if qtype == "noul" and text.lower() in ("true", "false"):
+            return text.lower()
+        return text
+    return str(value)
+
+
+def match_gold(
+    rows: Iterable[GoldRow],
+    options: Mapping[str, QuestionOptions],
+    sha256: str | None = None,
+    failed_ids: Iterable[str] = (),
+) -> GoldSet:
+    """Gold labels of the scored records; every mismatch becomes a `GoldProblem`, never an exception.
+
+    `options` maps each scored record id to its questions; `failed_ids` are records that are in
+    the scored file without answers (named as such instead of "absent").
+    """
+    failed = set(failed_ids)
+    known_questions = {qid for questions in options.values() for qid in questions}
+    labels: dict[str, dict[str, str]] = {}
+    problems: list[GoldProblem] = []
+    seen: set[str] = set()
+    unknown_everywhere: dict[str, int] = {}
+    for record_id, raw in rows:
+        if record_id in seen:
+            problems.append(
+                GoldProblem(record_id, None, f"record {record_id!r}: duplicate id in the gold; the first row is used")
+            )
+            continue
+        seen.add(record_id)
+        questions = options.get(record_id)
+        if questions is None:
+            if any(value is not None for value in raw.values()):
+                why = "failed in scoring (no answers)" if record_id in failed else "is not in the scored records"
+                problems.append(GoldProblem(record_id, None, f"record {record_id!r} {why}; its gold is skipped"))
+            continue
+        for question_id, value in raw.items():
+            if question_id not in questions:
+                if value is None or value == "":
+                    continue
+                if question_id not in known_questions:
+                    unknown_everywhere[question_id] = unknown_everywhere.get(question_id, 0) + 1
+                else:
+                    problems.append(
+                        GoldProblem(
+                            record_id,
+                            question_id,
+                            f"record {record_id!r}: question {question_id!r} is not one of its questions",
+                        )
+                    )
+                continue
+            qtype, allowed = questions[question_id]
+            gold = normalise(value, qtype)
+            if gold is None:
+                continue
+            if gold not in allowed:
+                problems.append(
+                    GoldProblem(
+                        record_id,
+                        question_id,
+                        f"record {record_id!r} question {question_id!r}: gold {gold!r} is not an allowed option "
+                        f"({', '.join(allowed)})",
+                    )
+                )
+                continue
+            labels.setdefault(record_id, {})[question_id] = gold
+    for question_id, count in unknown_everywhere.items():
+        problems.append(
+            GoldProblem(
+                None,
+                question_id,
+                f"question {question_id!r} is not a question of any scored record ({count} gold rows)",
+            )
+        )
+    return GoldSet(labels=labels, problems=problems, sha256=sha256)
+
+
+def load_gold(path: Path, options: Mapping[str, QuestionOptions], failed_ids: Iterable[str] = ()) -> GoldSet:
+    """Read, match and fingerprint a gold file."""
+    path = Path(path)
+    return match_gold(read_gold_rows(path), options, sha256=file_sha256(path), failed_ids=failed_ids)
+
+
+def column_gold_rows(
+    ids: Sequence[str], values: Sequence[object], column: str
+) -> tuple[list[GoldRow], list[GoldProblem]]:
+    """Gold rows from a column carried through the scored file (`--gold-column`): each cell a
+    labels object (or its JSON text); a cell that is not one is a problem, not a failure."""
+    rows: list[GoldRow] = []
+    problems: list[GoldProblem] = []
+    for record_id, value in zip(ids, values):
+        labels = parse_labels(value)
+        if labels is None:
+            problems.append(
+                GoldProblem(record_id, None, f"record {record_id!r}: column {column!r} is not a labels object")
+            )
+            continue
+        rows.append((record_id, labels))
+    return rows, problems
