@@ -1,7 +1,8 @@
 """The `clef` command line: parses options, shows progress on stderr, maps errors to exit codes.
 
 All work happens in the library; every command here is a thin shell around it. Exit codes:
-0 success, 1 fatal error, 2 usage error, 3 finished but some records failed, 130 interrupted.
+0 success, 1 fatal error, 2 usage error, 3 finished but some records failed, 4 train-head's gate
+refused the head, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -482,6 +483,131 @@ def checkpoint_info(
             stdout.print(f"input: {item['path']} ({item['bytes']} bytes)")
 
     run_guarded(verbose, body)
+
+
+# ----------------------------------------------------------------------------- train-head
+
+EXIT_GATE_REFUSED = 4
+
+
+class TrainHeadProgress:
+    """Stages and per-epoch losses of train-head, on stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def stage(self, message: str) -> None:
+        if self.enabled:
+            stderr.print(message, style="bold", markup=False)
+
+    def epoch(self, run: str, epoch: int, epochs: int, loss: float) -> None:
+        if self.enabled:
+            stderr.print(f"  {run} epoch {epoch + 1}/{epochs}: training loss {loss:.4f}", markup=False)
+
+
+def _print_gate(report: dict[str, Any]) -> None:
+    held = report["held_out"]
+    table = Table(title="held-out (k-fold cross-fitted)", title_justify="left")
+    for column in ("head", "log loss (95% CI)", "Brier (95% CI)", "accuracy"):
+        table.add_column(column)
+    for name in ("base", "trained"):
+        row = held[name]
+        ll, br = row["log_loss_ci95"], row["brier_ci95"]
+        by_question = ", ".join(f"{q} {a:.3f}" for q, a in row["accuracy_by_question"].items())
+        table.add_row(
+            name,
+            f"{row['log_loss']:.4f} [{ll[0]:.4f}, {ll[1]:.4f}]",
+            f"{row['brier']:.4f} [{br[0]:.4f}, {br[1]:.4f}]",
+            f"{row['accuracy']:.3f} ({by_question})",
+        )
+    stderr.print(table)
+    difference = held["log_loss_difference"]
+    gate = report["gate"]
+    verdict = "passed" if gate["passed"] else ("failed, written anyway (--force)" if gate["forced"] else "failed")
+    stderr.print(
+        f"log loss difference {difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, "
+        f"{difference['ci95'][1]:+.4f}]: gate {verdict}",
+        markup=False,
+    )
+
+
+@app.command("train-head")
+def train_head_command(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint of a `clef score` job run with hidden states kept.")],
+    gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the trained head (release layout).")],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="Release the job was scored with (default: from the checkpoint)."),
+    ] = None,
+    revision: RevisionOption = None,
+    base_head: Annotated[
+        Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
+    ] = None,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Passes over the training records.")] = 10,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 5e-5,
+    batch_tokens: Annotated[
+        int, typer.Option("--batch-tokens", min=1, help="Padded tokens per training batch (length-sorted batches).")
+    ] = 16384,
+    label_smoothing: Annotated[
+        float, typer.Option("--label-smoothing", min=0.0, max=0.99, help="Label smoothing of the cross-entropy.")
+    ] = 0.05,
+    brier_weight: Annotated[float, typer.Option("--brier-weight", min=0.0, help="Weight of the Brier term.")] = 1.0,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="Folds of the held-out gate (split by record).")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of folds, batch order and bootstrap.")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Write the head even when the gate fails.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress on stderr.")] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the
+    thinker never runs), gated by k-fold held-out proof: HEAD_DIR is written only when the
+    held-out log loss beats the base head's with a bootstrap 95% interval of the difference below
+    zero; otherwise the numbers are printed and the exit code is 4 (--force writes anyway).
+
+    Examples:
+
+        clef score records.jsonl -o out.parquet
+
+        clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
+
+        clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
+    """
+
+    def body() -> int:
+        from clef_cli.quality.head_training import FitSettings
+        from clef_cli.quality.train_head import GateRefused, TrainHeadSettings, train_head
+
+        settings = TrainHeadSettings(
+            checkpoint=checkpoint,
+            gold=gold,
+            output=output,
+            model=model,
+            base_head=base_head,
+            revision=revision,
+            fit=FitSettings(
+                epochs=epochs,
+                lr=lr,
+                batch_tokens=batch_tokens,
+                label_smoothing=label_smoothing,
+                brier_weight=brier_weight,
+            ),
+            folds=folds,
+            seed=seed,
+            device=device,
+            force=force,
+        )
+        try:
+            result = train_head(settings, TrainHeadProgress(enabled=not quiet))
+        except GateRefused as refused:
+            _print_gate(refused.report)
+            stderr.print(f"error: {refused}", markup=False)
+            return EXIT_GATE_REFUSED
+        _print_gate(result.report)
+        stderr.print(f"wrote {output} ({result.report['new_head']['parameters']} parameters)", markup=False)
+        return EXIT_OK
+
+    raise typer.Exit(run_guarded(verbose, body))
 
 
 # ----------------------------------------------------------------------------- inspect-spans
