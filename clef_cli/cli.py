@@ -567,11 +567,11 @@ def train_head_command(
 
     Examples:
 
-        clef score records.jsonl -o out.parquet
-
-        clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
-
-        clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
+    \b
+      clef score records.jsonl -o out.parquet
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 20 --lr 1e-4 --folds 10
+      clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
 
     def body() -> int:

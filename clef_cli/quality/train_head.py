@@ -105,7 +105,7 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
             raise UsageError(f"-o {output} holds other files ({', '.join(others[:3])}); give a new or empty folder")
 
 
-def _gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
+def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position."""
     rows = read_gold_rows(gold_path)
     wanted = {record_id for record_id, _ in rows}
@@ -236,7 +236,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
-    examples, gold = _gold_examples(reader, settings.gold)
+    examples, gold = gold_examples(reader, settings.gold)
     if not examples:
         first = f" (first problem: {gold.problems[0].message})" if gold.problems else ""
         raise UsageError(f"gold file {settings.gold} matches no stored record of {settings.checkpoint}{first}")
