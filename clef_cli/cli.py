@@ -491,42 +491,58 @@ EXIT_GATE_REFUSED = 4
 
 
 class TrainHeadProgress:
-    """Stages and per-epoch losses of train-head, on stderr."""
+    """One bar over every epoch of every fold and of the final run (terminal), or one line per
+    finished run (otherwise); stage lines always."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, total_epochs: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         self.enabled = enabled
+        self.live = enabled and stderr.is_terminal
+        self._bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=stderr, disable=not self.live,
+        )  # fmt: skip
+        self._task = self._bar.add_task("training", total=total_epochs)
+        if self.live:
+            self._bar.start()
 
     def stage(self, message: str) -> None:
         if self.enabled:
-            stderr.print(message, style="bold", markup=False)
+            self._bar.console.print(message, style="bold", markup=False)
 
     def epoch(self, run: str, epoch: int, epochs: int, loss: float) -> None:
-        if self.enabled:
-            stderr.print(f"  {run} epoch {epoch + 1}/{epochs}: training loss {loss:.4f}", markup=False)
+        if self.live:
+            self._bar.update(self._task, advance=1, description=f"{run} epoch {epoch + 1}/{epochs} loss {loss:.4f}")
+        elif self.enabled and epoch + 1 == epochs:
+            stderr.print(f"  {run}: {epochs} epochs, final training loss {loss:.4f}", markup=False)
+
+    def stop(self) -> None:
+        self._bar.stop()
 
 
 def _print_gate(report: dict[str, Any]) -> None:
     held = report["held_out"]
-    table = Table(title="held-out (k-fold cross-fitted)", title_justify="left")
-    for column in ("head", "log loss (95% CI)", "Brier (95% CI)", "accuracy"):
-        table.add_column(column)
-    for name in ("base", "trained"):
-        row = held[name]
-        ll, br = row["log_loss_ci95"], row["brier_ci95"]
-        by_question = ", ".join(f"{q} {a:.3f}" for q, a in row["accuracy_by_question"].items())
-        table.add_row(
-            name,
-            f"{row['log_loss']:.4f} [{ll[0]:.4f}, {ll[1]:.4f}]",
-            f"{row['brier']:.4f} [{br[0]:.4f}, {br[1]:.4f}]",
-            f"{row['accuracy']:.3f} ({by_question})",
-        )
+    from rich import box
+
+    base, trained = held["base"], held["trained"]
+    table = Table(title="held-out (k-fold cross-fitted)", title_justify="left", box=box.SIMPLE)
+    for column in ("", "base head", "trained head"):
+        table.add_column(column, no_wrap=True)
+    with_ci = lambda row, name: f"{row[name]:.4f} [{row[name + '_ci95'][0]:.4f}, {row[name + '_ci95'][1]:.4f}]"  # noqa: E731
+    table.add_row("log loss (95% CI)", with_ci(base, "log_loss"), with_ci(trained, "log_loss"))
+    table.add_row("Brier (95% CI)", with_ci(base, "brier"), with_ci(trained, "brier"))
+    table.add_row("accuracy", f"{base['accuracy']:.3f}", f"{trained['accuracy']:.3f}")
+    for question, value in base["accuracy_by_question"].items():
+        table.add_row(f"  {question}", f"{value:.3f}", f"{trained['accuracy_by_question'][question]:.3f}")
     stderr.print(table)
     difference = held["log_loss_difference"]
     gate = report["gate"]
     verdict = "passed" if gate["passed"] else ("failed, written anyway (--force)" if gate["forced"] else "failed")
     stderr.print(
-        f"log loss difference {difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, "
-        f"{difference['ci95'][1]:+.4f}]: gate {verdict}",
+        f"{report['gold']['records']} gold records; held-out log loss difference (trained - base) "
+        f"{difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, {difference['ci95'][1]:+.4f}]: "
+        f"gate {verdict}",
         markup=False,
     )
 
@@ -597,12 +613,16 @@ def train_head_command(
             device=device,
             force=force,
         )
+        progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
         try:
-            result = train_head(settings, TrainHeadProgress(enabled=not quiet))
+            result = train_head(settings, progress)
         except GateRefused as refused:
+            progress.stop()
             _print_gate(refused.report)
             stderr.print(f"error: {refused}", markup=False)
             return EXIT_GATE_REFUSED
+        finally:
+            progress.stop()
         _print_gate(result.report)
         stderr.print(f"wrote {output} ({result.report['new_head']['parameters']} parameters)", markup=False)
         return EXIT_OK
