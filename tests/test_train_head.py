@@ -20,17 +20,19 @@ runner = CliRunner()
 KEYWORDS = {"apple": "fruit", "river": "water", "violet": "color"}
 FILLER = "the a report about some thing that happened today in town with people and more news".split()
 # The tiny random head needs a large step to find the keyword in a few epochs.
-FAST = ["--epochs", "15", "--lr", "1e-2", "--batch-tokens", "4096", "--device", "cpu"]
+FAST = ["--epochs", "8", "--lr", "1e-2", "--batch-tokens", "4096", "--device", "cpu"]
 
 
 def planted_records(count: int, seed: int = 7) -> list[dict]:
-    """Filler text with one of three keywords; `topic` (choice) and `is_fruit` (noul) follow it."""
+    """Filler text with one of three keywords (four times: once among ~450 prompt tokens is too
+    faint for the tiny random thinker); `topic` (choice) and `is_fruit` (noul) follow it."""
     rng = random.Random(seed)
     records = []
     for number in range(count):
         keyword = rng.choice(sorted(KEYWORDS))
         words = rng.choices(FILLER, k=rng.randint(6, 14))
-        words.insert(rng.randint(0, len(words)), keyword)
+        for _ in range(4):
+            words.insert(rng.randint(0, len(words)), keyword)
         questions = {
             "topic": {
                 "type": "choice",
@@ -113,15 +115,41 @@ def test_planted_signal_is_learned_and_the_gate_passes(planted, tmp_path, seed):
     assert before < 0.5 and after >= 0.8
 
 
+def uniform_head(folder: Path) -> Path:
+    """The fixture head with its output path zeroed: every question starts at exactly uniform
+    probabilities, yet the residual scorer still gets gradients and can learn."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir()
+    state = load_file(str(TINY_MODEL / "joint_head.safetensors"))
+    state["residual_scorer.3.weight"].zero_()
+    state["residual_scorer.3.bias"].zero_()
+    state["prior_logit_scale"].fill_(-30.0)
+    state["joint_logit_scale"].fill_(-30.0)
+    save_file(state, str(folder / "joint_head.safetensors"))
+    (folder / "joint_head_config.json").write_bytes((TINY_MODEL / "joint_head_config.json").read_bytes())
+    return folder
+
+
 @pytest.mark.slow
 def test_shuffled_labels_are_refused_and_nothing_is_written(planted, tmp_path):
-    rows = [gold_row(r) for r in planted["records"][:200]]
-    labels = [{k: v for k, v in row.items() if k != "id"} for row in rows]
-    random.Random(3).shuffle(labels)
-    gold = write_jsonl(tmp_path / "shuffled.jsonl", [{"id": row["id"], **label} for row, label in zip(rows, labels)])
-    head = tmp_path / "head"
-    result = train(planted["checkpoint"], gold, head, *FAST)
-    assert result.exit_code == 4, result.output
+    """Shuffled labels carry no signal. A head that is miscalibrated still gains held-out log loss
+    by learning the label frequencies alone (a real gain the gate rightly accepts), so this test
+    starts from a head that is already optimal without the signal: uniform probabilities, on the
+    balanced `topic` question. The same start with the true labels passes, so the refusal comes
+    from the labels, not from a head that cannot learn."""
+    base = uniform_head(tmp_path / "uniform")
+    records = planted["records"][:200]
+    topics = [KEYWORDS[r["keyword"]] for r in records]
+    assert max(topics.count(t) for t in set(topics)) < 0.4 * len(topics)  # balanced: uniform is the best guess
+    shuffled = topics[:]
+    random.Random(3).shuffle(shuffled)
+    for name, labels, code in (("true", topics, 0), ("shuffled", shuffled, 4)):
+        gold = write_jsonl(tmp_path / f"{name}.jsonl", [{"id": r["id"], "topic": t} for r, t in zip(records, labels)])
+        head = tmp_path / f"head-{name}"
+        result = train(planted["checkpoint"], gold, head, *FAST, "--base-head", str(base))
+        print(name, result.stderr.strip().splitlines()[-1])
+        assert result.exit_code == code, result.output
     assert "nothing written" in result.stderr and not head.exists()
 
 
