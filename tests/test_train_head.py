@@ -176,6 +176,14 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), first.head.state_dict().values()))
     assert rehead(planted, tmp_path / "a", tmp_path / "re.parquet").exit_code == 0
     rows = {row["id"]: row for row in pq.read_table(tmp_path / "re.parquet").to_pylist()}
+    originals = {row["id"]: row for row in pq.read_table(planted["output"]).to_pylist()}
+    moved = max(
+        abs(a["probability"] - b["probability"])
+        for key, row in rows.items()
+        for x, y in zip(row["answers"], originals[key]["answers"])
+        for a, b in zip(x["labels"], y["labels"])
+    )
+    assert moved > 1e-3  # the new head, not the release's, scored the rehead output
     lexical = load_lexical_rows(resolve_release(str(TINY_MODEL)))
     compared = 0
     for _, stored in Checkpoint.open_existing(planted["checkpoint"]).hidden_reader().by_shard():
