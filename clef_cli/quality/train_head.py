@@ -227,12 +227,21 @@ def _summary(metrics: dict, resamples: int, seed: int) -> dict[str, Any]:
 def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = None) -> TrainHeadResult:
     """Cross-fit, gate, train on everything, and write HEAD_DIR when the gate passes (or `force`).
 
-    Raises `GateRefused` (with the report's numbers) when the gate fails and `force` is off."""
-    from clef_cli.backbone import load_lexical_rows, resolve_device
+    Raises `GateRefused` (with the report's numbers) when the gate fails and `force` is off. The
+    checkpoint and HEAD_DIR are locked as a job's are, so no job writes them meanwhile."""
+    from clef_cli.locks import job_locks
 
-    progress = progress or SilentTrainProgress()
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
+    if not settings.output.absolute().parent.is_dir():
+        raise UsageError(f"-o {settings.output}: folder {settings.output.absolute().parent} does not exist")
+    with job_locks(settings.output, settings.checkpoint):
+        return _train_head(settings, progress or SilentTrainProgress())
+
+
+def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHeadResult:
+    from clef_cli.backbone import load_lexical_rows, resolve_device
+
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
