@@ -1,7 +1,8 @@
 """The `clef` command line: parses options, shows progress on stderr, maps errors to exit codes.
 
 All work happens in the library; every command here is a thin shell around it. Exit codes:
-0 success, 1 fatal error, 2 usage error, 3 finished but some records failed, 130 interrupted.
+0 success, 1 fatal error, 2 usage error, 3 finished but some records failed, 4 train-head's gate
+refused the head, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -663,6 +664,151 @@ def checkpoint_info(
             stdout.print(f"input: {item['path']} ({item['bytes']} bytes)")
 
     run_guarded(verbose, body)
+
+
+# ----------------------------------------------------------------------------- train-head
+
+EXIT_GATE_REFUSED = 4
+
+
+class TrainHeadProgress:
+    """One bar over every epoch of every fold and of the final run (terminal), or one line per
+    finished run (otherwise); stage lines always."""
+
+    def __init__(self, enabled: bool, total_epochs: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.enabled = enabled
+        self.live = enabled and stderr.is_terminal
+        self._bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=stderr, disable=not self.live,
+        )  # fmt: skip
+        self._task = self._bar.add_task("training", total=total_epochs)
+        if self.live:
+            self._bar.start()
+
+    def stage(self, message: str) -> None:
+        if self.enabled:
+            self._bar.console.print(message, style="bold", markup=False)
+
+    def epoch(self, run: str, epoch: int, epochs: int, loss: float) -> None:
+        if self.live:
+            self._bar.update(self._task, advance=1, description=f"{run} epoch {epoch + 1}/{epochs} loss {loss:.4f}")
+        elif self.enabled and epoch + 1 == epochs:
+            stderr.print(f"  {run}: {epochs} epochs, final training loss {loss:.4f}", markup=False)
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+def _print_gate(report: dict[str, Any]) -> None:
+    held = report["held_out"]
+    from rich import box
+
+    base, trained = held["base"], held["trained"]
+    table = Table(title="held-out (k-fold cross-fitted)", title_justify="left", box=box.SIMPLE)
+    for column in ("", "base head", "trained head"):
+        table.add_column(column, no_wrap=True)
+    with_ci = lambda row, name: f"{row[name]:.4f} [{row[name + '_ci95'][0]:.4f}, {row[name + '_ci95'][1]:.4f}]"  # noqa: E731
+    table.add_row("log loss (95% CI)", with_ci(base, "log_loss"), with_ci(trained, "log_loss"))
+    table.add_row("Brier (95% CI)", with_ci(base, "brier"), with_ci(trained, "brier"))
+    table.add_row("accuracy", f"{base['accuracy']:.3f}", f"{trained['accuracy']:.3f}")
+    for question, value in base["accuracy_by_question"].items():
+        table.add_row(f"  {question}", f"{value:.3f}", f"{trained['accuracy_by_question'][question]:.3f}")
+    stderr.print(table)
+    difference = held["log_loss_difference"]
+    gate = report["gate"]
+    verdict = "passed" if gate["passed"] else ("failed, written anyway (--force)" if gate["forced"] else "failed")
+    stderr.print(
+        f"{report['gold']['records']} gold records; held-out log loss difference (trained - base) "
+        f"{difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, {difference['ci95'][1]:+.4f}]: "
+        f"gate {verdict}",
+        markup=False,
+    )
+
+
+@app.command("train-head")
+def train_head_command(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint of a `clef score` job run with hidden states kept.")],
+    gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the trained head (release layout).")],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="Release the job was scored with (default: from the checkpoint)."),
+    ] = None,
+    revision: RevisionOption = None,
+    base_head: Annotated[
+        Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
+    ] = None,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Passes over the training records.")] = 10,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 5e-5,
+    batch_tokens: Annotated[
+        int, typer.Option("--batch-tokens", min=1, help="Padded tokens per training batch (length-sorted batches).")
+    ] = 16384,
+    label_smoothing: Annotated[
+        float, typer.Option("--label-smoothing", min=0.0, max=0.99, help="Label smoothing of the cross-entropy.")
+    ] = 0.05,
+    brier_weight: Annotated[float, typer.Option("--brier-weight", min=0.0, help="Weight of the Brier term.")] = 1.0,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="Folds of the held-out gate (split by record).")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of folds, batch order and bootstrap.")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Write the head even when the gate fails.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress on stderr.")] = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the
+    thinker never runs), gated by k-fold held-out proof: HEAD_DIR is written only when the
+    held-out log loss beats the base head's with a bootstrap 95% interval of the difference below
+    zero; otherwise the numbers are printed and the exit code is 4 (--force writes anyway).
+
+    Examples:
+
+    \b
+      clef score records.jsonl -o out.parquet
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 20 --lr 1e-4 --folds 10
+      clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
+    """
+
+    def body() -> int:
+        from clef_cli.quality.head_training import FitSettings
+        from clef_cli.quality.train_head import GateRefused, TrainHeadSettings, train_head
+
+        settings = TrainHeadSettings(
+            checkpoint=checkpoint,
+            gold=gold,
+            output=output,
+            model=model,
+            base_head=base_head,
+            revision=revision,
+            fit=FitSettings(
+                epochs=epochs,
+                lr=lr,
+                batch_tokens=batch_tokens,
+                label_smoothing=label_smoothing,
+                brier_weight=brier_weight,
+            ),
+            folds=folds,
+            seed=seed,
+            device=device,
+            force=force,
+        )
+        progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
+        try:
+            result = train_head(settings, progress)
+        except GateRefused as refused:
+            progress.stop()
+            _print_gate(refused.report)
+            stderr.print(f"error: {refused}", markup=False)
+            return EXIT_GATE_REFUSED
+        finally:
+            progress.stop()
+        _print_gate(result.report)
+        stderr.print(f"wrote {output} ({result.report['new_head']['parameters']} parameters)", markup=False)
+        return EXIT_OK
+
+    raise typer.Exit(run_guarded(verbose, body))
 
 
 # ----------------------------------------------------------------------------- inspect-spans
