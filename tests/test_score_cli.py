@@ -130,6 +130,7 @@ def test_provenance_metadata(scored_sample):
         "clef.version": version("clef-cli"),
         "clef.model": str(TINY_MODEL),
         "clef.model_revision": "",
+        "clef.model_family": "omni",
         "clef.model_config_sha256": sha256_of(TINY_MODEL / "config.json"),
         "clef.weights_fingerprint": weights_digest,
         "clef.head_sha256": sha256_of(TINY_MODEL / "joint_head.safetensors"),

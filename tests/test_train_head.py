@@ -145,7 +145,8 @@ def test_shuffled_labels_are_refused_and_nothing_is_written(planted, tmp_path):
     shuffled = topics[:]
     random.Random(3).shuffle(shuffled)
     for name, labels, code in (("true", topics, 0), ("shuffled", shuffled, 4)):
-        gold = write_jsonl(tmp_path / f"{name}.jsonl", [{"id": r["id"], "topic": t} for r, t in zip(records, labels, strict=True)])
+        rows = [{"id": r["id"], "topic": t} for r, t in zip(records, labels, strict=True)]
+        gold = write_jsonl(tmp_path / f"{name}.jsonl", rows)
         head = tmp_path / f"head-{name}"
         result = train(planted["checkpoint"], gold, head, *FAST, "--base-head", str(base))
         print(name, result.stderr.strip().splitlines()[-1])
@@ -173,7 +174,8 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
     assert weights == (tmp_path / "b" / "joint_head.safetensors").read_bytes()
     assert first.report["new_head"]["sha256"] == second.report["new_head"]["sha256"]
     reloaded = load_joint_head(tmp_path / "a")  # strict
-    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), first.head.state_dict().values(), strict=True))
+    pairs = zip(reloaded.state_dict().values(), first.head.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
     assert rehead(planted, tmp_path / "a", tmp_path / "re.parquet").exit_code == 0
     rows = {row["id"]: row for row in pq.read_table(tmp_path / "re.parquet").to_pylist()}
     originals = {row["id"]: row for row in pq.read_table(planted["output"]).to_pylist()}
