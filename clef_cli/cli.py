@@ -246,12 +246,17 @@ def _print_summary(summary: Any) -> None:
         )
         return
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
+    stats = summary.stats
+    busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
     stderr.print(
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
         f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint); "
-        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s) -> {summary.output}",
+        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
         markup=False,
     )
+    advice = stats.advice()
+    if advice:
+        stderr.print(advice, markup=False)
     for error in summary.first_errors[:3]:
         stderr.print(f"  error: {error}", markup=False)
 
@@ -359,6 +364,14 @@ def score(
         bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
     ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress display.")] = False,
+    stats_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--stats-json",
+            help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
+            "encode rates per modality) to this JSON file.",
+        ),
+    ] = None,
     ray: Annotated[
         bool,
         typer.Option(
@@ -439,6 +452,8 @@ def score(
         finally:
             progress.stop()
         _print_summary(summary)
+        if stats_json is not None:
+            summary.final_stats().write_json(stats_json)
         if summary.interrupted:
             return EXIT_INTERRUPTED
         return EXIT_RECORDS_FAILED if summary.failed else EXIT_OK

@@ -16,6 +16,8 @@ crashing on a hostile file would."""
 HOLD_OUTPUT = "CLEF_TEST_HOLD_OUTPUT"
 """A marker path: the output writer creates it once the temporary output is complete, then waits
 (up to 60 s) before renaming it into place."""
+SLOW_ENCODE = "CLEF_TEST_SLOW_ENCODE"
+"""Seconds to sleep after encoding each record (planning or batch encoding), as slow media would."""
 
 
 def after_commit() -> None:
@@ -34,3 +36,9 @@ def before_output_rename() -> None:
 def maybe_crash(record_id: str) -> None:
     if os.environ.get(CRASH_ON) == record_id and multiprocessing.parent_process() is not None:
         os._exit(70)
+
+
+def slow_encode() -> None:
+    seconds = os.environ.get(SLOW_ENCODE)
+    if seconds:
+        time.sleep(float(seconds))

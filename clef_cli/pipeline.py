@@ -60,6 +60,7 @@ from clef_cli.scoring import (
     Scorer,
 )
 from clef_cli.sources import expand_inputs
+from clef_cli.stats import JobStats, modality
 from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 PREFETCH_BATCHES = 3
@@ -154,6 +155,15 @@ class JobSummary:
     seconds: float = 0.0
     interrupted: bool = False
     first_errors: list[str] = field(default_factory=list)
+    stats: JobStats = field(default_factory=JobStats)
+    """Where the time went (stage times are measured by the local engine only)."""
+
+    def final_stats(self) -> JobStats:
+        """The stats with the run's totals: wall time, output records, tokens run this time."""
+        self.stats.wall_seconds = self.seconds
+        self.stats.records = self.records
+        self.stats.tokens = self.tokens
+        return self.stats
 
     def count(self, written: OutputCounts) -> None:
         """Totals from the written output (which also holds records resumed from the checkpoint)."""
@@ -340,6 +350,7 @@ class ScoreJob:
         self._scorer = scorer
         self.batch_tokens = settings.max_batch_tokens
         self.summary = JobSummary(output=settings.output)
+        self.stats = self.summary.stats
         self._passthrough: Any = None
         self._runner: BatchRunner | None = None
         self._committer: BackgroundCommitter | None = None
@@ -356,7 +367,8 @@ class ScoreJob:
     def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
         settings = self.settings
         spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool)
-        return EncodePool(spec, self._workers())
+        self.stats.workers = self._workers()
+        return EncodePool(spec, self.stats.workers)
 
     def _spool(self, checkpoint: Checkpoint) -> tuple[Path, int]:
         """A fresh spool folder in the checkpoint and its budget per window (two windows are
@@ -387,7 +399,8 @@ class ScoreJob:
             from clef_cli.scoring import load_scorer
 
             self.progress.note("loading the model")
-            self._scorer = load_scorer(release, device=self.settings.device, dtype=self.settings.dtype)
+            with self.stats.stage("load"):
+                self._scorer = load_scorer(release, device=self.settings.device, dtype=self.settings.dtype)
         return self._scorer
 
     # ------------------------------------------------------------------ dry run
@@ -455,18 +468,22 @@ class ScoreJob:
             self.progress.start(total, checkpoint.done.count)
             spool, spool_budget = self._spool(checkpoint)
             self._committer = BackgroundCommitter(checkpoint)
+            scoring = time.perf_counter()
             try:
                 with self._pool(release, spool) as pool:
                     self._run_windows(pool, release, checkpoint, total, spool_budget)
-                self._committer.drain()
+                with self.stats.stage("commit_wait"):
+                    self._committer.drain()
             finally:
                 self._committer.close()
                 shutil.rmtree(spool, ignore_errors=True)
+                self.stats.scoring_seconds = time.perf_counter() - scoring - self.stats.stages["load"]
             self.summary.seconds = time.monotonic() - started
             if self.stop.is_set():
                 self.summary.interrupted = True
                 return self.summary
-            self._finish(checkpoint, release)
+            with self.stats.stage("output_write"):
+                self._finish(checkpoint, release)
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
@@ -477,7 +494,15 @@ class ScoreJob:
         windows = planned_windows(
             pool, self._records(), self.settings.window, skip=checkpoint.done, media_budget=spool_budget
         )
-        for window in windows:
+        while True:
+            with self.stats.stage("encode_wait"):
+                window = next(windows, None)
+            if window is None:
+                return
+            for planned in window.planned:
+                record = planned.record
+                kind = modality(len(record.images), len(record.audio), len(record.videos))
+                self.stats.encoded(kind, planned.length or 0, planned.seconds)
             if window.failures:
                 self._commit([], window.failures)
             if self.stop.is_set():
@@ -531,19 +556,21 @@ class ScoreJob:
                 if len(prepared) >= PREFETCH_BATCHES:
                     return
 
-        prepare()
-        while prepared:
-            batch, items = prepared.popleft()
+        with self.stats.stage("encode_wait"):
             prepare()
+        while prepared:
             encoded: list[EncodedRecord] = []
             failures: list[FailedRecord] = []
-            for index, item in zip(batch.indices, items):
-                value = item.result() if isinstance(item, Future) else item
-                if isinstance(value, str):
-                    record = by_index[index].record
-                    failures.append(FailedRecord(record.id, record.index, value))
-                else:
-                    encoded.append(value)
+            with self.stats.stage("encode_wait"):
+                batch, items = prepared.popleft()
+                prepare()
+                for index, item in zip(batch.indices, items):
+                    value = item.result() if isinstance(item, Future) else item
+                    if isinstance(value, str):
+                        record = by_index[index].record
+                        failures.append(FailedRecord(record.id, record.index, value))
+                    else:
+                        encoded.append(value)
             self._commit([], failures)
             if encoded:
                 self._score_and_commit(self._runner_for(release), encoded)
@@ -558,7 +585,8 @@ class ScoreJob:
 
     def _runner_for(self, release: Release) -> BatchRunner:
         if self._runner is None:
-            self._runner = BatchRunner(self._scorer_for(release), self.batch_tokens, self._lower_budget)
+            scorer = self._scorer_for(release)
+            self._runner = BatchRunner(scorer, self.batch_tokens, self._lower_budget, stats=self.stats)
         return self._runner
 
     def _lower_budget(self, tokens: int) -> None:
@@ -593,7 +621,9 @@ class ScoreJob:
             self.progress.advance(len(scored) + len(failures), tokens, len(failures))
 
         assert self._committer is not None
-        self._committer.submit(results_table(scored, failures), hidden, committed)
+        table = results_table(scored, failures)
+        with self.stats.stage("commit_wait"):
+            self._committer.submit(table, hidden, committed)
 
     # ------------------------------------------------------------------ finish
 

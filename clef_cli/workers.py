@@ -64,6 +64,8 @@ class Planned:
     encoded: EncodedRecord | None = None
     spooled: Path | None = None
     spooled_bytes: int = 0
+    seconds: float = 0.0
+    """Time spent encoding it (for the job's encode rates)."""
 
     def ready(self) -> EncodedRecord | None:
         """The full encoding, media read back from the spool; None when it must be encoded again."""
@@ -123,11 +125,14 @@ def compact(encoded: EncodedRecord) -> EncodedRecord:
 def plan_record(record: Record) -> Planned:
     """Encode to measure the prompt; media tensors go to the spool (when there is one)."""
     faults.maybe_crash(record.id)
+    started = time.perf_counter()
     try:
         encoded = _encoder().encode(record)
     except RecordError as error:
         return Planned(record, error=str(error))
-    planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded))
+    faults.slow_encode()
+    seconds = time.perf_counter() - started
+    planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded), seconds=seconds)
     if not encoded.media:
         return planned
     if _worker_spool is None:
@@ -155,9 +160,11 @@ def within_budget(planned: Planned, budget: list[int]) -> Planned:
 def encode_record(record: Record) -> EncodedRecord | str:
     faults.maybe_crash(record.id)
     try:
-        return compact(_encoder().encode(record))
+        encoded = compact(_encoder().encode(record))
     except RecordError as error:
         return str(error)
+    faults.slow_encode()
+    return encoded
 
 
 CRASHED = "the encoding process crashed on this record (a media decoder failed hard)"
