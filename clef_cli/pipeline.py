@@ -468,16 +468,16 @@ class ScoreJob:
             self.progress.start(total, checkpoint.done.count)
             spool, spool_budget = self._spool(checkpoint)
             self._committer = BackgroundCommitter(checkpoint)
-            scoring = time.perf_counter()
+            scoring = self.stats.scoring_started = time.perf_counter()
             try:
                 with self._pool(release, spool) as pool:
                     self._run_windows(pool, release, checkpoint, total, spool_budget)
-                with self.stats.stage("commit_wait"):
-                    self._committer.drain()
+                    with self.stats.stage("commit_wait"):
+                        self._committer.drain()
+                    self.stats.scoring_seconds = time.perf_counter() - scoring - self.stats.stages["load"]
             finally:
                 self._committer.close()
                 shutil.rmtree(spool, ignore_errors=True)
-                self.stats.scoring_seconds = time.perf_counter() - scoring - self.stats.stages["load"]
             self.summary.seconds = time.monotonic() - started
             if self.stop.is_set():
                 self.summary.interrupted = True

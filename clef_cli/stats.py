@@ -67,11 +67,17 @@ class JobStats:
     real_tokens: int = 0
     workers: int = 0
     encode: dict[str, EncodeRate] = field(default_factory=dict)
+    scoring_started: float | None = None
+    """perf_counter() when scoring began (set by the engine)."""
+    first_forward: float | None = None
+    """perf_counter() when the first forward began."""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         """Add the time spent in the block to stage `name`."""
         started = time.perf_counter()
+        if name == "forward" and self.first_forward is None:
+            self.first_forward = started
         try:
             yield
         finally:
@@ -101,6 +107,13 @@ class JobStats:
         return min(1.0, (self.stages["forward"] + self.stages["head"]) / self.scoring_seconds)
 
     @property
+    def first_forward_seconds(self) -> float:
+        """Start-up: from the start of scoring to the first forward, model loading excluded."""
+        if self.first_forward is None or self.scoring_started is None:
+            return 0.0
+        return max(0.0, self.first_forward - self.scoring_started - self.stages["load"])
+
+    @property
     def encode_wait_share(self) -> float:
         return self.stages["encode_wait"] / self.scoring_seconds if self.scoring_seconds > 0 else 0.0
 
@@ -122,6 +135,7 @@ class JobStats:
             "wall_seconds": round(self.wall_seconds, 6),
             "scoring_seconds": round(self.scoring_seconds, 6),
             "stages_seconds": {name: round(self.stages.get(name, 0.0), 6) for name in STAGES},
+            "first_forward_seconds": round(self.first_forward_seconds, 6),
             "model_busy": round(self.model_busy, 6),
             "encode_wait_share": round(self.encode_wait_share, 6),
             "records": self.records,
