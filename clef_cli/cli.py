@@ -342,7 +342,8 @@ def score(
         typer.Option(
             "--workers",
             min=0,
-            help="Background encoding processes (0: inline). Default: none on the CPU, up to 4 beside a GPU.",
+            help="Background encoding processes (0: inline). Default: none on the CPU; beside a GPU, every "
+            "usable core but one, bounded by memory (see README).",
         ),
     ] = None,
     window: Annotated[int, typer.Option("--window", min=1, help="Records planned and length-sorted together.")] = 8192,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import queue
 import shutil
 import statistics
@@ -61,7 +60,14 @@ from clef_cli.scoring import (
 )
 from clef_cli.sources import expand_inputs
 from clef_cli.stats import JobStats, modality
-from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
+from clef_cli.workers import (
+    EncodePool,
+    EncoderSpec,
+    Planned,
+    decode_threads_per_worker,
+    default_workers,
+    within_budget,
+)
 
 PREFETCH_BATCHES = 3
 
@@ -105,8 +111,8 @@ class ScoreSettings:
     keep_columns: tuple[str, ...] = ()
     limit: int | None = None
     workers: int | None = None
-    """Background encoding processes; None: none on the CPU (the model already uses every core),
-    up to 4 beside a GPU."""
+    """Background encoding processes; None: none on the CPU (the model already uses every core);
+    beside a GPU every usable core but one, bounded by memory (`workers.default_workers`)."""
     window: int = 8192
     checkpoint: Path | None = None
     hidden_states: str = "keep"
@@ -366,9 +372,10 @@ class ScoreJob:
 
     def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
         settings = self.settings
-        spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool)
-        self.stats.workers = self._workers()
-        return EncodePool(spec, self.stats.workers)
+        workers = self.stats.workers = self._workers()
+        threads = decode_threads_per_worker(workers)
+        spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool, threads)
+        return EncodePool(spec, workers)
 
     def _spool(self, checkpoint: Checkpoint) -> tuple[Path, int]:
         """A fresh spool folder in the checkpoint and its budget per window (two windows are
@@ -386,7 +393,7 @@ class ScoreJob:
 
         if resolve_device(self.settings.device).type == "cpu":
             return 0
-        return max(1, min(4, (os.cpu_count() or 2) - 1))
+        return default_workers(self.settings.limits)
 
     def _dtype(self) -> torch.dtype:
         """The compute dtype this run will use (it is part of the checkpoint's settings)."""

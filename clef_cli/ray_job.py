@@ -183,15 +183,24 @@ def read_slice(row: dict[str, Any], done: bytes, limit: int | None) -> list[dict
 # ----------------------------------------------------------------------------- scoring actor
 
 
+def _assigned_cpus() -> int:
+    """The CPUs Ray gave this actor (--cpus-per-worker), at least one."""
+    import ray
+
+    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+
+
 class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
     def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None) -> None:
+        from clef_cli.media import set_decode_threads
         from clef_cli.prompt import PromptEncoder
         from clef_cli.release import load_processor
         from clef_cli.scoring import BatchRunner, load_scorer
 
         release = resolve_release(settings.model, revision=settings.revision)
+        set_decode_threads(_assigned_cpus())  # video decoding uses the actor's CPUs (frame threading)
         self.encoder = PromptEncoder(load_processor(release), settings.max_length, settings.overflow, settings.limits)
         self.runner = BatchRunner(
             load_scorer(release, device=settings.device, dtype=settings.dtype), settings.max_batch_tokens
