@@ -14,9 +14,10 @@ Per set it reports:
 - the single-process encode rate per core: prompt tokens per CPU second of one process with one
   thread (CPU time, so that other load on the machine does not lower it; the wall-clock rate is
   reported beside it);
-- model busy at --workers 0, 1, 2: (forward + head) / time, measured after the first forward
-  (steady state; the start-up before it, spawning workers and planning the first window, is
-  reported separately as `startup_s`);
+- busy at --workers 0, 1, 2: the simulated device's busy time (padded tokens / rate) over the
+  time from the first forward to the last commit (steady state; the start-up before it, spawning
+  workers and planning the first window, is `startup_s`). `model_busy` is clef's own figure
+  (forward and head, whatever their CPU overheads, over the whole scoring time);
 - efficiency = busy / min(1, workers x per-core rate / device rate): how close the pipeline gets
   to what its cores can feed.
 """
@@ -178,11 +179,14 @@ class SimulatedDevice:
 
     def __init__(self, hidden_size: int, rate: float) -> None:
         self.hidden_size, self.rate = hidden_size, rate
+        self.device_seconds = 0.0
+        """The time a real device at `rate` would have been busy (padded tokens / rate)."""
 
     def __call__(self, batch) -> object:  # a clef_cli.batching.ModelBatch
         import torch
 
         rows, length = batch.input_ids.shape
+        self.device_seconds += rows * length / self.rate
         time.sleep(rows * length / self.rate)
         return torch.zeros(rows, length, self.hidden_size)
 
@@ -201,13 +205,16 @@ def run_job(path: Path, folder: Path, workers: int, window: int, scorer) -> dict
 
     out = folder / f"out-{workers}.parquet"
     settings = ScoreSettings(inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=True)
+    device = scorer.backbone.hidden_states
+    device.device_seconds = 0.0
     summary = ScoreJob(settings, scorer=scorer).run()
     stats = summary.final_stats()
     steady = stats.scoring_seconds - stats.first_forward_seconds
-    model = stats.stages["forward"] + stats.stages["head"]
     return {
-        "busy": min(1.0, model / steady) if steady > 0 else 0.0,
-        "busy_with_startup": stats.model_busy,
+        "busy": min(1.0, device.device_seconds / steady) if steady > 0 else 0.0,
+        "device_s": device.device_seconds,
+        "model_busy_steady": (stats.stages["forward"] + stats.stages["head"]) / steady if steady > 0 else 0.0,
+        "model_busy": stats.model_busy,
         "startup_s": stats.first_forward_seconds,
         "scoring_s": stats.scoring_seconds,
         "encode_wait_s": stats.stages["encode_wait"],
