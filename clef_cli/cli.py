@@ -267,12 +267,17 @@ def _print_summary(summary: Any) -> None:
         )
         return
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
+    stats = summary.stats
+    busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
     stderr.print(
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
         f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint); "
-        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s) -> {summary.output}",
+        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
         markup=False,
     )
+    advice = stats.advice()
+    if advice:
+        stderr.print(advice, markup=False)
     for error in summary.first_errors[:3]:
         stderr.print(f"  error: {error}", markup=False)
 
@@ -368,7 +373,8 @@ def score(
         typer.Option(
             "--workers",
             min=0,
-            help="Background encoding processes (0: inline). Default: none on the CPU, up to 4 beside a GPU.",
+            help="Background encoding processes (0: inline). Default: none on the CPU; beside a GPU, every "
+            "usable core but one, bounded by memory (see README).",
         ),
     ] = None,
     window: Annotated[int, typer.Option("--window", min=1, help="Records planned and length-sorted together.")] = 8192,
@@ -402,6 +408,14 @@ def score(
         bool,
         typer.Option("--quiet", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
     ] = False,
+    stats_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--stats-json",
+            help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
+            "encode rates per modality) to this JSON file.",
+        ),
+    ] = None,
     ray: Annotated[
         bool,
         typer.Option(
@@ -512,6 +526,8 @@ def score(
         finally:
             progress.stop()
         _print_summary(summary)
+        if stats_json is not None:
+            summary.final_stats().write_json(stats_json)
         if summary.interrupted:
             return EXIT_INTERRUPTED
         return EXIT_RECORDS_FAILED if summary.failed else EXIT_OK

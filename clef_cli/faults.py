@@ -17,6 +17,8 @@ crashing on a hostile file would."""
 HOLD_OUTPUT = "CLEF_TEST_HOLD_OUTPUT"
 """A marker path: the output writer creates it once the temporary output is complete, then waits
 (up to 60 s) before renaming it into place."""
+SLOW_ENCODE = "CLEF_TEST_SLOW_ENCODE"
+"""Seconds to sleep after encoding each record (planning or batch encoding), as slow media would."""
 
 
 def after_commit() -> None:
@@ -62,3 +64,9 @@ def in_ray_actor(record_id: str) -> None:
         os.write(descriptor, str(os.getpid()).encode())
         os.close(descriptor)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_encode() -> None:
+    seconds = os.environ.get(SLOW_ENCODE)
+    if seconds:
+        time.sleep(float(seconds))

@@ -152,29 +152,45 @@ def _open_container(source: str | io.BytesIO) -> Any:
         raise MediaError(f"cannot open media: {error}") from None
 
 
+class _AudioCollector:
+    """16 kHz mono float32 samples of one audio stream, fed frame by frame (so that a video's
+    soundtrack is decoded in the same demux pass as its frames)."""
+
+    def __init__(self, max_seconds: float) -> None:
+        import av
+
+        self.resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_SAMPLE_RATE)
+        self.max_seconds = max_seconds
+        self.max_samples = int(max_seconds * AUDIO_SAMPLE_RATE)
+        self.chunks: list[np.ndarray] = []
+        self.total = 0
+
+    def add(self, frame: Any) -> None:
+        for resampled in self.resampler.resample(frame):
+            chunk = resampled.to_ndarray().reshape(-1)
+            self.total += chunk.shape[0]
+            if self.total > self.max_samples:
+                raise MediaError(f"audio is longer than the limit of {self.max_seconds:g} s")
+            self.chunks.append(chunk)
+
+    def samples(self) -> np.ndarray:
+        for resampled in self.resampler.resample(None):
+            self.chunks.append(resampled.to_ndarray().reshape(-1))
+        if not self.chunks:
+            raise MediaError("audio stream holds no samples")
+        return np.concatenate(self.chunks).astype(np.float32, copy=False)
+
+
 def _decode_audio_stream(container: Any, max_seconds: float) -> np.ndarray:
     import av
 
-    stream = container.streams.audio[0]
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_SAMPLE_RATE)
-    max_samples = int(max_seconds * AUDIO_SAMPLE_RATE)
-    chunks: list[np.ndarray] = []
-    total = 0
+    collector = _AudioCollector(max_seconds)
     try:
-        for frame in container.decode(stream):
-            for resampled in resampler.resample(frame):
-                chunk = resampled.to_ndarray().reshape(-1)
-                total += chunk.shape[0]
-                if total > max_samples:
-                    raise MediaError(f"audio is longer than the limit of {max_seconds:g} s")
-                chunks.append(chunk)
-        for resampled in resampler.resample(None):
-            chunks.append(resampled.to_ndarray().reshape(-1))
+        for frame in container.decode(container.streams.audio[0]):
+            collector.add(frame)
+        return collector.samples()
     except av.error.FFmpegError as error:
         raise MediaError(f"cannot decode audio: {error}") from None
-    if not chunks:
-        raise MediaError("audio stream holds no samples")
-    return np.concatenate(chunks).astype(np.float32, copy=False)
 
 
 def decode_audio(source: str | io.BytesIO, limits: MediaLimits) -> np.ndarray:
@@ -208,35 +224,41 @@ def capped_frame_size(width: int, height: int) -> tuple[int, int]:
     return max(2, round(width * scale / 2) * 2), max(2, round(height * scale / 2) * 2)
 
 
-def _decode_frames(container: Any, limits: MediaLimits) -> np.ndarray:
-    import av
+class _FrameCollector:
+    """Frames at 2 fps: the first frame at or after each multiple of 0.5 s, converted to RGB (and
+    capped) only when kept."""
 
-    stream = container.streams.video[0]
+    def __init__(self, limits: MediaLimits) -> None:
+        self.limits = limits
+        self.frames: list[np.ndarray] = []
+
+    def add(self, frame: Any) -> None:
+        limits = self.limits
+        time = frame.time
+        if time is None:
+            return
+        if time > limits.max_video_seconds:
+            raise MediaError(f"video is longer than the limit of {limits.max_video_seconds:g} s")
+        if time < len(self.frames) / VIDEO_FPS:
+            return
+        if frame.width * frame.height > limits.max_image_pixels:
+            raise MediaError(f"a video frame is over the limit of {limits.max_image_pixels} pixels")
+        new_width, new_height = capped_frame_size(frame.width, frame.height)
+        self.frames.append(_frame_rgb(frame, new_width, new_height))
+
+    def stacked(self) -> np.ndarray:
+        if not self.frames:
+            raise MediaError("video stream holds no frames")
+        if len(self.frames) % 2:
+            self.frames.append(self.frames[-1])
+        return np.stack(self.frames)
+
+
+def _check_video_stream(container: Any, stream: Any, limits: MediaLimits) -> None:
     width, height = stream.codec_context.width, stream.codec_context.height
     if width * height > limits.max_image_pixels:
         raise MediaError(f"video frames are {width}x{height}, over the limit of {limits.max_image_pixels} pixels")
     _check_duration(container, stream, limits.max_video_seconds, "video")
-    frames: list[np.ndarray] = []
-    try:
-        for frame in container.decode(stream):
-            time = frame.time
-            if time is None:
-                continue
-            if time > limits.max_video_seconds:
-                raise MediaError(f"video is longer than the limit of {limits.max_video_seconds:g} s")
-            if time < len(frames) / VIDEO_FPS:
-                continue
-            if frame.width * frame.height > limits.max_image_pixels:
-                raise MediaError(f"a video frame is over the limit of {limits.max_image_pixels} pixels")
-            new_width, new_height = capped_frame_size(frame.width, frame.height)
-            frames.append(_frame_rgb(frame, new_width, new_height))
-    except av.error.FFmpegError as error:
-        raise MediaError(f"cannot decode video: {error}") from None
-    if not frames:
-        raise MediaError("video stream holds no frames")
-    if len(frames) % 2:
-        frames.append(frames[-1])
-    return np.stack(frames)
 
 
 def _frame_rgb(frame: Any, width: int, height: int) -> np.ndarray:
@@ -245,14 +267,48 @@ def _frame_rgb(frame: Any, width: int, height: int) -> np.ndarray:
     return frame.to_ndarray(format="rgb24", width=width, height=height)
 
 
+DECODE_THREADS = int(os.environ.get("CLEF_DECODE_THREADS", "1"))
+"""FFmpeg threads per video decoder. One per encoding worker is right when the workers already
+use every core; `set_decode_threads` raises it when a worker has more than one core."""
+
+
+def set_decode_threads(threads: int) -> None:
+    global DECODE_THREADS
+    DECODE_THREADS = max(1, int(threads))
+
+
 def decode_video(source: str | io.BytesIO, limits: MediaLimits) -> DecodedVideo:
-    """Frames at 2 fps (capped, even count) and the soundtrack, if the file has one."""
+    """Frames at 2 fps (capped, even count) and the soundtrack, if the file has one, from one
+    open and one demux pass (frame threading when this process may use several cores)."""
+    import av
+
     with _open_container(source) as container:
         if not container.streams.video:
             raise MediaError("no video stream")
-        frames = _decode_frames(container, limits)
-    with _open_container(source) as container:
-        if not container.streams.audio:
-            return DecodedVideo(frames, None)
-        soundtrack = _decode_audio_stream(container, limits.max_video_seconds)
-    return DecodedVideo(frames, soundtrack)
+        video = container.streams.video[0]
+        _check_video_stream(container, video, limits)
+        if DECODE_THREADS > 1:
+            video.thread_type = "AUTO"
+            video.thread_count = DECODE_THREADS
+        audio = container.streams.audio[0] if container.streams.audio else None
+        frames = _FrameCollector(limits)
+        soundtrack = _AudioCollector(limits.max_video_seconds) if audio is not None else None
+        streams = (video, audio) if audio is not None else (video,)
+        kind = "video"
+        try:
+            for packet in container.demux(*streams):
+                if packet.stream.index == video.index:
+                    kind = "video"
+                    for frame in packet.decode():
+                        frames.add(frame)
+                else:
+                    kind = "audio"
+                    for frame in packet.decode():
+                        soundtrack.add(frame)  # type: ignore[union-attr]
+            kind = "video"
+            stacked = frames.stacked()
+            kind = "audio"
+            samples = soundtrack.samples() if soundtrack is not None else None
+        except av.error.FFmpegError as error:
+            raise MediaError(f"cannot decode {kind}: {error}") from None
+    return DecodedVideo(stacked, samples)

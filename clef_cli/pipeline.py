@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import queue
 import shutil
 import statistics
@@ -61,7 +60,15 @@ from clef_cli.scoring import (
     Scorer,
 )
 from clef_cli.sources import expand_inputs, local_path
-from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
+from clef_cli.stats import JobStats, modality
+from clef_cli.workers import (
+    EncodePool,
+    EncoderSpec,
+    Planned,
+    decode_threads_per_worker,
+    default_workers,
+    within_budget,
+)
 
 PREFETCH_BATCHES = 3
 
@@ -109,8 +116,8 @@ class ScoreSettings:
     keep_columns: tuple[str, ...] = ()
     limit: int | None = None
     workers: int | None = None
-    """Background encoding processes; None: none on the CPU (the model already uses every core),
-    up to 4 beside a GPU."""
+    """Background encoding processes; None: none on the CPU (the model already uses every core);
+    beside a GPU every usable core but one, bounded by memory (`workers.default_workers`)."""
     window: int = 8192
     checkpoint: Path | None = None
     hidden_states: str = "keep"
@@ -176,6 +183,15 @@ class JobSummary:
     seconds: float = 0.0
     interrupted: bool = False
     first_errors: list[str] = field(default_factory=list)
+    stats: JobStats = field(default_factory=JobStats)
+    """Where the time went (stage times are measured by the local engine only)."""
+
+    def final_stats(self) -> JobStats:
+        """The stats with the run's totals: wall time, output records, tokens run this time."""
+        self.stats.wall_seconds = self.seconds
+        self.stats.records = self.records
+        self.stats.tokens = self.tokens
+        return self.stats
 
     def count(self, written: OutputCounts) -> None:
         """Totals from the written output (which also holds records resumed from the checkpoint)."""
@@ -364,6 +380,7 @@ class ScoreJob:
         self._scorer = scorer
         self.batch_tokens = settings.max_batch_tokens
         self.summary = JobSummary(output=settings.output)
+        self.stats = self.summary.stats
         self._passthrough: Any = None
         self._runner: BatchRunner | None = None
         self._committer: BackgroundCommitter | None = None
@@ -382,8 +399,12 @@ class ScoreJob:
 
     def _pool(self, release: Release, spool: Path | None = None) -> EncodePool:
         settings = self.settings
-        spec = EncoderSpec(release.path, settings.max_length, settings.overflow, settings.limits, spool, release.family)
-        return EncodePool(spec, self._workers())
+        workers = self.stats.workers = self._workers()
+        threads = decode_threads_per_worker(workers)
+        spec = EncoderSpec(
+            release.path, settings.max_length, settings.overflow, settings.limits, spool, release.family, threads
+        )
+        return EncodePool(spec, workers)
 
     def _spool(self, checkpoint: Checkpoint) -> tuple[Path, int]:
         """A fresh spool folder in the checkpoint and its budget per window (two windows are
@@ -401,7 +422,7 @@ class ScoreJob:
 
         if resolve_device(self.settings.device).type == "cpu":
             return 0
-        return max(1, min(4, (os.cpu_count() or 2) - 1))
+        return default_workers(self.settings.limits)
 
     def _dtype(self) -> torch.dtype:
         """The compute dtype this run will use (it is part of the checkpoint's settings)."""
@@ -414,7 +435,8 @@ class ScoreJob:
             from clef_cli.scoring import load_scorer
 
             self.progress.note("loading the model")
-            self._scorer = load_scorer(release, device=self.settings.device, dtype=self.settings.dtype)
+            with self.stats.stage("load"):
+                self._scorer = load_scorer(release, device=self.settings.device, dtype=self.settings.dtype)
         return self._scorer
 
     # ------------------------------------------------------------------ dry run
@@ -482,10 +504,13 @@ class ScoreJob:
             self.progress.start(total, checkpoint.done.count)
             spool, spool_budget = self._spool(checkpoint)
             self._committer = BackgroundCommitter(checkpoint)
+            scoring = self.stats.scoring_started = time.perf_counter()
             try:
                 with self._pool(release, spool) as pool:
                     self._run_windows(pool, release, checkpoint, total, spool_budget)
-                self._committer.drain()
+                    with self.stats.stage("commit_wait"):
+                        self._committer.drain()
+                    self.stats.scoring_seconds = time.perf_counter() - scoring - self.stats.stages["load"]
             finally:
                 self._committer.close()
                 shutil.rmtree(spool, ignore_errors=True)
@@ -493,7 +518,8 @@ class ScoreJob:
             if self.stop.is_set():
                 self.summary.interrupted = True
                 return self.summary
-            self._finish(checkpoint, release)
+            with self.stats.stage("output_write"):
+                self._finish(checkpoint, release)
         self.summary.seconds = time.monotonic() - started
         return self.summary
 
@@ -504,7 +530,15 @@ class ScoreJob:
         windows = planned_windows(
             pool, self._records(), self.settings.window, skip=checkpoint.done, media_budget=spool_budget
         )
-        for window in windows:
+        while True:
+            with self.stats.stage("encode_wait"):
+                window = next(windows, None)
+            if window is None:
+                return
+            for planned in window.planned:
+                record = planned.record
+                kind = modality(len(record.images), len(record.audio), len(record.videos))
+                self.stats.encoded(kind, planned.length or 0, planned.seconds)
             if window.failures:
                 self._commit([], window.failures)
             if self.stop.is_set():
@@ -558,19 +592,21 @@ class ScoreJob:
                 if len(prepared) >= PREFETCH_BATCHES:
                     return
 
-        prepare()
-        while prepared:
-            batch, items = prepared.popleft()
+        with self.stats.stage("encode_wait"):
             prepare()
+        while prepared:
             encoded: list[EncodedRecord] = []
             failures: list[FailedRecord] = []
-            for index, item in zip(batch.indices, items, strict=True):
-                value = item.result() if isinstance(item, Future) else item
-                if isinstance(value, str):
-                    record = by_index[index].record
-                    failures.append(FailedRecord(record.id, record.index, value))
-                else:
-                    encoded.append(value)
+            with self.stats.stage("encode_wait"):
+                batch, items = prepared.popleft()
+                prepare()
+                for index, item in zip(batch.indices, items, strict=True):
+                    value = item.result() if isinstance(item, Future) else item
+                    if isinstance(value, str):
+                        record = by_index[index].record
+                        failures.append(FailedRecord(record.id, record.index, value))
+                    else:
+                        encoded.append(value)
             self._commit([], failures)
             if encoded:
                 self._score_and_commit(self._runner_for(release), encoded)
@@ -585,7 +621,8 @@ class ScoreJob:
 
     def _runner_for(self, release: Release) -> BatchRunner:
         if self._runner is None:
-            self._runner = BatchRunner(self._scorer_for(release), self.batch_tokens, self._lower_budget)
+            scorer = self._scorer_for(release)
+            self._runner = BatchRunner(scorer, self.batch_tokens, self._lower_budget, stats=self.stats)
         return self._runner
 
     def _lower_budget(self, tokens: int) -> None:
@@ -620,7 +657,9 @@ class ScoreJob:
             self.progress.advance(len(scored) + len(failures), tokens, len(failures))
 
         assert self._committer is not None
-        self._committer.submit(results_table(scored, failures), hidden, committed)
+        table = results_table(scored, failures)
+        with self.stats.stage("commit_wait"):
+            self._committer.submit(table, hidden, committed)
 
     # ------------------------------------------------------------------ finish
 

@@ -197,17 +197,26 @@ def read_slice(
 # ----------------------------------------------------------------------------- scoring actor
 
 
+def _assigned_cpus() -> int:
+    """The CPUs Ray gave this actor (--cpus-per-worker), at least one."""
+    import ray
+
+    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+
+
 class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
     def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None, hidden_dir: str | None) -> None:
         from clef_cli.families import family_of
+        from clef_cli.media import set_decode_threads
         from clef_cli.prompt import PromptEncoder
         from clef_cli.release import load_processor
         from clef_cli.scoring import BatchRunner, load_scorer
 
         release = resolve_release(settings.model, revision=settings.revision)
         settings = settings.for_release(release)
+        set_decode_threads(_assigned_cpus())  # video decoding uses the actor's CPUs (frame threading)
         self.encoder = PromptEncoder(
             load_processor(release), settings.max_length, settings.overflow, settings.limits, family_of(release)
         )

@@ -18,6 +18,7 @@ from clef_cli.families import family_of
 from clef_cli.head import JointSchemaHead, build_layout, load_joint_head
 from clef_cli.prompt import EncodedRecord
 from clef_cli.release import Release, resolve_release
+from clef_cli.stats import JobStats, timed
 
 DEFAULT_MAX_BATCH_TOKENS = 32768
 DEFAULT_MAX_BATCH_SIZE = 64
@@ -163,6 +164,8 @@ class BatchRunner:
     scorer: Scorer
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     on_budget_change: Callable[[int], None] | None = None
+    stats: JobStats | None = None
+    """Where forward and head times and padding are added up, when someone is measuring."""
 
     def run(self, records: list[EncodedRecord]) -> Iterator[BatchOutcome]:
         if not records:
@@ -172,8 +175,12 @@ class BatchRunner:
             yield from self._halves(records)
             return
         try:
-            hidden = self.scorer.hidden_states(records)
-            logits = head_logits(self.scorer.head, hidden, self.scorer.backbone.lexical_rows, records)
+            with timed(self.stats, "forward"):
+                hidden = self.scorer.hidden_states(records)
+                if self.stats is not None and hidden.is_cuda:  # else the head's .cpu() absorbs the forward
+                    torch.cuda.synchronize(hidden.device)
+            with timed(self.stats, "head"):
+                logits = head_logits(self.scorer.head, hidden, self.scorer.backbone.lexical_rows, records)
         except torch.OutOfMemoryError:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -192,6 +199,8 @@ class BatchRunner:
             for record in records:  # find the records that break the forward; score the others
                 yield from self.run([record])
             return
+        if self.stats is not None:
+            self.stats.forwarded([record.length for record in records])
         scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits, strict=True)]
         yield BatchOutcome(records=list(records), scored=scored, hidden_states=hidden)
 

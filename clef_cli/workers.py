@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import multiprocessing
 import os
 import threading
@@ -25,7 +26,7 @@ import numpy as np
 
 from clef_cli import faults
 from clef_cli.errors import RecordError
-from clef_cli.media import MediaLimits
+from clef_cli.media import MAX_FRAME_PIXELS, VIDEO_FPS, MediaLimits, set_decode_threads
 from clef_cli.prompt import EncodedRecord, OverflowPolicy, PromptEncoder
 from clef_cli.records import Record
 
@@ -44,6 +45,8 @@ class EncoderSpec:
     """Where planning leaves each record's media tensors, so the batch that runs it later need
     not decode its media again; None drops them (a dry run)."""
     family: str = "omni"
+    decode_threads: int = 1
+    """FFmpeg threads per video decoder in each worker (more than one when cores are left over)."""
 
     def build(self) -> PromptEncoder:
         from clef_cli.families import family_named
@@ -67,6 +70,8 @@ class Planned:
     encoded: EncodedRecord | None = None
     spooled: Path | None = None
     spooled_bytes: int = 0
+    seconds: float = 0.0
+    """Time spent encoding it (for the job's encode rates)."""
 
     def ready(self) -> EncodedRecord | None:
         """The full encoding, media read back from the spool; None when it must be encoded again."""
@@ -89,6 +94,7 @@ _worker_spool: Path | None = None
 
 def _init_encoder(spec: EncoderSpec) -> None:
     global _worker_encoder, _worker_spool
+    set_decode_threads(spec.decode_threads)
     _worker_encoder = spec.build()
     _worker_spool = spec.spool
 
@@ -99,6 +105,57 @@ def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
     while os.getppid() == parent:
         time.sleep(interval)
     os._exit(1)
+
+
+WORKER_BASE_BYTES = 1 << 30
+"""A worker's resident memory before it decodes anything: Python, torch, the processor (measured
+at about 1.0 GiB)."""
+MEDIA_COPIES = 6
+"""Copies of the longest allowed video's frames a worker holds at its peak: the uint8 frames, the
+processor's float32 patches (4 bytes a value) and one more in flight."""
+
+
+def worker_peak_bytes(limits: MediaLimits) -> int:
+    """Estimated peak memory of one encoding worker: its base plus the longest allowed video."""
+    frames = math.ceil(limits.max_video_seconds * VIDEO_FPS) + 1
+    return WORKER_BASE_BYTES + MEDIA_COPIES * frames * MAX_FRAME_PIXELS * 3
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. a container's or taskset's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), in bytes; None when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_workers(limits: MediaLimits, cores: int | None = None, memory: int | None = None) -> int:
+    """Encoding workers beside a GPU: every usable core but one (the main process feeds the
+    GPU), at most as many as half the available memory holds at each worker's estimated peak,
+    and at least one."""
+    cores = usable_cores() if cores is None else cores
+    memory = available_memory() if memory is None else memory
+    workers = cores - 1
+    if memory is not None:
+        workers = min(workers, memory // 2 // worker_peak_bytes(limits))
+    return max(1, workers)
+
+
+def decode_threads_per_worker(workers: int, cores: int | None = None) -> int:
+    """FFmpeg threads per worker: the cores left once the main process has one, shared out."""
+    cores = usable_cores() if cores is None else cores
+    return max(1, (cores - 1) // workers) if workers > 0 else 1
 
 
 def _init_pool_worker(spec: EncoderSpec) -> None:
@@ -126,11 +183,14 @@ def compact(encoded: EncodedRecord) -> EncodedRecord:
 def plan_record(record: Record) -> Planned:
     """Encode to measure the prompt; media tensors go to the spool (when there is one)."""
     faults.maybe_crash(record.id)
+    started = time.perf_counter()
     try:
         encoded = _encoder().encode(record)
     except RecordError as error:
         return Planned(record, error=str(error))
-    planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded))
+    faults.slow_encode()
+    seconds = time.perf_counter() - started
+    planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded), seconds=seconds)
     if not encoded.media:
         return planned
     if _worker_spool is None:
@@ -158,9 +218,11 @@ def within_budget(planned: Planned, budget: list[int]) -> Planned:
 def encode_record(record: Record) -> EncodedRecord | str:
     faults.maybe_crash(record.id)
     try:
-        return compact(_encoder().encode(record))
+        encoded = compact(_encoder().encode(record))
     except RecordError as error:
         return str(error)
+    faults.slow_encode()
+    return encoded
 
 
 CRASHED = "the encoding process crashed on this record (a media decoder failed hard)"

@@ -1,0 +1,105 @@
+"""Where the time goes: the summary's model-busy figure, the --stats-json file, the advice line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from clef_cli import faults
+from clef_cli.cli import app
+from clef_cli.stats import STAGES, JobStats, modality
+
+from .conftest import SAMPLE_DATA, TINY_MODEL, write_jsonl
+
+runner = CliRunner()
+
+
+def score(*args: str):
+    return runner.invoke(app, ["score", *args, "--model", str(TINY_MODEL), "--quiet"])
+
+
+def text_records(count: int) -> list[dict]:
+    return [
+        {"id": f"r{i}", "state": "word " * (5 + 7 * i), "questions": {"urgent": {"type": "noul"}}} for i in range(count)
+    ]
+
+
+@pytest.fixture(scope="module")
+def media_input(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("media")
+    shutil.copytree(SAMPLE_DATA / "media", folder / "media")
+    records = [
+        {"id": "t", "state": "plain text", "questions": {"q": {"type": "noul"}}},
+        {"id": "i", "state": "a photo", "images": ["media/parcel.jpg"], "questions": {"q": {"type": "noul"}}},
+        {"id": "a", "state": "a call", "audio": ["media/voicemail.wav"], "questions": {"q": {"type": "noul"}}},
+        {"id": "bad", "state": "x", "questions": {"q": {"type": "choice", "criteria": []}}},
+    ]
+    return write_jsonl(folder / "records.jsonl", records)
+
+
+def test_stats_json_is_consistent_with_the_output(media_input, tmp_path):
+    out, stats_path = tmp_path / "out.parquet", tmp_path / "stats.json"
+    result = score(str(media_input), "-o", str(out), "--workers", "0", "--stats-json", str(stats_path))
+    assert result.exit_code == 3, result.output  # one invalid record
+    assert "model busy " in result.stderr
+    stats = json.loads(stats_path.read_text())
+    rows = pq.read_table(out).to_pylist()
+    assert stats["records"] == len(rows) == 4
+    scored = [row for row in rows if row["error"] is None]
+    assert stats["tokens"] == sum(row["prompt_tokens"] for row in scored)
+    assert stats["real_tokens"] == stats["tokens"]
+    assert stats["padded_tokens"] >= stats["real_tokens"]
+    assert stats["padding_waste"] == pytest.approx(stats["padded_tokens"] / stats["real_tokens"] - 1, abs=1e-6)
+    stages = stats["stages_seconds"]
+    assert set(stages) == set(STAGES)
+    assert all(value >= 0 for value in stages.values())
+    assert stages["forward"] > 0 and stages["head"] > 0 and stages["load"] > 0
+    assert sum(stages.values()) <= stats["wall_seconds"]
+    in_scoring = stages["encode_wait"] + stages["forward"] + stages["head"] + stages["commit_wait"]
+    assert in_scoring <= stats["scoring_seconds"] + 1e-6
+    assert stats["scoring_seconds"] + stages["load"] <= stats["wall_seconds"]
+    busy = (stages["forward"] + stages["head"]) / stats["scoring_seconds"]
+    assert stats["model_busy"] == pytest.approx(busy, abs=1e-5)
+    assert f"model busy {stats['model_busy']:.0%}" in result.stderr
+    encode = stats["encode"]
+    assert set(encode) == {"text", "image", "audio"}
+    by_id = {row["id"]: row["prompt_tokens"] for row in scored}
+    assert encode["image"]["tokens"] == by_id["i"] and encode["audio"]["tokens"] == by_id["a"]
+    assert sum(item["records"] for item in encode.values()) == 3
+    for item in encode.values():
+        assert item["tokens_per_s"] == pytest.approx(item["tokens"] / item["seconds"], rel=1e-3)
+
+
+def test_advice_when_the_model_waits_for_encoding(tmp_path, monkeypatch):
+    monkeypatch.setenv(faults.SLOW_ENCODE, "0.3")
+    source = write_jsonl(tmp_path / "records.jsonl", text_records(4))
+    out, stats_path = tmp_path / "out.parquet", tmp_path / "stats.json"
+    result = score(str(source), "-o", str(out), "--workers", "0", "--stats-json", str(stats_path))
+    assert result.exit_code == 0, result.output
+    stats = json.loads(stats_path.read_text())
+    assert stats["stages_seconds"]["encode_wait"] >= 4 * 0.3  # each record planned once, slowly
+    share = stats["encode_wait_share"]
+    assert share > 0.5
+    assert f"the model waited {share:.0%} of the time for prompt encoding: add --workers" in result.stderr
+
+
+def test_advice_names_media_and_modality_rules():
+    stats = JobStats(scoring_seconds=10.0, workers=1)
+    stats.stages["encode_wait"] = 3.5
+    stats.stages["forward"] = 6.0
+    stats.encoded("video", 100, 1.0)
+    assert stats.model_busy == pytest.approx(0.6)
+    assert stats.advice() == "the model waited 35% of the time for media decoding: add --workers (this run had 1)"
+    stats.stages["encode_wait"] = 1.0
+    assert stats.advice() is None
+    assert [modality(0, 0, 0), modality(2, 0, 0), modality(0, 1, 0), modality(0, 0, 1), modality(1, 0, 1)] == [
+        "text",
+        "image",
+        "audio",
+        "video",
+        "mixed",
+    ]
