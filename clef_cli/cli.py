@@ -26,6 +26,7 @@ from clef_cli import __version__
 from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.media import MediaLimits
 from clef_cli.parquet_rows import StructNulls
+from clef_cli.progress import Progress
 from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -188,7 +189,7 @@ def main_callback(
 # ----------------------------------------------------------------------------- score
 
 
-class RichProgress:
+class RichProgress(Progress):
     """Records, tokens/s, ETA and errors so far, on stderr; silent when stderr is not a terminal."""
 
     def __init__(self, enabled: bool) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow.compute as pc
 import torch
@@ -46,6 +46,7 @@ from clef_cli.output import (
     write_output,
 )
 from clef_cli.parquet_rows import StructNulls
+from clef_cli.progress import Progress
 from clef_cli.prompt import EncodedRecord, OverflowPolicy
 from clef_cli.quality.calibrate import load_calibration
 from clef_cli.records import InvalidRecord, Record, count_records, load_questions_file, read_records
@@ -71,25 +72,6 @@ from clef_cli.workers import (
 )
 
 PREFETCH_BATCHES = 3
-
-
-class Progress(Protocol):
-    """What a job reports while it runs; the CLI draws it, a library caller may ignore it."""
-
-    def start(self, total: int | None, done: int) -> None: ...
-    def advance(self, records: int, tokens: int, failed: int) -> None: ...
-    def note(self, message: str) -> None: ...
-
-
-class SilentProgress:
-    def start(self, total: int | None, done: int) -> None:
-        pass
-
-    def advance(self, records: int, tokens: int, failed: int) -> None:
-        pass
-
-    def note(self, message: str) -> None:
-        pass
 
 
 @dataclass
@@ -375,7 +357,7 @@ class ScoreJob:
     ) -> None:
         settings.validate()
         self.settings = settings
-        self.progress = progress or SilentProgress()
+        self.progress = progress or Progress()
         self.stop = stop or threading.Event()
         self._scorer = scorer
         self.batch_tokens = settings.max_batch_tokens

@@ -36,7 +36,6 @@ from clef_cli.pipeline import (
     JobSummary,
     Progress,
     ScoreSettings,
-    SilentProgress,
     job_manifest,
     provenance,
     write_job_output,
@@ -330,7 +329,7 @@ class RayScoreJob:
             raise UsageError("--rehead runs without the thinker; use it without --ray")
         self.settings = settings
         self.ray_settings = ray_settings
-        self.progress = progress or SilentProgress()
+        self.progress = progress or Progress()
         self.stop = stop or threading.Event()
         self.summary = JobSummary(output=settings.output)
 

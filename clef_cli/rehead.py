@@ -24,7 +24,6 @@ from clef_cli.pipeline import (
     JobSummary,
     Progress,
     ScoreSettings,
-    SilentProgress,
     job_manifest,
     provenance,
     write_job_output,
@@ -69,7 +68,7 @@ def _check_same_job(source: Checkpoint, current: dict[str, Any]) -> None:
 def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
     """Score the job's stored hidden states with the head in `settings.rehead`; write the output."""
     assert settings.rehead is not None
-    progress = progress or SilentProgress()
+    progress = progress or Progress()
     started = time.monotonic()
     summary = JobSummary(output=settings.output)
     release = resolve_release(settings.model, revision=settings.revision)

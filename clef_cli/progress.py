@@ -1,0 +1,18 @@
+"""What a job reports while it runs. The base class ignores everything, so a library caller or a
+distributed worker passes nothing; the CLI subclasses it to draw a progress bar on stderr."""
+
+from __future__ import annotations
+
+
+class Progress:
+    def start(self, total: int | None, done: int) -> None:
+        """The job knows how many records there are (None: unknown) and how many are done."""
+
+    def advance(self, records: int, tokens: int, failed: int) -> None:
+        """Records committed since the last call, their prompt tokens, and how many failed."""
+
+    def note(self, message: str) -> None:
+        """A one-line message worth showing (model loading, lock taken over, damaged shard)."""
+
+    def stop(self) -> None:
+        """The job is over: put the display away."""
