@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,14 @@ def fsync_path(path: Path) -> None:
         os.close(descriptor)
 
 
-def write_atomically(path: Path, write: Any) -> None:
+def write_atomically(path: Path, write: Any, before_rename: Callable[[], None] | None = None) -> None:
     """`write(temporary_path)`, fsync, then rename into place: never a half-written `path`."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         write(temporary)
         fsync_path(temporary)
+        if before_rename is not None:
+            before_rename()  # crash tests stop here: the old file must still be whole
         os.replace(temporary, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

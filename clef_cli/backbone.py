@@ -15,18 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from clef_cli.batching import ModelBatch
+from clef_cli.dtypes import torch_dtype
 from clef_cli.errors import ModelLoadError
-from clef_cli.release import Release
+from clef_cli.release import HEAD_FILES, Release
 
 SPEECH_OUTPUT_KEYS = re.compile(r"^(talker|code2wav)\.")
-DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-}
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -52,7 +45,7 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     if dtype is None or dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        return DTYPES[dtype.lower()]
+        return torch_dtype(dtype.lower())
     except KeyError:
         raise ModelLoadError(f"unknown dtype {dtype!r} (use auto, bfloat16, float16 or float32)") from None
 
@@ -126,7 +119,7 @@ def load_lexical_rows(release: Release) -> torch.Tensor:
         shard_name = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).get(key)
         candidates = [release.path / shard_name] if shard_name else []
     else:
-        candidates = sorted(p for p in release.path.glob("*.safetensors") if not p.name.startswith("joint_head"))
+        candidates = sorted(p for p in release.path.glob("*.safetensors") if p.name not in HEAD_FILES)
     for shard in candidates:
         with safe_open(str(shard), framework="pt") as handle:
             if key in handle.keys():  # noqa: SIM118 - safe_open has no __contains__

@@ -29,17 +29,18 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from clef_cli.atomic import write_atomically
 from clef_cli.errors import ClefError
-from clef_cli.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
 from clef_cli.release import file_sha256
 from clef_cli.results import RESULT_SCHEMA
-from clef_cli.sources import InputFile
+
+if TYPE_CHECKING:
+    from clef_cli.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -49,29 +50,6 @@ SHARDS = "shards"
 
 class CheckpointMismatch(ClefError):
     """The checkpoint was made by another model, other inputs or other settings."""
-
-
-def input_fingerprint(source: InputFile, full_hash_below: int = 1 << 30) -> dict[str, Any]:
-    """Content, not timestamps: a copied file is the same input, an edited one is not. Very large
-    files are sampled (size plus the first, middle and last MiB) to keep resuming fast."""
-    size = source.size
-    with source.open_binary() as handle:
-        if size < full_hash_below:
-            hasher = hashlib.sha256()
-            while chunk := handle.read(1 << 20):
-                hasher.update(chunk)
-            digest = hasher.hexdigest()
-        else:
-            hasher = hashlib.sha256(str(size).encode())
-            position = 0
-            for offset in (0, size // 2, max(0, size - (1 << 20))):
-                while position < offset:  # streams from remote filesystems cannot seek
-                    position += len(handle.read(min(1 << 24, offset - position)))
-                chunk = handle.read(1 << 20)
-                position += len(chunk)
-                hasher.update(chunk)
-            digest = "sampled:" + hasher.hexdigest()
-    return {"path": source.location, "bytes": size, "sha256": digest}
 
 
 def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -307,6 +285,8 @@ class Checkpoint:
         return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
 
     def hidden_shards(self) -> list[HiddenShardFile]:
+        from clef_cli.hidden_store import HiddenShardFile
+
         """The committed hidden-state shards, in commit order (read them with `hidden_reader`)."""
         shards = []
         for entry in self.entries:
@@ -316,6 +296,8 @@ class Checkpoint:
         return shards
 
     def hidden_reader(self) -> HiddenReader:
+        from clef_cli.hidden_store import HiddenReader
+
         return HiddenReader(self.hidden_shards())
 
     def size_on_disk(self) -> int:

@@ -20,9 +20,8 @@ from torch import nn
 
 from clef_cli.errors import ModelLoadError
 from clef_cli.prompt import EncodedQuestion
+from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS
 
-HEAD_CONFIG_FILE = "joint_head_config.json"
-HEAD_WEIGHTS_FILE = "joint_head.safetensors"
 NUM_QUESTION_TYPES = 3
 MAX_LOGIT_SCALE = math.log(100.0)
 
@@ -305,10 +304,10 @@ def load_joint_head(directory: Path, dtype: torch.dtype = torch.float32) -> Join
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    config = HeadConfig.from_file(directory / HEAD_CONFIG_FILE)
-    weights_path = directory / HEAD_WEIGHTS_FILE
+    config = HeadConfig.from_file(directory / HEAD_CONFIG)
+    weights_path = directory / HEAD_WEIGHTS
     if not weights_path.is_file():
-        raise ModelLoadError(f"missing {HEAD_WEIGHTS_FILE} in {directory}")
+        raise ModelLoadError(f"missing {HEAD_WEIGHTS} in {directory}")
     try:
         state = load_file(str(weights_path))
     except (SafetensorError, OSError) as error:
@@ -323,7 +322,7 @@ def load_joint_head(directory: Path, dtype: torch.dtype = torch.float32) -> Join
             parts.append(f"missing keys: {', '.join(missing)}")
         if unexpected:
             parts.append(f"unexpected keys: {', '.join(unexpected)}")
-        raise ModelLoadError(f"{weights_path} does not match {HEAD_CONFIG_FILE}: {'; '.join(parts)}")
+        raise ModelLoadError(f"{weights_path} does not match {HEAD_CONFIG}: {'; '.join(parts)}")
     mismatched = [
         f"{name} {tuple(state[name].shape)} != {tuple(value.shape)}"
         for name, value in expected.items()

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from clef_cli.dtypes import HIDDEN_DTYPES as HIDDEN_DTYPE_NAMES
+from clef_cli.dtypes import torch_dtype
 from clef_cli.errors import ClefError
 from clef_cli.prompt import EncodedQuestion, EncodedRecord
 from clef_cli.records import Question, Record
@@ -31,7 +33,7 @@ from clef_cli.records import Question, Record
 HIDDEN_FORMAT_VERSION = 1
 FORMAT_KEY = "clef.hidden_format"
 RECORDS_KEY = "records"
-HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+HIDDEN_DTYPES = {name: torch_dtype(name) for name in HIDDEN_DTYPE_NAMES}
 
 
 class HiddenStoreError(ClefError):

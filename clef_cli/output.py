@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clef_cli import faults
-from clef_cli.atomic import fsync_path
+from clef_cli.atomic import write_atomically
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.records import iter_column_values, parquet_only
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
@@ -194,8 +193,7 @@ def write_output(
         metadata["clef.calibration_method"] = spec.calibration.method
     schema = schema.with_metadata({key: str(value) for key, value in metadata.items()})
 
-    temporary = spec.path.with_name(f".{spec.path.name}.{os.getpid()}.tmp")
-    try:
+    def write(temporary: Path) -> None:
         with pq.ParquetWriter(str(temporary), schema) as writer:
             for start in range(0, results.num_rows, spec.row_group_size):
                 chunk = results.take(order[start : start + spec.row_group_size])
@@ -205,13 +203,8 @@ def write_output(
                 writer.write_table(_shape(chunk, spec.layout, extra, start, schema), row_group_size=1 << 30)
             if results.num_rows == 0:
                 writer.write_table(schema.empty_table())
-        fsync_path(temporary)
-        faults.before_output_rename()
-        os.replace(temporary, spec.path)
-        fsync_path(spec.path.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
+
+    write_atomically(spec.path, write, before_rename=faults.before_output_rename)
     failed = results.num_rows - results.column("error").null_count
     return OutputCounts(records=results.num_rows, failed=failed)
 

@@ -13,13 +13,13 @@ from enum import Enum
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from clef_cli.errors import RecordError
 from clef_cli.media import MediaLimits
 from clef_cli.records import Question, Record
 
 if TYPE_CHECKING:
+    import torch
+
     from clef_cli.families.base import Family
 
 SYSTEM_PROMPT = (

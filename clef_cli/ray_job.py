@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import pickle
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,19 +26,12 @@ from clef_cli import faults
 from clef_cli.backbone import resolve_dtype
 from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.checkpoint import Checkpoint
-from clef_cli.errors import ClefError, RecordError, UsageError
+from clef_cli.errors import ClefError, RecordError
 from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
-from clef_cli.locks import job_locks
+from clef_cli.job import open_job
 from clef_cli.output import passthrough_types
 from clef_cli.parquet_rows import StructNulls, parquet_rows
-from clef_cli.pipeline import (
-    JobSummary,
-    Progress,
-    ScoreSettings,
-    job_manifest,
-    provenance,
-    write_job_output,
-)
+from clef_cli.progress import Progress
 from clef_cli.prompt import EncodedRecord
 from clef_cli.ray_hidden import check_every_node_sees, commit_block, tag, write_hidden
 from clef_cli.ray_logs import RAY_LOG, ray_output_to
@@ -56,6 +48,7 @@ from clef_cli.records import (
 from clef_cli.release import resolve_release
 from clef_cli.results import RESULT_SCHEMA, results_table
 from clef_cli.scoring import FailedRecord
+from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sources import InputFile, expand_inputs
 
 JSONL_RANGE_BYTES = 64 << 20
@@ -325,8 +318,6 @@ class RayScoreJob:
         stop: threading.Event | None = None,
     ) -> None:
         settings.validate()
-        if settings.rehead is not None:
-            raise UsageError("--rehead runs without the thinker; use it without --ray")
         self.settings = settings
         self.ray_settings = ray_settings
         self.progress = progress or Progress()
@@ -334,31 +325,21 @@ class RayScoreJob:
         self.summary = JobSummary(output=settings.output)
 
     def run(self) -> JobSummary:
-        started = time.monotonic()
-        release = resolve_release(self.settings.model, revision=self.settings.revision)
-        self.settings = settings = self.settings.for_release(release)
-        worker_device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
-        dtype = resolve_dtype(settings.dtype, worker_device)
-        manifest = job_manifest(settings, release, dtype, release.path)
-        passthrough = (
-            passthrough_types(settings.inputs, settings.keep_columns, settings.limit) if settings.keep_columns else None
-        )
-        questions = load_questions_file(settings.questions) if settings.questions else None
-        checkpoint_path = settings.checkpoint_path
-        with job_locks(settings.output, checkpoint_path):
-            checkpoint = Checkpoint.open(checkpoint_path, manifest, restart=settings.restart)
-            self.summary.resumed = checkpoint.done.count
-            self._on_cluster(checkpoint, questions)
+        device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
+        dtype = str(resolve_dtype(self.settings.dtype, device)).removeprefix("torch.")
+        with open_job(self.settings, self.progress, dtype) as job:
+            settings = self.settings = job.settings
+            self.summary = job.summary
+            passthrough = (
+                passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
+                if settings.keep_columns
+                else None
+            )
+            questions = load_questions_file(settings.questions) if settings.questions else None
+            self._on_cluster(job.checkpoint, questions)
             if self.stop.is_set():
-                self.summary.interrupted = True
-                self.summary.seconds = time.monotonic() - started
-                return self.summary
-            self.progress.note("writing the output")
-            metadata = provenance(settings, release, checkpoint.manifest) | {"clef.engine": "ray"}
-            counts = write_job_output(settings, mark_duplicates(checkpoint.results()), metadata, passthrough)
-        self.summary.count(counts)
-        self.summary.seconds = time.monotonic() - started
-        return self.summary
+                return job.interrupted()
+            return job.finish(mark_duplicates(job.checkpoint.results()), {"clef.engine": "ray"}, passthrough)
 
     def _on_cluster(self, checkpoint: Checkpoint, questions: Any) -> None:
         """Connect, fit the plan to the cluster, score; Ray's output in ray.log when quiet."""

@@ -7,7 +7,6 @@ only other backbone tensor the head needs (the lm_head rows) is read from its we
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,23 +14,16 @@ import torch
 
 from clef_cli.backbone import load_lexical_rows, resolve_device
 from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.checkpoint import Checkpoint, describe_differences
+from clef_cli.checkpoint import MANIFEST, Checkpoint, describe_differences
 from clef_cli.errors import ClefError, ModelLoadError
 from clef_cli.head import JointSchemaHead, load_joint_head
 from clef_cli.hidden_store import StoredRecord, pad_states
-from clef_cli.locks import job_locks
-from clef_cli.pipeline import (
-    JobSummary,
-    Progress,
-    ScoreSettings,
-    job_manifest,
-    provenance,
-    write_job_output,
-)
+from clef_cli.job import Job, open_job
+from clef_cli.progress import Progress
 from clef_cli.records import count_records
-from clef_cli.release import resolve_release
 from clef_cli.results import results_table
 from clef_cli.scoring import FailedRecord, head_logits, scored_record
+from clef_cli.settings import JobSummary, ScoreSettings
 
 REHEAD_BATCH_TOKENS = 65536
 
@@ -69,63 +61,60 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
     """Score the job's stored hidden states with the head in `settings.rehead`; write the output."""
     assert settings.rehead is not None
     progress = progress or Progress()
-    started = time.monotonic()
-    summary = JobSummary(output=settings.output)
-    release = resolve_release(settings.model, revision=settings.revision)
-    settings = settings.for_release(release)
     head_dir = Path(settings.rehead)
     head = load_joint_head(head_dir)
-    if head.config.hidden_size != release.hidden_size:
-        raise ModelLoadError(
-            f"the head in {head_dir} expects hidden size {head.config.hidden_size}; "
-            f"the backbone has {release.hidden_size}"
-        )
-    source_path = settings.checkpoint_path
-    if not (source_path / "manifest.json").exists():
+    if not (settings.checkpoint_path / MANIFEST).exists():
         raise ClefError(
-            f"no checkpoint at {source_path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)"
+            f"no checkpoint at {settings.checkpoint_path}; --rehead re-scores a finished job's checkpoint "
+            "(see --checkpoint)"
         )
-    device = resolve_device(settings.device)
-    with job_locks(settings.output, source_path):
-        source = Checkpoint.open_existing(source_path)
-        current = job_manifest(settings, release, torch.float32, head_dir)
-        _check_same_job(source, current)
-        total = count_records(settings.inputs, settings.limit)
+    with open_job(settings, progress, "float32", head_dir=head_dir, existing=True) as job:
+        release, source = job.release, job.checkpoint
+        if head.config.hidden_size != release.hidden_size:
+            raise ModelLoadError(
+                f"the head in {head_dir} expects hidden size {head.config.hidden_size}; "
+                f"the backbone has {release.hidden_size}"
+            )
+        _check_same_job(source, job.manifest)
+        total = count_records(job.settings.inputs, job.settings.limit)
         if total is not None and source.done.count < total:
             raise ClefError(
-                f"checkpoint {source_path} holds {source.done.count} of {total} records; finish the job before --rehead"
+                f"checkpoint {source.path} holds {source.done.count} of {total} records; finish the job before --rehead"
             )
         progress.start(source.done.count, 0)
-        lexical = load_lexical_rows(release).to(device)
-        head = head.to(device)
-        workdir = settings.output.with_name(f".{settings.output.name}.rehead")
+        device = resolve_device(job.settings.device)
+        workdir = job.settings.output.with_name(f".{job.settings.output.name}.rehead")
         shutil.rmtree(workdir, ignore_errors=True)
-        target = Checkpoint.open(workdir, current)
+        target = Checkpoint.open(workdir, job.manifest)
         try:
-            failures = _failures(source)
-            if failures:
-                target.commit(results_table([], failures))
-            reader = source.hidden_reader()
-            missing = source.done.count - len(failures) - reader.num_records
-            if missing > 0:
-                raise ClefError(
-                    f"{missing} scored records in {source_path} have no stored hidden states "
-                    "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
-                )
-            for _, stored in reader.by_shard():
-                scored = _score_stored(head, lexical, stored, device)
-                target.commit(results_table(scored, []))
-                tokens = sum(record.length for record in stored)
-                summary.tokens += tokens
-                progress.advance(len(scored), tokens, 0)
-            metadata = provenance(settings, release, current | {"settings": source.manifest["settings"]})
-            counts = write_job_output(settings, target.results(), metadata | {"clef.rehead_from": str(source_path)})
+            _rescore(job, head.to(device), load_lexical_rows(release).to(device), target, device)
+            manifest = job.manifest | {"settings": source.manifest["settings"]}
+            summary = job.finish(target.results(), {"clef.rehead_from": str(source.path)}, manifest=manifest)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    summary.count(counts)
     summary.resumed = summary.scored
-    summary.seconds = time.monotonic() - started
     return summary
+
+
+def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Checkpoint, device: torch.device) -> None:
+    """Every stored record through the new head, shard by shard; failed records stay failed."""
+    source = job.checkpoint
+    failures = _failures(source)
+    if failures:
+        target.commit(results_table([], failures))
+    reader = source.hidden_reader()
+    missing = source.done.count - len(failures) - reader.num_records
+    if missing > 0:
+        raise ClefError(
+            f"{missing} scored records in {source.path} have no stored hidden states "
+            "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
+        )
+    for _, stored in reader.by_shard():
+        scored = _score_stored(head, lexical, stored, device)
+        target.commit(results_table(scored, []))
+        tokens = sum(record.length for record in stored)
+        job.summary.tokens += tokens
+        job.progress.advance(len(scored), tokens, 0)
 
 
 def _failures(source: Checkpoint) -> list[FailedRecord]:

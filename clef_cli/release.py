@@ -17,7 +17,9 @@ from clef_cli.errors import ModelLoadError
 from clef_cli.families import FAMILY_BY_MODEL_TYPE
 
 DEFAULT_MODEL = "Cloudflare/clef-omni"
-HEAD_FILES = ("joint_head_config.json", "joint_head.safetensors")
+HEAD_CONFIG = "joint_head_config.json"
+HEAD_WEIGHTS = "joint_head.safetensors"
+HEAD_FILES = (HEAD_CONFIG, HEAD_WEIGHTS)
 TEXT_FILE_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 WEIGHT_INDEX = "model.safetensors.index.json"
 

@@ -7,10 +7,12 @@ shards (plus pass-through columns), never a recomputation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from clef_cli.scoring import FailedRecord, ScoredRecord
+if TYPE_CHECKING:
+    from clef_cli.scoring import FailedRecord, ScoredRecord
 
 LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])
 ANSWER_TYPE = pa.struct(

@@ -18,10 +18,9 @@ from clef_cli.families import family_of
 from clef_cli.head import JointSchemaHead, build_layout, load_joint_head
 from clef_cli.prompt import EncodedRecord
 from clef_cli.release import Release, resolve_release
+from clef_cli.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
 from clef_cli.stats import JobStats, timed
 
-DEFAULT_MAX_BATCH_TOKENS = 32768
-DEFAULT_MAX_BATCH_SIZE = 64
 MIN_BATCH_TOKENS = 256
 
 

@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from clef_cli import __version__
-from clef_cli.checkpoint import MANIFEST, Checkpoint, write_atomically
+from clef_cli.atomic import write_atomically
+from clef_cli.checkpoint import MANIFEST, Checkpoint
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
-from clef_cli.head import HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, JointSchemaHead, load_joint_head
+from clef_cli.head import JointSchemaHead, load_joint_head
 from clef_cli.hidden_store import HiddenReader, load_states
 from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
 from clef_cli.quality.head_training import Example, FitSettings, fit, predict
-from clef_cli.release import Release, file_sha256, resolve_release
+from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
 
 REPORT_FILE = "training_report.json"
 BOOTSTRAP_RESAMPLES = 2000
@@ -98,7 +99,7 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
         raise UsageError(f"-o {output} is a file; give a folder for the head")
     if output.resolve() == base_dir.resolve():
         raise UsageError(f"-o {output} is the base head's folder; write the trained head to a new folder")
-    ours = {HEAD_CONFIG_FILE, HEAD_WEIGHTS_FILE, REPORT_FILE}
+    ours = {HEAD_CONFIG, HEAD_WEIGHTS, REPORT_FILE}
     if output.is_dir():
         others = sorted(path.name for path in output.iterdir() if path.name not in ours)
         if others:
@@ -314,8 +315,8 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
             "gold_sha256": gold.sha256,
             "model": str(release.path),
             "base_head": str(base_dir),
-            "base_head_sha256": file_sha256(base_dir / HEAD_WEIGHTS_FILE),
-            "base_head_config_sha256": file_sha256(base_dir / HEAD_CONFIG_FILE),
+            "base_head_sha256": file_sha256(base_dir / HEAD_WEIGHTS),
+            "base_head_config_sha256": file_sha256(base_dir / HEAD_CONFIG),
         },
         "gold": {
             "records": len(examples),
@@ -350,11 +351,11 @@ def save_head(head: JointSchemaHead, base_dir: Path, output: Path, report: dict[
     from safetensors import safe_open
     from safetensors.torch import save
 
-    with safe_open(str(base_dir / HEAD_WEIGHTS_FILE), framework="pt") as handle:
+    with safe_open(str(base_dir / HEAD_WEIGHTS), framework="pt") as handle:
         dtype = handle.get_tensor("residual_gate").dtype
     state = {name: value.detach().to("cpu", dtype).contiguous() for name, value in head.state_dict().items()}
     weights = save(state)
-    config = (base_dir / HEAD_CONFIG_FILE).read_bytes()
+    config = (base_dir / HEAD_CONFIG).read_bytes()
     report["new_head"] = {
         "sha256": hashlib.sha256(weights).hexdigest(),
         "dtype": str(dtype).removeprefix("torch."),
@@ -362,7 +363,7 @@ def save_head(head: JointSchemaHead, base_dir: Path, output: Path, report: dict[
     }
     report["created"] = time.time()
     output.mkdir(parents=True, exist_ok=True)
-    write_atomically(output / HEAD_WEIGHTS_FILE, lambda target: target.write_bytes(weights))
-    write_atomically(output / HEAD_CONFIG_FILE, lambda target: target.write_bytes(config))
+    write_atomically(output / HEAD_WEIGHTS, lambda target: target.write_bytes(weights))
+    write_atomically(output / HEAD_CONFIG, lambda target: target.write_bytes(config))
     text = json.dumps(report, indent=2, sort_keys=True)
     write_atomically(output / REPORT_FILE, lambda target: target.write_text(text, encoding="utf-8"))

@@ -1,0 +1,136 @@
+"""What a scoring job is told (`ScoreSettings`) and what it reports back (`JobSummary`).
+
+Torch-free: the CLI builds and checks these before any model code is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from clef_cli.dtypes import HIDDEN_DTYPES
+from clef_cli.errors import UsageError
+from clef_cli.media import MediaLimits
+from clef_cli.parquet_rows import StructNulls
+from clef_cli.prompt import OverflowPolicy
+from clef_cli.release import DEFAULT_MODEL, Release
+from clef_cli.sources import local_path
+from clef_cli.stats import JobStats
+
+if TYPE_CHECKING:
+    from clef_cli.output import OutputCounts
+
+DEFAULT_MAX_BATCH_TOKENS = 32768
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
+@dataclass
+class ScoreSettings:
+    """Everything `clef score` can be told; a library caller builds this directly."""
+
+    inputs: Sequence[str | Path]
+    """Local paths or URIs (resolved by `sources`)."""
+    output: Path
+    model: str = DEFAULT_MODEL
+    revision: str | None = None
+    questions: Path | None = None
+    max_length: int | None = None
+    """None: the model family's default (64000 for Clef-Omni, 16384 for the dense family)."""
+    overflow: OverflowPolicy = OverflowPolicy.truncate
+    struct_nulls: StructNulls = StructNulls.refuse
+    """What a null inside a Parquet struct column of state/questions means (see parquet_rows)."""
+    limits: MediaLimits = field(default_factory=MediaLimits)
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    device: str = "auto"
+    dtype: str | None = None
+    layout: str = "wide"
+    keep_columns: tuple[str, ...] = ()
+    limit: int | None = None
+    workers: int | None = None
+    """Background encoding processes; None: none on the CPU (the model already uses every core);
+    beside a GPU every usable core but one, bounded by memory (`workers.default_workers`)."""
+    window: int = 8192
+    checkpoint: Path | None = None
+    hidden_states: str = "keep"
+    hidden_dtype: str = "bfloat16"
+    restart: bool = False
+    row_group_size: int = 16384
+    rehead: Path | None = None
+    calibration: Path | None = None
+    """A `clef calibrate` file applied when the output is written; not part of the checkpoint's
+    settings, so a finished job can be recalibrated without running the model."""
+    media_spool_bytes: int = 32 << 30
+    """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
+    space at most), so that media are decoded once, not twice."""
+
+    def for_release(self, release: Release) -> ScoreSettings:
+        """These settings with the defaults that depend on the model family filled in."""
+        if self.max_length is not None:
+            return self
+        from clef_cli.families import family_of
+
+        return replace(self, max_length=family_of(release).default_max_length)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.checkpoint or self.output.with_name(self.output.name + ".ckpt")
+
+    def validate(self) -> None:
+        try:
+            self.struct_nulls = StructNulls(self.struct_nulls)  # a library caller may pass the name
+        except ValueError:
+            raise UsageError(f"--struct-nulls must be refuse, absent or null, not {self.struct_nulls!r}") from None
+        if self.layout not in ("wide", "long"):
+            raise UsageError(f"--layout must be 'wide' or 'long', not {self.layout!r}")
+        if self.hidden_states not in ("keep", "drop"):
+            raise UsageError(f"--hidden-states must be 'keep' or 'drop', not {self.hidden_states!r}")
+        if self.hidden_dtype not in HIDDEN_DTYPES:
+            raise UsageError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}")
+        if self.output.suffix.lower() not in (".parquet", ".pq"):
+            raise UsageError(f"output {self.output} must end in .parquet")
+        if self.output.exists() and self.output.is_dir():
+            raise UsageError(f"output {self.output} is a folder")
+        if not self.output.parent.exists():
+            raise UsageError(f"output folder {self.output.parent} does not exist")
+        if self.calibration is not None:
+            from clef_cli.quality.calibrate import load_calibration
+
+            load_calibration(self.calibration)
+        local_inputs = (local_path(location) for location in self.inputs)
+        if self.output.resolve() in {path.resolve() for path in local_inputs if path is not None}:
+            raise UsageError("the output would overwrite an input")
+
+
+@dataclass
+class JobSummary:
+    output: Path | None
+    records: int = 0
+    scored: int = 0
+    failed: int = 0
+    resumed: int = 0
+    forwarded: int = 0
+    """Records run through the thinker in this run."""
+    committed: int = 0
+    """Records committed to the checkpoint in this run (scored or failed)."""
+    tokens: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+    first_errors: list[str] = field(default_factory=list)
+    stats: JobStats = field(default_factory=JobStats)
+    """Where the time went (stage times are measured by the local engine only)."""
+
+    def final_stats(self) -> JobStats:
+        """The stats with the run's totals: wall time, output records, tokens run this time."""
+        self.stats.wall_seconds = self.seconds
+        self.stats.records = self.records
+        self.stats.tokens = self.tokens
+        return self.stats
+
+    def count(self, written: OutputCounts) -> None:
+        """Totals from the written output (which also holds records resumed from the checkpoint)."""
+        self.records = written.records
+        self.failed = written.failed
+        self.scored = written.records - written.failed
