@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_score import MODEL, QUESTIONS, iter_text_records, write_jsonl
 
 SETS = ("text", "image", "audio", "video", "mixed")
-DEFAULT_RECORDS = {"text": 300, "image": 24, "audio": 16, "video": 6, "mixed": 15}
+DEFAULT_RECORDS = {"text": 300, "image": 32, "audio": 24, "video": 12, "mixed": 24}
 DISTINCT_FILES = {"image": 6, "audio": 3, "video": 2}
 
 
@@ -233,7 +233,7 @@ def main() -> None:
     parser.add_argument("--sets", default=",".join(SETS), help="comma-separated: " + ", ".join(SETS))
     parser.add_argument("--workers", default="0,1,2", help="worker counts to measure (default 0,1,2)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every set's record count")
-    parser.add_argument("--windows", type=int, default=6, help="split each set into about this many planning windows")
+    parser.add_argument("--windows", type=int, default=4, help="split each set into about this many planning windows")
     parser.add_argument("--media-dir", type=Path, default=Path(tempfile.gettempdir()) / "clef-bench-feed-media")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
@@ -253,7 +253,8 @@ def main() -> None:
             path = write_jsonl(folder / "records.jsonl", set_records(name, count, files))
             rate = encode_rate(path)
             per_core = rate["tokens_per_s_cpu"]
-            window = max(1, math.ceil(count / args.windows))
+            # a window must hold a few records per worker, or the workers cannot all be busy at once
+            window = max(math.ceil(count / args.windows), 2 * max(worker_counts))
             runs = {str(w): run_job(path, folder, w, window, scorer) for w in worker_counts}
             busy = {w: run["busy"] for w, run in runs.items()}
             efficiency = {
