@@ -58,13 +58,27 @@ class Window:
     failures: list[FailedRecord]
 
 
-def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+FIRST_WINDOW = 64
+"""Records in the first window: the model starts after it is planned, so it is kept small (a
+window of 8192 videos would keep a GPU idle for most of an hour); each next window doubles, up
+to `--window`. Results do not depend on it: a record's scores never depend on its batch."""
+
+
+def window_sizes(window: int) -> Iterator[int]:
+    size = min(FIRST_WINDOW, window)
+    while True:
+        yield size
+        size = min(window, size * 2)
+
+
+def _chunks(items: Iterable[Any], sizes: Iterator[int]) -> Iterator[list[Any]]:
     chunk: list[Any] = []
+    size = next(sizes)
     for item in items:
         chunk.append(item)
         if len(chunk) >= size:
             yield chunk
-            chunk = []
+            chunk, size = [], next(sizes)
     if chunk:
         yield chunk
 
@@ -86,7 +100,7 @@ def planned_windows(
         return failures, futures
 
     pending = (record for record in records if record.index not in skip)
-    chunks = _chunks(pending, window)
+    chunks = _chunks(pending, window_sizes(window))
     current = next((submit(chunk) for chunk in chunks), None)
     while current is not None:
         upcoming = next((submit(chunk) for chunk in chunks), None)
