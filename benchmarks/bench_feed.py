@@ -160,7 +160,7 @@ def encode_rate(path: Path) -> dict[str, float]:
     import torch
 
     from clef_cli.prompt import PromptEncoder
-    from clef_cli.records import read_records
+    from clef_cli.readers import read_records
     from clef_cli.release import load_processor, resolve_release
 
     torch.set_num_threads(1)

@@ -112,7 +112,7 @@ def run_pipeline(path: Path, out: Path, workers: int | None, device: str) -> dic
 def run_sequential(path: Path, device: str) -> dict:
     """The reference's way: encode, forward alone, head, one record at a time (nothing written)."""
     from clef_cli.prompt import PromptEncoder
-    from clef_cli.records import read_records
+    from clef_cli.readers import read_records
     from clef_cli.release import load_processor, resolve_release
     from clef_cli.scoring import load_scorer
 

@@ -84,12 +84,6 @@ def plan_batches(entries: Iterable[PlanEntry], max_batch_tokens: int, max_batch_
     return batches
 
 
-def padding_waste(batches: Sequence[PlannedBatch]) -> float:
-    """Padded tokens / real tokens - 1 over a plan."""
-    real = sum(batch.real_tokens for batch in batches)
-    return sum(batch.padded_tokens for batch in batches) / real - 1 if real else 0.0
-
-
 @dataclass
 class ModelBatch:
     """One padded forward's inputs, in the thinker's own argument names."""
@@ -99,14 +93,6 @@ class ModelBatch:
     attention_mask: torch.Tensor
     media: dict[str, torch.Tensor]
     use_audio_in_video: bool
-
-    @property
-    def padded_length(self) -> int:
-        return int(self.input_ids.shape[1])
-
-    @property
-    def lengths(self) -> list[int]:
-        return [record.length for record in self.records]
 
     def model_inputs(self, device: torch.device | str, dtype: torch.dtype) -> dict[str, object]:
         inputs: dict[str, object] = {

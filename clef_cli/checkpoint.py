@@ -100,11 +100,37 @@ class ShardEntry:
         return "hidden" in self.files
 
 
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ClefError(f"checkpoint manifest {path / MANIFEST} is unreadable: {error}") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointMismatch(
+            f"checkpoint {path} has format version {manifest.get('format_version')}, this clef writes "
+            f"{FORMAT_VERSION} (use --restart to discard it)"
+        )
+    return manifest
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    body = {**manifest, "format_version": FORMAT_VERSION, "created": time.time()}
+    write_atomically(
+        path / MANIFEST,
+        lambda target: target.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8"),
+    )
+    return body
+
+
 class Checkpoint:
     """A checkpoint folder opened for one job (the caller holds its lock)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self.path = path
+        self.manifest = manifest
+        """What made this checkpoint (read once when it is opened)."""
         self.shards_path = path / SHARDS
         self.entries: list[ShardEntry] = []
         self.done = DoneSet()
@@ -120,12 +146,11 @@ class Checkpoint:
         if restart and path.exists():
             discard(path)
         path.mkdir(parents=True, exist_ok=True)
-        checkpoint = cls(path)
-        stored = checkpoint.read_manifest()
+        stored = read_manifest(path)
         if stored is None:
-            checkpoint.shards_path.mkdir(exist_ok=True)
+            (path / SHARDS).mkdir(exist_ok=True)
             (path / JOURNAL).unlink(missing_ok=True)
-            checkpoint.write_manifest(manifest)
+            stored = write_manifest(path, manifest)
         else:
             differences = describe_differences(_comparable(stored), _comparable(manifest))
             if differences:
@@ -134,48 +159,25 @@ class Checkpoint:
                     + "; ".join(differences)
                     + " (use --restart to discard it, or --checkpoint to use another folder)"
                 )
-            checkpoint.shards_path.mkdir(exist_ok=True)
-        checkpoint.load_journal()
+            (path / SHARDS).mkdir(exist_ok=True)
+        checkpoint = cls(path, stored)
+        lines = checkpoint._read_journal()
+        checkpoint._repair(lines)
         return checkpoint
 
     @classmethod
     def open_existing(cls, path: Path) -> Checkpoint:
-        """For reading (info, rehead): the checkpoint must exist."""
-        checkpoint = cls(path)
-        if checkpoint.read_manifest() is None:
+        """For reading (info, rehead): the checkpoint must exist; nothing in it is changed."""
+        manifest = read_manifest(path)
+        if manifest is None:
             raise ClefError(f"{path} is not a clef checkpoint (no {MANIFEST})")
-        checkpoint.load_journal(clean=False)
+        checkpoint = cls(path, manifest)
+        checkpoint._read_journal()
         return checkpoint
 
-    def read_manifest(self) -> dict[str, Any] | None:
-        try:
-            manifest = json.loads((self.path / MANIFEST).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-        except (OSError, json.JSONDecodeError) as error:
-            raise ClefError(f"checkpoint manifest {self.path / MANIFEST} is unreadable: {error}") from None
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise CheckpointMismatch(
-                f"checkpoint {self.path} has format version {manifest.get('format_version')}, this clef writes "
-                f"{FORMAT_VERSION} (use --restart to discard it)"
-            )
-        return manifest
-
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
-        body = {**manifest, "format_version": FORMAT_VERSION, "created": time.time()}
-        write_atomically(
-            self.path / MANIFEST,
-            lambda target: target.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8"),
-        )
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        manifest = self.read_manifest()
-        assert manifest is not None
-        return manifest
-
-    def load_journal(self, clean: bool = True) -> None:
-        """Read committed shards, verify them, and forget (and delete) anything not journaled."""
+    def _read_journal(self) -> int:
+        """The committed shards that verify (damaged ones in `dropped`); returns the journal's
+        line count, so that `_repair` knows whether lines were cut short or dropped."""
         entries, damaged, seen_lines = [], [], 0
         journal = self.path / JOURNAL
         if journal.exists():
@@ -196,10 +198,13 @@ class Checkpoint:
         for table in self._result_tables():
             for index in table.column("record_index").to_pylist():
                 self.done.add(index)
-        if clean:
-            self._remove_unjournaled()
-            if damaged or seen_lines != len(entries):
-                self._rewrite_journal()
+        return seen_lines
+
+    def _repair(self, journal_lines: int) -> None:
+        """Delete what no journal line accounts for and rewrite a journal with bad lines."""
+        self._remove_unjournaled()
+        if self.dropped or journal_lines != len(self.entries):
+            self._rewrite_journal()
 
     def _verify(self, entry: ShardEntry) -> bool:
         for kind, described in entry.files.items():

@@ -859,7 +859,8 @@ def inspect_spans(
     def body() -> None:
         from clef_cli.families import family_of
         from clef_cli.prompt import PromptEncoder
-        from clef_cli.records import InvalidRecord, load_questions_file
+        from clef_cli.readers import load_questions_file
+        from clef_cli.records import InvalidRecord
         from clef_cli.release import load_processor, resolve_release
         from clef_cli.spans import span_report
 
@@ -893,7 +894,7 @@ def inspect_spans(
 def _select_record(
     path: str, schema: Any, index: int | None, record_id: str | None, struct_nulls: StructNulls
 ) -> Any:
-    from clef_cli.records import read_records
+    from clef_cli.readers import read_records
 
     wanted_index = 0 if index is None and record_id is None else index
     for record in read_records([path], questions=schema, struct_nulls=struct_nulls):

@@ -20,9 +20,9 @@ from torch import nn
 
 from clef_cli.errors import ModelLoadError
 from clef_cli.prompt import EncodedQuestion
+from clef_cli.records import QUESTION_TYPES
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS
 
-NUM_QUESTION_TYPES = 3
 MAX_LOGIT_SCALE = math.log(100.0)
 
 
@@ -201,7 +201,7 @@ class JointSchemaHead(nn.Module):
         self.global_projection = nn.Linear(config.hidden_size, width, bias=False)
         self.option_context_projection = nn.Linear(config.hidden_size, width, bias=False)
         self.option_lexical_projection = nn.Linear(config.hidden_size, width, bias=False)
-        self.type_embedding = nn.Embedding(NUM_QUESTION_TYPES, width)
+        self.type_embedding = nn.Embedding(len(QUESTION_TYPES), width)
         self.evidence_layers = nn.ModuleList(
             EvidenceRoutingLayer(width, config.heads, config.feedforward) for _ in range(config.routing_layers)
         )

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from clef_cli import faults
 from clef_cli.atomic import write_atomically
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.records import iter_column_values, parquet_only
+from clef_cli.readers import iter_column_values, parquet_only
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
 from clef_cli.sources import expand_inputs
 

@@ -32,7 +32,7 @@ from clef_cli.planning import (
     worker_count,
 )
 from clef_cli.progress import Progress
-from clef_cli.records import count_records
+from clef_cli.readers import count_records
 from clef_cli.scoring import Scorer
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import human_size

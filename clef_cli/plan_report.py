@@ -11,7 +11,7 @@ from clef_cli.checkpoint import MANIFEST, Checkpoint, DoneSet
 from clef_cli.errors import ClefError
 from clef_cli.planning import encode_pool, hidden_bytes_per_token, job_records, planned_windows, worker_count
 from clef_cli.progress import Progress
-from clef_cli.records import count_records
+from clef_cli.readers import count_records
 from clef_cli.release import resolve_release
 from clef_cli.settings import ScoreSettings
 

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.dtypes import ITEM_SIZES
-from clef_cli.records import InvalidRecord, Record, load_questions_file, read_records
+from clef_cli.pool_size import decode_threads_per_worker, default_workers
+from clef_cli.readers import load_questions_file, read_records
+from clef_cli.records import InvalidRecord, Record
 from clef_cli.release import Release
 from clef_cli.scoring import FailedRecord
 from clef_cli.settings import ScoreSettings
-from clef_cli.workers import EncodePool, EncoderSpec, Planned, decode_threads_per_worker, default_workers, within_budget
+from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 
 def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:

@@ -12,7 +12,6 @@ Nothing imports Ray unless this module is used (`pip install "clef-cli[ray]"`).
 
 from __future__ import annotations
 
-import itertools
 import pickle
 import threading
 from dataclasses import dataclass
@@ -30,28 +29,20 @@ from clef_cli.errors import ClefError, RecordError
 from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
 from clef_cli.job import open_job
 from clef_cli.output import passthrough_types
-from clef_cli.parquet_rows import StructNulls, parquet_rows
 from clef_cli.progress import Progress
 from clef_cli.prompt import EncodedRecord
 from clef_cli.ray_hidden import check_every_node_sees, commit_block, tag, write_hidden
 from clef_cli.ray_logs import RAY_LOG, ray_output_to
+from clef_cli.ray_reading import Slice, plan_slices, read_slice
 from clef_cli.ray_resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
 from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
-from clef_cli.records import (
-    InvalidRecord,
-    RecordBuilder,
-    count_records,
-    load_questions_file,
-    parse_jsonl_line,
-    raw_rows,
-)
+from clef_cli.readers import count_records, load_questions_file
+from clef_cli.records import InvalidRecord, RecordBuilder
 from clef_cli.release import resolve_release
 from clef_cli.results import RESULT_SCHEMA, results_table
 from clef_cli.scoring import FailedRecord
 from clef_cli.settings import JobSummary, ScoreSettings
-from clef_cli.sources import InputFile, expand_inputs
-
-JSONL_RANGE_BYTES = 64 << 20
+from clef_cli.sources import expand_inputs
 
 
 @dataclass
@@ -68,122 +59,6 @@ class RaySettings:
     """Seconds without a block back from the actors before the job stops itself (exit 1)."""
     quiet: bool = False
     """Send Ray's own output to ray.log in the checkpoint folder instead of stderr."""
-
-
-@dataclass(frozen=True)
-class Slice:
-    """A piece of one input that a Ray task reads: a Parquet row group or a JSONL byte range."""
-
-    location: str
-    size: int
-    kind: str  # "parquet", "jsonl" or "json"
-    part: int  # row group, or byte offset of the range
-    stop: int  # byte end of a JSONL range
-    first_index: int
-    first_line: int = 1
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def _count_range(location: str, size: int, start: int, stop: int) -> tuple[int, int]:
-    """(records, lines) whose first byte lies in [start, stop) of a JSONL file."""
-    records = lines = 0
-    for _, line in _range_lines(InputFile(location, size), start, stop):
-        lines += 1
-        records += bool(line.strip())
-    return records, lines
-
-
-def _range_lines(source: InputFile, start: int, stop: int) -> Any:
-    with source.open_binary() as handle:
-        position = 0
-        if start > 0:
-            while position < start - 1:  # streams from remote filesystems cannot seek
-                position += len(handle.read(min(1 << 24, start - 1 - position)))
-            if handle.read(1) != b"\n":  # the line under way belongs to the previous range
-                position += 1 + len(handle.readline())
-            else:
-                position += 1
-        while position < stop:
-            line = handle.readline()
-            if not line:
-                return
-            yield position, line
-            position += len(line)
-
-
-def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
-    """Cut the inputs into slices and give each its first global record index."""
-    import ray
-
-    slices: list[Slice] = []
-    index = 0
-    for source in sources:
-        if source.is_parquet:
-            metadata = source.parquet().metadata
-            for group in range(metadata.num_row_groups):
-                slices.append(Slice(source.location, source.size, "parquet", group, 0, index))
-                index += metadata.row_group(group).num_rows
-        elif source.suffix == ".json":
-            slices.append(Slice(source.location, source.size, "json", 0, 0, index))
-            index += sum(1 for _ in raw_rows(source))
-        else:
-            bounds = [*range(0, max(source.size, 1), JSONL_RANGE_BYTES), source.size]
-            ranges = list(itertools.pairwise(bounds))
-            count = ray.remote(_count_range)
-            counts = ray.get([count.remote(source.location, source.size, a, b) for a, b in ranges])
-            line = 1
-            for (start, stop), (records, lines) in zip(ranges, counts, strict=True):
-                slices.append(Slice(source.location, source.size, "jsonl", start, stop, index, line))
-                index += records
-                line += lines
-        if limit is not None and index >= limit:
-            break
-    return slices
-
-
-def read_slice(
-    row: dict[str, Any], done: bytes, limit: int | None, struct_nulls: StructNulls = StructNulls.refuse
-) -> list[dict[str, Any]]:
-    """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
-    piece = Slice(**row)
-    source = InputFile(piece.location, piece.size)
-    base_dir = str(source.base_dir) if source.base_dir is not None else None
-    rows = []
-
-    def keep(index: int) -> bool:
-        return (limit is None or index < limit) and not (index < len(done) and done[index])
-
-    def add(index: int, raw: Any, problem: str | None) -> None:
-        if keep(index):
-            rows.append(
-                {
-                    "record_index": index,
-                    "payload": pickle.dumps(raw) if problem is None else None,
-                    "problem": problem,
-                    "base_dir": base_dir,
-                    "parquet": piece.kind == "parquet",
-                }
-            )
-
-    index = piece.first_index
-    if piece.kind == "parquet":
-        for record in parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls):
-            add(index, record, None)
-            index += 1
-    elif piece.kind == "json":
-        for raw, problem in raw_rows(source):
-            add(index, raw, problem)
-            index += 1
-    else:
-        line_number = piece.first_line
-        for _, line in _range_lines(source, piece.part, piece.stop):
-            if line.strip():
-                add(index, *parse_jsonl_line(line, source.name, line_number))
-                index += 1
-            line_number += 1
-    return rows
 
 
 # ----------------------------------------------------------------------------- scoring actor

@@ -20,7 +20,7 @@ from clef_cli.head import JointSchemaHead, load_joint_head
 from clef_cli.hidden_store import StoredRecord, pad_states
 from clef_cli.job import Job, open_job
 from clef_cli.progress import Progress
-from clef_cli.records import count_records
+from clef_cli.readers import count_records
 from clef_cli.results import results_table
 from clef_cli.scoring import FailedRecord, head_logits, scored_record
 from clef_cli.settings import JobSummary, ScoreSettings

@@ -51,7 +51,7 @@ class ScoreSettings:
     limit: int | None = None
     workers: int | None = None
     """Background encoding processes; None: none on the CPU (the model already uses every core);
-    beside a GPU every usable core but one, bounded by memory (`workers.default_workers`)."""
+    beside a GPU every usable core but one, bounded by memory (`pool_size.default_workers`)."""
     window: int = 8192
     checkpoint: Path | None = None
     hidden_states: str = "keep"

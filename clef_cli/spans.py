@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_cli.prompt import EncodedRecord
+from clef_cli.records import QUESTION_TYPE_NAMES
 
 MEDIA_TOKENS = {"image": "<|image_pad|>", "audio": "<|audio_pad|>", "video": "<|video_pad|>"}
-QUESTION_TYPE_NAMES = ("noul", "choice", "score")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def encoder(processor):
 
 @pytest.fixture(scope="session")
 def golden_records():
-    from clef_cli.records import read_records
+    from clef_cli.readers import read_records
 
     return list(read_records([GOLDEN_RECORDS]))
 

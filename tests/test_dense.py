@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.errors import ModelLoadError
-from clef_cli.records import InvalidRecord, read_records
+from clef_cli.readers import read_records
+from clef_cli.records import InvalidRecord
 
 from .conftest import FIXTURES, MEDIA, write_jsonl
 

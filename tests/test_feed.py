@@ -8,7 +8,7 @@ import pytest
 
 from clef_cli import media
 from clef_cli.media import MediaLimits
-from clef_cli.workers import decode_threads_per_worker, default_workers, worker_peak_bytes
+from clef_cli.pool_size import decode_threads_per_worker, default_workers, worker_peak_bytes
 
 from .conftest import FIXTURES
 

@@ -12,7 +12,8 @@ import pytest
 from clef_cli.errors import RecordError
 from clef_cli.media import AUDIO_SAMPLE_RATE, MediaLimits, capped_frame_size, decode_audio, decode_video
 from clef_cli.prompt import PromptEncoder
-from clef_cli.records import InvalidRecord, read_records
+from clef_cli.readers import read_records
+from clef_cli.records import InvalidRecord
 
 from .conftest import MEDIA, write_jsonl
 

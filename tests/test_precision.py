@@ -10,7 +10,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.records import read_records
+from clef_cli.readers import read_records
 from clef_cli.scoring import load_scorer
 
 from .conftest import MEDIA, TINY_MODEL, write_jsonl

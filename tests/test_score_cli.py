@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.prompt import PromptEncoder
-from clef_cli.records import Record, read_records
+from clef_cli.readers import read_records
+from clef_cli.records import Record
 
 from .conftest import (
     LOGIT_TOLERANCE,

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.parquet_rows import StructNulls
-from clef_cli.records import InvalidRecord, Record, read_records
+from clef_cli.readers import read_records
+from clef_cli.records import InvalidRecord, Record
 
 from .conftest import TINY_MODEL, write_jsonl
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.errors import UsageError
-from clef_cli.records import read_records
+from clef_cli.readers import read_records
 from clef_cli.sources import expand_inputs, is_uri, local_path
 
 from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray

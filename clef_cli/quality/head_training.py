@@ -19,8 +19,9 @@ import torch
 from clef_cli.batching import PlanEntry, plan_batches
 from clef_cli.head import JointSchemaHead, SchemaLayout, build_layout
 from clef_cli.hidden_store import StoredRecord, load_states, pad_states
+from clef_cli.records import QUESTION_TYPES
 
-SCORE_TYPE = 2  # question_type of `score` questions (records.QUESTION_TYPES)
+SCORE_TYPE = QUESTION_TYPES["score"]
 MAX_BATCH_SIZE = 64
 GRADIENT_CLIP = 1.0
 
