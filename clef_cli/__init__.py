@@ -1,4 +1,4 @@
-"""clef: batch scoring for Cloudflare's Clef-Omni decision model.
+"""clef: batch scoring for Cloudflare's Clef decision models (Clef-Omni, Clef, Clef-Flash).
 
 The CLI (`clef`) is a thin layer over this library; a Python caller uses the same pieces:
 
@@ -31,9 +31,11 @@ _EXPORTS = {
     "PromptEncoder": "clef_cli.prompt",
     "InvalidRecord": "clef_cli.records",
     "Record": "clef_cli.records",
-    "read_records": "clef_cli.records",
+    "read_records": "clef_cli.readers",
     "load_processor": "clef_cli.release",
     "resolve_release": "clef_cli.release",
+    "ScoreJob": "clef_cli.pipeline",
+    "ScoreSettings": "clef_cli.settings",
     "ScoredRecord": "clef_cli.scoring",
     "Scorer": "clef_cli.scoring",
     "load_scorer": "clef_cli.scoring",
