@@ -19,7 +19,7 @@ from clef_cli.cli import app
 from clef_cli.errors import ModelLoadError
 from clef_cli.records import InvalidRecord, read_records
 
-from .conftest import FIXTURES, MEDIA, write_jsonl
+from .helpers import FIXTURES, MEDIA, write_jsonl
 
 TINY_DENSE = FIXTURES / "tiny-clef-dense"
 GOLDEN_DENSE = FIXTURES / "golden_dense"

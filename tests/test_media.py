@@ -14,7 +14,7 @@ from clef_cli.media import AUDIO_SAMPLE_RATE, MediaLimits, capped_frame_size, de
 from clef_cli.prompt import PromptEncoder
 from clef_cli.records import InvalidRecord, read_records
 
-from .conftest import MEDIA, write_jsonl
+from .helpers import MEDIA, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 

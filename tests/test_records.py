@@ -12,7 +12,7 @@ import pytest
 from clef_cli.errors import UsageError
 from clef_cli.records import InvalidRecord, Record, load_questions_file, read_records
 
-from .conftest import GOLDEN_RECORDS, write_jsonl
+from .helpers import GOLDEN_RECORDS, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 

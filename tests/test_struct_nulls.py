@@ -18,7 +18,7 @@ from clef_cli.cli import app
 from clef_cli.parquet_rows import StructNulls
 from clef_cli.records import InvalidRecord, Record, read_records
 
-from .conftest import TINY_MODEL, write_jsonl
+from .helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 
