@@ -10,11 +10,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from clef_cli.choices import OverflowPolicy
 from clef_cli.cli.console import stdout
 from clef_cli.cli.options import (
     MaxLengthOption,
     ModelOption,
-    OnOverflow,
     OverflowOption,
     QuestionsOption,
     RevisionOption,
@@ -38,7 +38,7 @@ def inspect_spans(
     index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
     record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
     max_length: MaxLengthOption = None,
-    on_overflow: OverflowOption = OnOverflow.truncate,
+    on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
     questions: QuestionsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
@@ -55,7 +55,7 @@ def inspect_spans(
       clef inspect-spans sample_data/posts.jsonl --questions sample_data/questions.json --max-length 512
     """
     from clef_cli.families import family_of
-    from clef_cli.prompt import OverflowPolicy, PromptEncoder
+    from clef_cli.prompt import PromptEncoder
     from clef_cli.records import InvalidRecord, load_questions_file
     from clef_cli.release import load_processor, resolve_release
     from clef_cli.spans import span_report
@@ -69,7 +69,7 @@ def inspect_spans(
     release = resolve_release(model, revision=revision, with_weights=False, require_head=False)
     processor = load_processor(release)
     encoder = PromptEncoder(
-        processor, max_length=max_length, overflow=OverflowPolicy(on_overflow.value), limits=limits,
+        processor, max_length=max_length, overflow=on_overflow, limits=limits,
         family=family_of(release),
     )  # fmt: skip
     try:

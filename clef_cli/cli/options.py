@@ -1,6 +1,6 @@
 """Options shared by several commands, and the fixed choices as `str` Enums, so Typer checks them:
 a bad value exits 2 with the choices listed, and `--help` shows them. Nothing here imports torch:
-the Enums mirror the library's values and commands convert them where the library is imported."""
+the library takes these values as strings (or, for --on-overflow, `choices.OverflowPolicy`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from clef_cli.choices import OverflowPolicy
 from clef_cli.media import MediaLimits
 from clef_cli.parquet_rows import StructNulls
 from clef_cli.sizes import parse_size
@@ -41,13 +42,6 @@ class Dtype(str, Enum):
     bfloat16 = "bfloat16"
     float16 = "float16"
     float32 = "float32"
-
-
-class OnOverflow(str, Enum):
-    """Mirrors `clef_cli.prompt.OverflowPolicy`, which lives beside torch."""
-
-    truncate = "truncate"
-    error = "error"
 
 
 class CalibrationMethod(str, Enum):
@@ -99,7 +93,7 @@ MaxLengthOption = Annotated[
     ),
 ]
 OverflowOption = Annotated[
-    OnOverflow,
+    OverflowPolicy,
     typer.Option(
         "--on-overflow",
         help="When the state does not fit: 'truncate' cuts it (the reference's behaviour), 'error' refuses the record.",

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 from typer._click.core import ParameterSource  # Typer's vendored click
 
+from clef_cli.choices import OverflowPolicy
 from clef_cli.cli.console import stderr
 from clef_cli.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RECORDS_FAILED
 from clef_cli.cli.options import (
@@ -20,7 +21,6 @@ from clef_cli.cli.options import (
     Layout,
     MaxLengthOption,
     ModelOption,
-    OnOverflow,
     OverflowOption,
     QuestionsOption,
     RevisionOption,
@@ -63,7 +63,7 @@ def score(
     revision: RevisionOption = None,
     questions: QuestionsOption = None,
     max_length: MaxLengthOption = None,
-    on_overflow: OverflowOption = OnOverflow.truncate,
+    on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward (batch size x longest).")
@@ -189,7 +189,6 @@ def score(
     refuse_impossible(ctx, ray, rehead)
     from clef_cli.output import check_keep_columns
     from clef_cli.pipeline import ScoreJob, ScoreSettings
-    from clef_cli.prompt import OverflowPolicy
 
     columns = tuple(name.strip() for name in (keep_columns or "").split(",") if name.strip())
     check_keep_columns(columns)
@@ -200,7 +199,7 @@ def score(
         revision=revision,
         questions=questions,
         max_length=max_length,
-        overflow=OverflowPolicy(on_overflow.value),
+        overflow=on_overflow,
         struct_nulls=struct_nulls,
         limits=limits,
         max_batch_tokens=max_batch_tokens,
