@@ -83,6 +83,24 @@ def test_sizes_are_parsed_as_bytes():
 
 
 @pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-file-bytes", "1K"], "file is 6395 bytes, over the limit of 1024"),
+        (["--max-image-pixels", "100"], "image is 240x180 = 43200 pixels, over the limit of 100"),
+    ],
+)
+def test_the_media_limit_options_reach_the_encoder(args, message):
+    """The five media-limit options are declared once (with_media_limits); their values arrive."""
+    base = ["inspect-spans", RECORDS, "--id", "ticket-003", "-m", str(TINY_MODEL), "--json"]
+    assert runner.invoke(app, base).exit_code == 0
+    result = runner.invoke(app, [*base, *args])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: record 'ticket-003', field 'images[0]': {message}" + (
+        f": {SAMPLE_DATA.resolve() / 'media' / 'parcel.jpg'}" if "bytes" in message else ""
+    )
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["--ray-address", "ray://head:10001"],

@@ -179,9 +179,7 @@ def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:
             values["max_file_bytes"] = parse_size(values["max_file_bytes"])
         return command(**kwargs, limits=MediaLimits(**values))
 
-    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-parameters=kept + added, return_annotation=None)
-    annotations = {name: parameter.annotation for name, parameter in wrapper.__signature__.parameters.items()}
-    wrapper.__annotations__ = annotations
+    wrapper.__signature__ = signature.replace(parameters=kept + added, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {parameter.name: parameter.annotation for parameter in kept + added}
     del wrapper.__wrapped__  # Typer must read the signature above, not the command's own
     return wrapper
