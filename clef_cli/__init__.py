@@ -27,7 +27,7 @@ _EXPORTS = {
     "UsageError": "clef_cli.errors",
     "MediaLimits": "clef_cli.media",
     "EncodedRecord": "clef_cli.prompt",
-    "OverflowPolicy": "clef_cli.prompt",
+    "OverflowPolicy": "clef_cli.choices",
     "PromptEncoder": "clef_cli.prompt",
     "InvalidRecord": "clef_cli.records",
     "Record": "clef_cli.records",

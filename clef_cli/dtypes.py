@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from clef_cli.choices import HiddenDtype
+
 if TYPE_CHECKING:
     import torch
 
@@ -16,7 +18,7 @@ COMPUTE_DTYPES = {
     "fp32": "float32",
 }
 """Spellings `--dtype` accepts, and the torch dtype each one names."""
-HIDDEN_DTYPES = ("bfloat16", "float16", "float32")
+HIDDEN_DTYPES = tuple(dtype.value for dtype in HiddenDtype)
 """What stored hidden states may be kept as (`--hidden-dtype`)."""
 ITEM_SIZES = {"bfloat16": 2, "float16": 2, "float32": 4}
 

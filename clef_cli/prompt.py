@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import Enum
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from clef_cli.choices import OverflowPolicy
 from clef_cli.errors import RecordError
 from clef_cli.media import MediaLimits
 from clef_cli.records import Question, Record
@@ -33,13 +33,6 @@ FIELD_END = "END FIELD\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 DEFAULT_MAX_LENGTH = 64000
 """Clef-Omni's; each family has its own (`Family.default_max_length`)."""
-
-
-class OverflowPolicy(str, Enum):
-    """What to do when the state does not fit: cut it (the reference) or refuse the record."""
-
-    truncate = "truncate"
-    error = "error"
 
 
 def render(value: Any) -> str:

@@ -41,7 +41,7 @@ def fit_actors(
         if slots < num_workers:
             raise UsageError(
                 f"the Ray plan needs {num_workers} actors x {gpus_per_worker:g} GPU, but the cluster has "
-                f"{total_gpus:g} GPUs (room for {slots} actors); use --num-workers {max(slots, 1)}"
+                f"{total_gpus:g} GPUs (room for {slots} actors); use --ray-actors {max(slots, 1)}"
                 + (" or a smaller --gpus-per-worker" if slots else ", or --gpus-per-worker 0 to run on CPUs")
             )
     spare = total_cpus - DATA_TASK_CPUS
@@ -55,7 +55,7 @@ def fit_actors(
     needed = num_workers * cpus_per_worker + DATA_TASK_CPUS
     if needed > total_cpus + EPSILON:
         fitting = math.floor(max(spare, 0.0) / cpus_per_worker + EPSILON) if cpus_per_worker else num_workers
-        fixes = [f"--num-workers {fitting}"] if fitting >= 1 else []
+        fixes = [f"--ray-actors {fitting}"] if fitting >= 1 else []
         fixes.append(f"--cpus-per-worker {max(spare, 0.0) / num_workers:.3g}")
         fixes.append("no --cpus-per-worker (fit automatically)")
         raise UsageError(

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clef_cli.dtypes import HIDDEN_DTYPES
+from clef_cli.choices import HiddenDtype, HiddenStates, Layout, OverflowPolicy
 from clef_cli.errors import UsageError
 from clef_cli.media import MediaLimits
 from clef_cli.parquet_rows import StructNulls
-from clef_cli.prompt import OverflowPolicy
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.sources import local_path
 from clef_cli.stats import JobStats
@@ -83,12 +82,11 @@ class ScoreSettings:
             self.struct_nulls = StructNulls(self.struct_nulls)  # a library caller may pass the name
         except ValueError:
             raise UsageError(f"--struct-nulls must be refuse, absent or null, not {self.struct_nulls!r}") from None
-        if self.layout not in ("wide", "long"):
-            raise UsageError(f"--layout must be 'wide' or 'long', not {self.layout!r}")
-        if self.hidden_states not in ("keep", "drop"):
-            raise UsageError(f"--hidden-states must be 'keep' or 'drop', not {self.hidden_states!r}")
-        if self.hidden_dtype not in HIDDEN_DTYPES:
-            raise UsageError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}")
+        for name, choice in (("layout", Layout), ("hidden_states", HiddenStates), ("hidden_dtype", HiddenDtype)):
+            value = getattr(self, name)
+            if value not in {member.value for member in choice}:
+                allowed = ", ".join(member.value for member in choice)
+                raise UsageError(f"--{name.replace('_', '-')} must be one of {allowed}, not {value!r}")
         if self.output.suffix.lower() not in (".parquet", ".pq"):
             raise UsageError(f"output {self.output} must end in .parquet")
         if self.output.exists() and self.output.is_dir():

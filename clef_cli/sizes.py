@@ -1,4 +1,5 @@
-"""Byte sizes as people write and read them (`256M`, `1.5 GiB`)."""
+"""Byte counts as people write and read them (`256M`, `1.5 GiB`); no heavy imports, so the CLI can
+parse and print sizes without loading the library."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """`256M` -> 268435456; plain numbers are bytes. ValueError names what is wrong."""
+    """`256M` -> 268435456; plain numbers are bytes; `KiB`/`KB`/`K` all mean 1024."""
     cleaned = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
         if cleaned and cleaned[-1] in UNITS:
@@ -17,6 +18,7 @@ def parse_size(text: str) -> int:
 
 
 def human_size(count: float) -> str:
+    """268435456 -> `256.0 MiB`."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
             return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"

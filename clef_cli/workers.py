@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 
 from clef_cli import faults
+from clef_cli.choices import OverflowPolicy
 from clef_cli.errors import RecordError
 from clef_cli.media import MediaLimits, set_decode_threads
-from clef_cli.prompt import EncodedRecord, OverflowPolicy, PromptEncoder
+from clef_cli.prompt import EncodedRecord, PromptEncoder
 from clef_cli.records import Record
 
 URGENT, BACKGROUND = 0, 1

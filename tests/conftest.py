@@ -3,35 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
-TINY_MODEL = FIXTURES / "tiny-clef-omni"
-GOLDEN = FIXTURES / "golden"
-MEDIA = FIXTURES / "media"
-GOLDEN_RECORDS = GOLDEN / "records_A.jsonl"
-GOLDEN_MAX_LENGTH = json.loads((GOLDEN / "meta.json").read_text())["max_length"]
-SAMPLE_DATA = Path(__file__).parent.parent / "sample_data"
-
-
-def _golden_build() -> bool:
-    """True when this torch build is the one that made the golden values (fixtures README)."""
-    from importlib.metadata import version
-
-    pinned = json.loads((GOLDEN / "meta.json").read_text())["versions"]["torch"]
-    return version("torch") == pinned and os.environ.get("CLEF_GOLDEN_TOLERANCE", "") != "loose"
-
-
-# Parity bounds from tests/fixtures/README.md: float32 on the CPU with the pinned build, logits
-# within 1e-5 and probabilities within 1e-6 (measured: 9.5e-7 and 3e-7). Another torch build or
-# CPU (or CLEF_GOLDEN_TOLERANCE=loose) gets the README's fallback: 1e-4 for logits, 1e-5 for
-# probabilities.
-GOLDEN_BUILD = _golden_build()
-LOGIT_TOLERANCE = 1e-5 if GOLDEN_BUILD else 1e-4
-PROBABILITY_TOLERANCE = 1e-6 if GOLDEN_BUILD else 1e-5
+from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL
 
 
 @pytest.fixture(scope="session")
@@ -80,35 +55,3 @@ def scorer(release):
 
     torch.manual_seed(0)
     return load_scorer(release, device="cpu", dtype="float32")
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
-    return path
-
-
-def require_ray():
-    """The `ray` module, or a skip where it is not installed; in CI (`CI=true`) a missing Ray is a
-    failure, so a broken install cannot pass as skipped tests."""
-    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-        import ray
-
-        return ray
-    return pytest.importorskip("ray")
-
-
-def assert_same_rows(got: list[dict], want: list[dict], probability_tolerance: float = 1e-6) -> None:
-    """Two outputs hold the same records in the same order with the same errors, token counts,
-    questions, labels, answers and probabilities; nothing dropped (strict zips, counts)."""
-    assert [row["id"] for row in got] == [row["id"] for row in want]
-    assert len(got) == len(want)
-    for a, b in zip(got, want, strict=True):
-        assert a["record_index"] == b["record_index"]
-        assert a["error"] == b["error"] and a["prompt_tokens"] == b["prompt_tokens"], a["id"]
-        assert (a["answers"] is None) == (b["answers"] is None), a["id"]
-        for x, y in zip(a["answers"] or [], b["answers"] or [], strict=True):
-            assert x["question_id"] == y["question_id"] and x["answer"] == y["answer"], a["id"]
-            assert [label["label"] for label in x["labels"]] == [label["label"] for label in y["labels"]]
-            assert [label["probability"] for label in x["labels"]] == pytest.approx(
-                [label["probability"] for label in y["labels"]], abs=probability_tolerance
-            )

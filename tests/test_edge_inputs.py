@@ -19,7 +19,7 @@ from clef_cli.readers import read_records
 from clef_cli.records import Record
 from clef_cli.results import RESULT_SCHEMA
 
-from .conftest import TINY_MODEL, write_jsonl
+from .helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}

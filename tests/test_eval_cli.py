@@ -18,7 +18,7 @@ from clef_cli.cli import app
 from clef_cli.release import file_sha256
 from clef_cli.results import long_rows
 
-from .conftest import SAMPLE_DATA, TINY_MODEL
+from .helpers import SAMPLE_DATA, TINY_MODEL
 
 runner = CliRunner()
 GOLD = SAMPLE_DATA / "posts_gold.jsonl"
@@ -28,7 +28,7 @@ QUESTIONS = SAMPLE_DATA / "questions.json"
 
 def score(out, *args: str):
     options = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", *args]
-    return runner.invoke(app, ["score", str(POSTS), "-q", str(QUESTIONS), "-o", str(out), *options])
+    return runner.invoke(app, ["score", str(POSTS), "--questions", str(QUESTIONS), "-o", str(out), *options])
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from clef_cli import media
 from clef_cli.media import MediaLimits
 from clef_cli.pool_size import decode_threads_per_worker, default_workers, worker_peak_bytes
 
-from .conftest import FIXTURES
+from .helpers import FIXTURES
 
 GIB = 1 << 30
 

@@ -14,8 +14,8 @@ from clef_cli.errors import ModelLoadError
 from clef_cli.head import HeadConfig, JointSchemaHead, build_layout, load_joint_head
 from clef_cli.prompt import EncodedQuestion
 
-from .conftest import LOGIT_TOLERANCE, TINY_MODEL
 from .head_oracle import oracle_logits
+from .helpers import LOGIT_TOLERANCE, TINY_MODEL
 
 VOCAB = 50
 

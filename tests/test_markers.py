@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from .conftest import require_ray
+from .helpers import require_ray
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])

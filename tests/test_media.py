@@ -15,7 +15,7 @@ from clef_cli.prompt import PromptEncoder
 from clef_cli.readers import read_records
 from clef_cli.records import InvalidRecord
 
-from .conftest import MEDIA, write_jsonl
+from .helpers import MEDIA, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 

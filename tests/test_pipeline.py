@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import torch
 
 from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.pipeline import ScoreJob, ScoreSettings
+from clef_cli.pipeline import ScoreJob
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows
+from .helpers import assert_same_rows, settings_for
 
 
 def test_plan_is_longest_first_within_budget_and_never_mixes_audio_in_video():
@@ -29,21 +29,8 @@ def test_a_record_longer_than_the_budget_gets_its_own_batch():
     assert [b.indices for b in batches] == [[0], [1]]
 
 
-def settings_for(tmp_path, **overrides) -> ScoreSettings:
-    values = dict(
-        inputs=[SAMPLE_DATA / "records.jsonl"],
-        output=tmp_path / "out.parquet",
-        model=str(TINY_MODEL),
-        workers=0,
-        device="cpu",
-        limit=8,
-    )
-    values.update(overrides)
-    return ScoreSettings(**values)
-
-
 def test_out_of_memory_halves_the_budget_and_loses_nothing(tmp_path, scorer, monkeypatch):
-    reference = ScoreJob(settings_for(tmp_path / "a", output=tmp_path / "a.parquet"), scorer=scorer)
+    reference = ScoreJob(settings_for(tmp_path / "a", output=tmp_path / "a.parquet", limit=8), scorer=scorer)
     (tmp_path / "a").mkdir()
     reference.run()
     real = scorer.backbone.hidden_states
@@ -57,7 +44,7 @@ def test_out_of_memory_halves_the_budget_and_loses_nothing(tmp_path, scorer, mon
         return real(batch)
 
     monkeypatch.setattr(scorer.backbone, "hidden_states", flaky)
-    job = ScoreJob(settings_for(tmp_path, max_batch_tokens=8000), scorer=scorer)
+    job = ScoreJob(settings_for(tmp_path, max_batch_tokens=8000, limit=8), scorer=scorer)
     summary = job.run()
     assert summary.failed == 0 and summary.scored == 8
     assert job.batch_tokens < 8000

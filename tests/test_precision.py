@@ -13,7 +13,7 @@ from clef_cli.cli import app
 from clef_cli.readers import read_records
 from clef_cli.scoring import load_scorer
 
-from .conftest import MEDIA, TINY_MODEL, write_jsonl
+from .helpers import MEDIA, TINY_MODEL, write_jsonl
 from .test_checkpoint import records as checkpoint_records
 from .test_checkpoint import second_head_release
 

@@ -7,7 +7,7 @@ import torch
 
 from clef_cli.prompt import render
 
-from .conftest import GOLDEN_MAX_LENGTH
+from .helpers import GOLDEN_MAX_LENGTH
 
 
 def test_every_golden_record_encodes_to_the_reference_ids(golden_encoded, expected):

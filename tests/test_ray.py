@@ -8,10 +8,9 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from clef_cli.cli import _ray_argv
 from clef_cli.pipeline import ScoreJob, ScoreSettings
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray, write_jsonl
+from .helpers import SAMPLE_DATA, SMALL_JOB, assert_same_rows, require_ray, settings_for, write_jsonl
 
 ray = require_ray()
 pytestmark = pytest.mark.ray
@@ -37,27 +36,11 @@ def synthetic(count: int = 300) -> list[dict]:
     return rows
 
 
-def settings_for(folder, inputs, name: str) -> ScoreSettings:
-    return ScoreSettings(
-        inputs=inputs,
-        output=folder / name,
-        model=str(TINY_MODEL),
-        device="cpu",
-        workers=0,
-        hidden_states="drop",
-        max_length=4096,
-    )
-
-
 def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progress=None):
     from clef_cli.ray_job import RayScoreJob, RaySettings
 
     cluster = RaySettings(num_workers=2, cpus_per_worker=0.5, block_records=40)
     return RayScoreJob(settings, cluster, progress=progress, stop=stop)
-
-
-def assert_same(got: list[dict], want: list[dict]) -> None:
-    assert_same_rows(got, want, probability_tolerance=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -69,20 +52,20 @@ def inputs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_rows(inputs, tmp_path_factory):
     folder = tmp_path_factory.mktemp("local")
-    summary = ScoreJob(settings_for(folder, inputs, "local.parquet")).run()
+    summary = ScoreJob(settings_for(folder, inputs, "local.parquet", **SMALL_JOB)).run()
     assert summary.records == 317 and summary.failed == 2
     return pq.read_table(folder / "local.parquet").to_pylist()
 
 
 @pytest.mark.slow
 def test_ray_run_equals_the_single_process_run(ray_cluster, inputs, local_rows, tmp_path):
-    summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet")).run()
+    summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet", **SMALL_JOB)).run()
     assert summary.records == 317 and summary.failed == 2
     table = pq.read_table(tmp_path / "ray.parquet")
     assert table.schema.names == ["id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"]
     assert table.schema.metadata[b"clef.engine"] == b"ray"
     rows = table.to_pylist()
-    assert_same(rows, local_rows)
+    assert_same_rows(rows, local_rows, probability_tolerance=1e-5)
     errors = {row["id"]: row["error"] for row in rows if row["error"]}
     assert errors["bad"].startswith("record 'bad', field 'questions.q.type'")
     assert errors["s2"] == "record 's2', field 'id': duplicate record id (first used by record 19)"
@@ -109,26 +92,13 @@ class StopAfter:
 @pytest.mark.slow
 def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_cluster, inputs, local_rows, tmp_path):
     stop = threading.Event()
-    first = ray_job(settings_for(tmp_path, inputs, "resumed.parquet"), stop=stop, progress=StopAfter(stop, 60)).run()
+    settings = settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)
+    first = ray_job(settings, stop=stop, progress=StopAfter(stop, 60)).run()
     assert first.interrupted
     assert not (tmp_path / "resumed.parquet").exists()
     committed = first.committed
     assert 60 <= committed < 317
-    second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet")).run()
+    second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)).run()
     assert second.resumed == committed
     assert second.committed == 317 - committed  # nothing committed is read or scored again
-    assert_same(pq.read_table(tmp_path / "resumed.parquet").to_pylist(), local_rows)
-
-
-def test_ray_option_takes_an_optional_address():
-    assert _ray_argv(["score", "a.jsonl", "--ray"]) == ["score", "a.jsonl", "--ray"]
-    assert _ray_argv(["score", "--ray", "a.jsonl"]) == ["score", "--ray", "a.jsonl"]
-    assert _ray_argv(["score", "--ray", "ray://head:10001", "x"]) == [
-        "score",
-        "--ray",
-        "--ray-address",
-        "ray://head:10001",
-        "x",
-    ]
-    assert _ray_argv(["--ray", "10.0.0.5:6379"]) == ["--ray", "--ray-address", "10.0.0.5:6379"]
-    assert _ray_argv(["--ray=auto"]) == ["--ray", "--ray-address", "auto"]
+    assert_same_rows(pq.read_table(tmp_path / "resumed.parquet").to_pylist(), local_rows, probability_tolerance=1e-5)

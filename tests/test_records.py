@@ -13,7 +13,7 @@ from clef_cli.errors import UsageError
 from clef_cli.readers import load_questions_file, read_records
 from clef_cli.records import InvalidRecord, Record
 
-from .conftest import GOLDEN_RECORDS, write_jsonl
+from .helpers import GOLDEN_RECORDS, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 

@@ -20,7 +20,7 @@ from clef_cli.prompt import PromptEncoder
 from clef_cli.readers import read_records
 from clef_cli.records import Record
 
-from .conftest import (
+from .helpers import (
     LOGIT_TOLERANCE,
     PROBABILITY_TOLERANCE,
     SAMPLE_DATA,
@@ -219,9 +219,9 @@ def test_dry_run_reports_invalid_records(sample_with_bad_records, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--layout", "tall"], "--layout must be 'wide' or 'long'"),
-        (["--on-overflow", "ignore"], "--on-overflow must be 'truncate' or 'error'"),
-        (["--hidden-states", "maybe"], "--hidden-states must be 'keep' or 'drop'"),
+        (["--layout", "tall"], "'tall' is not one of 'wide', 'long'"),
+        (["--on-overflow", "ignore"], "'ignore' is not one of 'truncate', 'error'"),
+        (["--hidden-states", "maybe"], "'maybe' is not one of 'keep', 'drop'"),
         (["--max-file-bytes", "lots"], "not a size: 'lots'"),
     ],
 )
@@ -281,7 +281,7 @@ def test_background_workers_give_the_same_output(scored_sample, tmp_path, sample
 
 def test_questions_file_for_records_without_a_schema(tmp_path):
     out = tmp_path / "posts.parquet"
-    result = score(str(SAMPLE_DATA / "posts.jsonl"), "-o", str(out), "-q", str(SAMPLE_DATA / "questions.json"))
+    result = score(str(SAMPLE_DATA / "posts.jsonl"), "-o", str(out), "--questions", str(SAMPLE_DATA / "questions.json"))
     assert result.exit_code == 0, result.output
     schema = json.loads((SAMPLE_DATA / "questions.json").read_text())
     schema = schema.get("questions", schema)

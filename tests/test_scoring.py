@@ -15,7 +15,7 @@ from clef_cli.errors import ModelLoadError
 from clef_cli.release import resolve_release
 from clef_cli.scoring import load_scorer
 
-from .conftest import LOGIT_TOLERANCE, PROBABILITY_TOLERANCE, TINY_MODEL
+from .helpers import LOGIT_TOLERANCE, PROBABILITY_TOLERANCE, TINY_MODEL
 
 
 def assert_matches_golden(results, records, expected):

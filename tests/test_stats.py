@@ -13,7 +13,7 @@ from clef_cli import faults
 from clef_cli.cli import app
 from clef_cli.stats import STAGES, JobStats, modality
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 

@@ -19,7 +19,7 @@ from clef_cli.parquet_rows import StructNulls
 from clef_cli.readers import read_records
 from clef_cli.records import InvalidRecord, Record
 
-from .conftest import TINY_MODEL, write_jsonl
+from .helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 

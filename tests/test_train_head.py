@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from tests.conftest import TINY_MODEL
+from tests.helpers import TINY_MODEL
 
 runner = CliRunner()
 KEYWORDS = {"apple": "fruit", "river": "water", "violet": "color"}

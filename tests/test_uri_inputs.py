@@ -19,7 +19,7 @@ from clef_cli.errors import UsageError
 from clef_cli.readers import read_records
 from clef_cli.sources import expand_inputs, is_uri, local_path
 
-from .conftest import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
+from .helpers import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
 from .test_struct_nulls import write_struct_parquet
 
 runner = CliRunner()
@@ -110,7 +110,7 @@ def test_cli_ray_run_reads_file_uris_and_refuses_struct_nulls_the_same_way(copie
     assert local.exit_code == 3, local.output
     uris = [f"file://{quote(str(copied_sample / name))}" for name in names]
     command = [sys.executable, "-m", "clef_cli", "score", *uris, "-o", str(tmp_path / "r.parquet"), *options]
-    command += ["--ray", "--num-workers", "1", "--cpus-per-worker", "1"]
+    command += ["--ray", "--ray-actors", "1", "--cpus-per-worker", "1"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 3, done.stderr[-3000:]
     ray_rows = pq.read_table(tmp_path / "r.parquet").to_pylist()

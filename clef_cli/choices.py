@@ -1,0 +1,35 @@
+"""Fixed choices the library takes and the CLI offers, kept free of heavy imports so `clef --help`
+can list them without loading torch."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class OverflowPolicy(str, Enum):
+    """What to do when the state does not fit: cut it (the reference) or refuse the record."""
+
+    truncate = "truncate"
+    error = "error"
+
+
+class Layout(str, Enum):
+    """Output rows: one per record (`wide`) or one per (record, question, label) (`long`)."""
+
+    wide = "wide"
+    long = "long"
+
+
+class HiddenStates(str, Enum):
+    """Keep the final hidden states in the checkpoint (for --rehead and train-head) or not."""
+
+    keep = "keep"
+    drop = "drop"
+
+
+class HiddenDtype(str, Enum):
+    """What stored hidden states are kept as."""
+
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"

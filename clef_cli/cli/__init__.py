@@ -1,0 +1,59 @@
+"""The `clef` command line: parses options, shows progress on stderr, maps errors to exit codes.
+
+All work happens in the library; every command here is a thin shell around it, one module per
+command group. Failures become exit codes in one place, `clef_cli.cli.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from clef_cli import __version__
+from clef_cli.cli import checkpoint, inspect, quality, score
+from clef_cli.cli.console import stdout
+from clef_cli.cli.errors import ClefGroup
+
+app = typer.Typer(
+    name="clef",
+    cls=ClefGroup,
+    help="Score records with Cloudflare's Clef-Omni decision model: a probability for every allowed "
+    "option of every question, in Parquet. Exit codes: 0 success, 1 fatal error, 2 usage error, "
+    "3 finished but some records failed, 4 train-head's gate refused the head, 130 interrupted.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        stdout.print(f"clef {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the traceback of an error (give before the command).")
+    ] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """Score records with Cloudflare's Clef-Omni decision model."""
+
+
+app.command("score")(score.command)
+app.command("inspect-spans")(inspect.command)
+app.command("eval")(quality.evaluate)
+app.command("calibrate")(quality.calibrate)
+app.command("train-head")(quality.train_head)
+app.add_typer(checkpoint.app, name="checkpoint")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="clef")

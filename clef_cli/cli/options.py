@@ -1,0 +1,169 @@
+"""Options shared by several commands, and the fixed choices as `str` Enums, so Typer checks them:
+a bad value exits 2 with the choices listed, and `--help` shows them. Nothing here imports torch:
+the library takes these values as strings (or, for --on-overflow, `choices.OverflowPolicy`)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import typing
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clef_cli.choices import OverflowPolicy
+from clef_cli.media import MediaLimits
+from clef_cli.parquet_rows import StructNulls
+from clef_cli.sizes import parse_size
+
+
+class Dtype(str, Enum):
+    auto = "auto"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class CalibrationMethod(str, Enum):
+    auto = "auto"
+    global_ = "global"
+    type = "type"
+    question = "question"
+
+
+def size(value: Any) -> int:
+    """Typer parser of a byte count: `268435456`, `256M`, `1.5G`, `64KiB`; a bad one exits 2.
+    (Typer vendors its own click, with no `click.ParamType`; a parser is its way to add a type.)"""
+    if isinstance(value, int):
+        return value
+    try:
+        return parse_size(str(value))
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def device(value: Any) -> str:
+    """Typer parser of auto, cpu, cuda or cuda:N; whether that GPU exists is checked at load."""
+    if not DEVICE.fullmatch(str(value)):
+        raise typer.BadParameter(f"{value!r} is not a device (use auto, cpu, cuda or cuda:N)")
+    return str(value)
+
+
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Release folder or hub id (found through the HF cache; HF_HOME and HF_HUB_OFFLINE apply).",
+        envvar="CLEF_MODEL",
+    ),
+]
+RevisionOption = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+MaxLengthOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-length",
+        min=16,
+        help="Prompt token budget; the state is cut to fit. Default: the model's "
+        "(64000 Clef-Omni, 16384 Clef/Clef-Flash).",
+        show_default=False,
+    ),
+]
+OverflowOption = Annotated[
+    OverflowPolicy,
+    typer.Option(
+        "--on-overflow",
+        help="When the state does not fit: 'truncate' cuts it (the reference's behaviour), 'error' refuses the record.",
+    ),
+]
+StructNullsOption = Annotated[
+    StructNulls,
+    typer.Option(
+        "--struct-nulls",
+        case_sensitive=False,
+        help="What a null inside a Parquet struct column of state or questions means. A struct column gives "
+        "every row the keys of every record, so by default ('refuse') such a record is refused rather than "
+        "scored on a prompt it may not have meant. 'absent': the record has no such key. 'null': the record "
+        "set it to null. JSON-text and map columns keep each record's own keys and need no choice.",
+    ),
+]
+QuestionsOption = Annotated[
+    Path | None,
+    typer.Option("--questions", help="JSON file with one question schema for records that carry none."),
+]
+DeviceOption = Annotated[
+    str, typer.Option("--device", parser=device, metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
+
+DEFAULT_LIMITS = MediaLimits()
+MEDIA_LIMIT_OPTIONS = {
+    "max_image_pixels": (
+        int,
+        DEFAULT_LIMITS.max_image_pixels,
+        typer.Option("--max-image-pixels", min=1, help="Largest image (or video frame) accepted, in pixels."),
+    ),
+    "max_audio_seconds": (
+        float,
+        DEFAULT_LIMITS.max_audio_seconds,
+        typer.Option("--max-audio-seconds", min=0.1, help="Longest audio clip accepted, in seconds."),
+    ),
+    "max_video_seconds": (
+        float,
+        DEFAULT_LIMITS.max_video_seconds,
+        typer.Option("--max-video-seconds", min=0.1, help="Longest video accepted, in seconds."),
+    ),
+    "max_file_bytes": (
+        int,
+        "256M",
+        typer.Option(
+            "--max-file-bytes",
+            parser=size,
+            metavar="SIZE",
+            help="Largest media file accepted (bytes, or with K/M/G suffix).",
+        ),
+    ),
+    "allow_remote": (
+        bool,
+        False,
+        typer.Option(
+            "--allow-remote-media",
+            help="Fetch http(s) media URLs. Off by default: records may come from untrusted sources.",
+        ),
+    ),
+}
+
+
+def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command the five media-limit options, written once here; it receives them as one
+    `limits: MediaLimits` argument (which must be its last parameter)."""
+    signature = inspect.signature(command)
+    hints = typing.get_type_hints(command, include_extras=True)  # evaluated in the command's module
+    kept = [
+        parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(name, parameter.annotation))
+        for name, parameter in signature.parameters.items()
+        if name != "limits"
+    ]
+    added = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
+        for name, (kind, default, option) in MEDIA_LIMIT_OPTIONS.items()
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name) for name in MEDIA_LIMIT_OPTIONS}
+        if isinstance(values["max_file_bytes"], str):
+            values["max_file_bytes"] = parse_size(values["max_file_bytes"])
+        return command(**kwargs, limits=MediaLimits(**values))
+
+    wrapper.__signature__ = signature.replace(parameters=kept + added, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {parameter.name: parameter.annotation for parameter in kept + added}
+    del wrapper.__wrapped__  # Typer must read the signature above, not the command's own
+    return wrapper

@@ -1,0 +1,151 @@
+"""What a running command shows on stderr: progress bars, the end-of-job summary, the dry-run
+plan, and the Ctrl-C handling that lets a job commit its current batch before it stops."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+from clef_cli.cli.console import stderr, stdout
+from clef_cli.progress import Progress
+from clef_cli.sizes import human_size
+
+
+class RichProgress(Progress):
+    """Records, tokens/s, ETA and errors so far, on stderr; silent when stderr is not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
+
+        self.enabled = enabled
+        self.tokens = 0
+        self.failed = 0
+        self.started = time.monotonic()
+        self._progress = Bar(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("{task.fields[errors]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=stderr,
+            transient=False,
+            disable=not enabled,
+        )
+        self._task: Any = None
+
+    def start(self, total: int | None, done: int) -> None:
+        self.started = time.monotonic()
+        self._progress.start()
+        self._task = self._progress.add_task("records", total=total, completed=done, rate="", errors="")
+
+    def advance(self, records: int, tokens: int, failed: int) -> None:
+        if self._task is None:
+            return
+        self.tokens += tokens
+        self.failed += failed
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        self._progress.update(
+            self._task,
+            advance=records,
+            rate=f"{self.tokens / elapsed:,.0f} tok/s",
+            errors=f"{self.failed} errors" if self.failed else "",
+        )
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self._progress.console.print(message, markup=False, style="dim")
+
+    def stop(self) -> None:
+        self._progress.stop()
+
+
+class TrainHeadProgress:
+    """One bar over every epoch of every fold and of the final run (terminal), or one line per
+    finished run (otherwise); stage lines always."""
+
+    def __init__(self, enabled: bool, total_epochs: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.enabled = enabled
+        self.live = enabled and stderr.is_terminal
+        self._bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=stderr, disable=not self.live,
+        )  # fmt: skip
+        self._task = self._bar.add_task("training", total=total_epochs)
+        if self.live:
+            self._bar.start()
+
+    def stage(self, message: str) -> None:
+        if self.enabled:
+            self._bar.console.print(message, style="bold", markup=False)
+
+    def epoch(self, run: str, epoch: int, epochs: int, loss: float) -> None:
+        if self.live:
+            self._bar.update(self._task, advance=1, description=f"{run} epoch {epoch + 1}/{epochs} loss {loss:.4f}")
+        elif self.enabled and epoch + 1 == epochs:
+            stderr.print(f"  {run}: {epochs} epochs, final training loss {loss:.4f}", markup=False)
+
+    def stop(self) -> None:
+        self._bar.stop()
+
+
+def install_stop_handlers(stop: threading.Event) -> None:
+    """First SIGINT/SIGTERM: finish and commit the current batch, then exit 130. Second: abort."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        stderr.print("stopping after the current batch (press Ctrl-C again to abort)", markup=False)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def print_summary(summary: Any) -> None:
+    if summary.interrupted:
+        stderr.print(
+            f"interrupted: {summary.committed} records committed this run; rerun the same command to continue",
+            markup=False,
+        )
+        return
+    rate = summary.tokens / summary.seconds if summary.seconds else 0.0
+    stats = summary.stats
+    busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
+    stderr.print(
+        f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
+        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint); "
+        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
+        markup=False,
+    )
+    advice = stats.advice()
+    if advice:
+        stderr.print(advice, markup=False)
+    for error in summary.first_errors[:3]:
+        stderr.print(f"  error: {error}", markup=False)
+
+
+def print_dry_run(report: Any, settings: Any) -> None:
+    stdout.print(f"records: {report.records} ({report.valid} valid, {report.invalid} invalid)")
+    if report.already_done:
+        stdout.print(f"already in the checkpoint: {report.already_done} (not planned again)")
+    percentiles = report.percentiles()
+    if percentiles:
+        stdout.print("prompt tokens: " + ", ".join(f"{key} {value}" for key, value in percentiles.items()))
+        stdout.print(f"total prompt tokens: {sum(report.lengths)}")
+    stdout.print(
+        f"batches: {report.batches} ({report.audio_in_video_batches} with audio-in-video) under "
+        f"{settings.max_batch_tokens} padded tokens and at most {settings.max_batch_size} records each"
+    )
+    stdout.print(f"padding waste: {report.padding_waste:.2%}")
+    if settings.hidden_states == "keep":
+        stdout.print(f"hidden states on disk: about {human_size(report.hidden_state_bytes)}")
+    for error in report.first_errors:
+        stdout.print(f"invalid: {error}")

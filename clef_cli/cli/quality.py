@@ -1,0 +1,200 @@
+"""`clef eval`, `clef calibrate` and `clef train-head`: how good the scores are, and making them
+better. eval and calibrate read Parquet and never import torch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clef_cli.cli.console import stderr, stdout
+from clef_cli.cli.errors import EXIT_GATE_REFUSED
+from clef_cli.cli.options import CalibrationMethod, DeviceOption, QuietOption, RevisionOption
+from clef_cli.cli.progress import TrainHeadProgress
+
+ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
+GoldOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--gold", help="Gold labels: JSONL, JSON list, CSV or Parquet; `id` plus a `labels` object or wide columns."
+    ),
+]
+GoldColumnOption = Annotated[
+    str | None,
+    typer.Option("--gold-column", help="Take gold from this column of the scored file (kept with --keep-columns)."),
+]
+BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width confidence bins for ECE.")]
+
+
+def write_json(path: Path, document: Any) -> None:
+    from clef_cli.atomic import write_atomically
+
+    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+def evaluate(
+    scored: ScoredArgument,
+    gold: GoldOption = None,
+    gold_column: GoldColumnOption = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every metric as JSON here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report here.")] = None,
+    bins: BinsOption = 15,
+    target_accuracy: Annotated[
+        float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
+    ] = 0.95,
+    calibration: Annotated[
+        Path | None, typer.Option("--calibration", help="Evaluate as if this `clef calibrate` file had been applied.")
+    ] = None,
+    by: Annotated[
+        str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
+    ] = None,
+) -> None:
+    """Accuracy, calibration and an accept-without-review threshold per question, against gold labels.
+
+    \b
+    Examples:
+      clef eval out.parquet --gold sample_data/posts_gold.jsonl
+      clef eval out.parquet --gold gold.csv --json metrics.json --report report.html --target-accuracy 0.9
+    """
+    from clef_cli.quality import jobs, tables
+
+    inputs = jobs.read_inputs(scored, gold, gold_column)
+    tables.print_problems(stderr, inputs.gold.problems)
+    result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
+    tables.print_problems(stderr, (), result.warnings)
+    stdout.print(tables.eval_table(result.metrics))
+    for value, group in result.metrics.get("by", {}).get("groups", {}).items():
+        stdout.print(tables.eval_table(group, title=f"{by} = {value}"))
+    if json_path is not None:
+        write_json(json_path, result.metrics)
+    if report is not None:
+        from clef_cli.quality.report import write_report
+
+        write_report(report, result.metrics, result.labelled.questions, bins, target_accuracy)
+
+
+def calibrate(
+    scored: ScoredArgument,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Calibration file to write (JSON).")],
+    gold: GoldOption = None,
+    gold_column: GoldColumnOption = None,
+    method: Annotated[
+        CalibrationMethod,
+        typer.Option("--method", help="auto picks by 5-fold cross-fitted log loss; else one temperature per "
+                     "model (global), per question type, or per question."),
+    ] = CalibrationMethod.auto,
+    bins: BinsOption = 15,
+) -> None:
+    """Fit temperature scaling (p = softmax(logit / T)) to gold labels; apply it with
+    `clef score --calibration` or `clef eval --calibration`.
+
+    \b
+    Examples:
+      clef calibrate out.parquet --gold sample_data/posts_gold.jsonl -o cal.json
+      clef score sample_data/posts.jsonl --questions sample_data/questions.json -o c.parquet \\
+        --checkpoint out.parquet.ckpt --calibration cal.json
+    """
+    from clef_cli.quality import jobs, tables
+
+    inputs = jobs.read_inputs(scored, gold, gold_column)
+    tables.print_problems(stderr, inputs.gold.problems)
+    run, _ = jobs.run_calibrate(inputs, method.value, bins)
+    stdout.print(tables.calibrate_table(run))
+    if not run.improved:
+        stdout.print(f"{method.value}: calibration does not improve the cross-fitted log loss", markup=False)
+    stdout.print(tables.temperatures_line(run), markup=False)
+    write_json(output, run.calibration.as_json())
+
+
+def train_head(
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint of a `clef score` job run with hidden states kept.")],
+    gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the trained head (release layout).")],
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="Release the job was scored with (default: from the checkpoint)."),
+    ] = None,
+    revision: RevisionOption = None,
+    base_head: Annotated[
+        Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
+    ] = None,
+    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Passes over the training records.")] = 10,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 5e-5,
+    batch_tokens: Annotated[
+        int, typer.Option("--batch-tokens", min=1, help="Padded tokens per training batch (length-sorted batches).")
+    ] = 16384,
+    label_smoothing: Annotated[
+        float, typer.Option("--label-smoothing", min=0.0, max=0.99, help="Label smoothing of the cross-entropy.")
+    ] = 0.05,
+    brier_weight: Annotated[float, typer.Option("--brier-weight", min=0.0, help="Weight of the Brier term.")] = 1.0,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="Folds of the held-out gate (split by record).")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of folds, batch order and bootstrap.")] = 0,
+    device: DeviceOption = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Write the head even when the gate fails.")] = False,
+    quiet: QuietOption = False,
+) -> None:
+    """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the
+    thinker never runs), gated by k-fold held-out proof: HEAD_DIR is written only when the
+    held-out log loss beats the base head's with a bootstrap 95% interval of the difference below
+    zero; otherwise the numbers are printed and the exit code is 4 (--force writes anyway).
+
+    \b
+    Examples:
+      clef score records.jsonl -o out.parquet
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 20 --lr 1e-4 --folds 10
+      clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
+    """
+    from clef_cli.quality.head_training import FitSettings
+    from clef_cli.quality.train_head import GateRefused, TrainHeadSettings
+    from clef_cli.quality.train_head import train_head as run_train_head
+
+    fit = FitSettings(
+        epochs=epochs, lr=lr, batch_tokens=batch_tokens, label_smoothing=label_smoothing, brier_weight=brier_weight
+    )
+    settings = TrainHeadSettings(
+        checkpoint=checkpoint, gold=gold, output=output, model=model, base_head=base_head, revision=revision,
+        fit=fit, folds=folds, seed=seed, device=device, force=force,
+    )  # fmt: skip
+    progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
+    try:
+        result = run_train_head(settings, progress)
+    except GateRefused as refused:
+        progress.stop()
+        print_gate(refused.report)
+        stderr.print(f"error: {refused}", markup=False)
+        raise typer.Exit(EXIT_GATE_REFUSED) from None
+    finally:
+        progress.stop()
+    print_gate(result.report)
+    stderr.print(f"wrote {output} ({result.report['new_head']['parameters']} parameters)", markup=False)
+
+
+def print_gate(report: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    held = report["held_out"]
+    base, trained = held["base"], held["trained"]
+    table = Table(title="held-out (k-fold cross-fitted)", title_justify="left", box=box.SIMPLE)
+    for column in ("", "base head", "trained head"):
+        table.add_column(column, no_wrap=True)
+    with_ci = lambda row, name: f"{row[name]:.4f} [{row[name + '_ci95'][0]:.4f}, {row[name + '_ci95'][1]:.4f}]"  # noqa: E731
+    table.add_row("log loss (95% CI)", with_ci(base, "log_loss"), with_ci(trained, "log_loss"))
+    table.add_row("Brier (95% CI)", with_ci(base, "brier"), with_ci(trained, "brier"))
+    table.add_row("accuracy", f"{base['accuracy']:.3f}", f"{trained['accuracy']:.3f}")
+    for question, value in base["accuracy_by_question"].items():
+        table.add_row(f"  {question}", f"{value:.3f}", f"{trained['accuracy_by_question'][question]:.3f}")
+    stderr.print(table)
+    difference = held["log_loss_difference"]
+    gate = report["gate"]
+    verdict = "passed" if gate["passed"] else ("failed, written anyway (--force)" if gate["forced"] else "failed")
+    stderr.print(
+        f"{report['gold']['records']} gold records; held-out log loss difference (trained - base) "
+        f"{difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, {difference['ci95'][1]:+.4f}]: "
+        f"gate {verdict}",
+        markup=False,
+    )
