@@ -10,15 +10,12 @@ from typing import Annotated
 import typer
 from typer._click.core import ParameterSource  # Typer's vendored click
 
-from clef_cli.choices import OverflowPolicy
+from clef_cli.choices import HiddenDtype, HiddenStates, Layout, OverflowPolicy
 from clef_cli.cli.console import stderr
 from clef_cli.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RECORDS_FAILED
 from clef_cli.cli.options import (
     DeviceOption,
     Dtype,
-    HiddenDtype,
-    HiddenStates,
-    Layout,
     MaxLengthOption,
     ModelOption,
     OverflowOption,
