@@ -234,3 +234,25 @@ def test_help_and_the_torch_free_commands_do_not_import_torch():
 def test_python_dash_m_and_the_version_option():
     done = subprocess.run([sys.executable, "-m", "clef_cli", "--version"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("clef ")
+
+
+def test_checkpoint_info_reads_a_real_checkpoint_without_importing_torch(tmp_path):
+    from .helpers import SAMPLE_DATA, TINY_MODEL
+
+    out = tmp_path / "out.parquet"
+    scored = runner.invoke(
+        app,
+        ["score", str(SAMPLE_DATA / "posts.jsonl"), "--questions", str(SAMPLE_DATA / "questions.json"),
+         "-o", str(out), "--model", str(TINY_MODEL), "--workers", "0", "-q"],
+    )
+    assert scored.exit_code == 0, scored.output
+    code = (
+        "import sys\nfrom clef_cli.cli import main\n"
+        f"sys.argv = ['clef', 'checkpoint', 'info', {str(out) + '.ckpt'!r}]\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    assert done.code == 0\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in ('torch', 'ray', 'transformers')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "records done: 5 in 1 shards (1 with hidden states)" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[]"
