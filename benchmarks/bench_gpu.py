@@ -24,6 +24,12 @@ FLOPs per forward (multiply-adds count 2), per layer and token, with L the recor
 with d=2048, H=32, K=4, h=128, E=128, k=8, m=768. Norms, rotary embeddings and the softmax are
 not counted. MFU = FLOPs / seconds / peak, peak = 989 TFLOP/s (H200 dense bf16).
 A 48-layer thinker runs at about tokens/s x layers / 48 on the same GPU.
+
+`--family dense` measures Clef-Flash's stack instead (transformers' `Qwen3_5TextModel`: hidden
+4096, SwiGLU width 12288, three Gated DeltaNet layers then one gated-attention layer, 16 query /
+4 KV heads of 256, 16 key / 32 value linear heads of 128; Clef-Flash has 32 layers), with the
+FLOP formula of `dense_flops_per_token`. Install `clef-cli[dense-kernels]` on the GPU machine:
+without flash-linear-attention and causal-conv1d transformers runs the slow PyTorch fallbacks.
 """
 
 from __future__ import annotations
@@ -33,9 +39,14 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+DENSE_FORMULA = (
+    "per token: full-attention layers 2d(2Hh+2Kh) + 2Hhd + 4Hh(L+1)/2 + 6d*i; Gated DeltaNet layers "
+    "2d(2Kk+Vv) + 2dVv + 4dV + 2Vvd + V(6kv + 3*64(k+v)) + 6d*i (K, V: key and value heads, k, v: their widths)"
+)
+DELTA_CHUNK = 64
+"""Tokens per chunk of transformers' chunked gated delta rule."""
 PEAK_TFLOPS = 989.0
 """H200 SXM dense bf16 tensor-core peak, TFLOP/s."""
-FULL_LAYERS = 48
 
 
 @dataclass(frozen=True)
@@ -49,16 +60,67 @@ class TextDims:
     expert_width: int = 768
     vocab: int = 152064
     mrope_section: tuple[int, int, int] = (24, 20, 20)
+    full_layers: int = 48
 
+
+@dataclass(frozen=True)
+class DenseDims:
+    """Clef-Flash (Qwen3.5 9B dense): transformers' `Qwen3_5TextConfig` defaults."""
+
+    hidden: int = 4096
+    intermediate: int = 12288
+    heads: int = 16
+    kv_heads: int = 4
+    head_dim: int = 256
+    linear_key_heads: int = 16
+    linear_value_heads: int = 32
+    linear_key_dim: int = 128
+    linear_value_dim: int = 128
+    full_attention_every: int = 4
+    vocab: int = 248320
+    full_layers: int = 32
+
+
+DENSE_SMOKE_DIMS = DenseDims(
+    hidden=64,
+    intermediate=96,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    linear_key_heads=2,
+    linear_value_heads=4,
+    linear_key_dim=16,
+    linear_value_dim=16,
+    vocab=512,
+)
 
 SMOKE_DIMS = TextDims(
     hidden=64, heads=4, kv_heads=2, head_dim=16, experts=8, top_k=2, expert_width=32, vocab=512, mrope_section=(4, 2, 2)
 )
 
 
-def flops_per_token(dims: TextDims, layers: int, length: int, causal: bool = True) -> float:
+def dense_flops_per_token(dims: DenseDims, layers: int, length: int) -> float:
+    """Clef-Flash's stack: every `full_attention_every`-th layer is gated attention (q_proj twice
+    as wide for its output gate), the others Gated DeltaNet; all have a SwiGLU MLP. The chunked
+    delta rule is counted as 6 * hk * hv (state read-out, update and carry) + 3 * C * (hk + hv)
+    (the products inside a chunk of C = 64 tokens) per value head and token: an approximation,
+    within a few percent of torch's FLOP counter on its PyTorch path (see the tests)."""
+    d, H, K, h = dims.hidden, dims.heads, dims.kv_heads, dims.head_dim
+    full = sum((index + 1) % dims.full_attention_every == 0 for index in range(layers))
+    mlp = 3 * 2 * d * dims.intermediate
+    attention = 2 * d * (2 * H * h + 2 * K * h) + 2 * (H * h) * d + 4 * H * h * (length + 1) / 2
+    keys, values = dims.linear_key_heads * dims.linear_key_dim, dims.linear_value_heads * dims.linear_value_dim
+    projections = 2 * d * (2 * keys + values) + 2 * d * values + 2 * d * 2 * dims.linear_value_heads + 2 * values * d
+    hk, hv = dims.linear_key_dim, dims.linear_value_dim
+    recurrence = dims.linear_value_heads * (6 * hk * hv + 3 * DELTA_CHUNK * (hk + hv))
+    return full * (attention + mlp) + (layers - full) * (projections + recurrence + mlp)
+
+
+def flops_per_token(dims: TextDims | DenseDims, layers: int, length: int, causal: bool = True) -> float:
     """The formula of the module docstring; `causal=False` counts attention over all L tokens
     (what a dense attention kernel computes), for comparison with a FLOP counter."""
+    if isinstance(dims, DenseDims):
+        return dense_flops_per_token(dims, layers, length)
     d, H, K, h = dims.hidden, dims.heads, dims.kv_heads, dims.head_dim
     projections = 2 * d * (H * h + 2 * K * h) + 2 * (H * h) * d
     context = (length + 1) / 2 if causal else length
@@ -105,7 +167,34 @@ def build_model(dims: TextDims, layers: int, dtype, device, experts_impl: str):
     return model
 
 
-def measure(model, dims: TextDims, layers: int, batch: int, length: int, device, min_seconds: float) -> dict:
+def build_dense_model(dims: DenseDims, layers: int, dtype, device):
+    """A random-weight Clef-Flash text stack (Gated DeltaNet + gated attention), SDPA attention."""
+    import torch
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    config = Qwen3_5TextConfig(
+        vocab_size=dims.vocab,
+        hidden_size=dims.hidden,
+        intermediate_size=dims.intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=dims.heads,
+        num_key_value_heads=dims.kv_heads,
+        head_dim=dims.head_dim,
+        linear_num_key_heads=dims.linear_key_heads,
+        linear_num_value_heads=dims.linear_value_heads,
+        linear_key_head_dim=dims.linear_key_dim,
+        linear_value_head_dim=dims.linear_value_dim,
+        full_attention_interval=dims.full_attention_every,
+    )
+    torch.manual_seed(0)
+    model = Qwen3_5TextModel._from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).eval()
+
+
+def measure(
+    model, dims: TextDims | DenseDims, layers: int, batch: int, length: int, device, min_seconds: float
+) -> dict:
     """Median-free and simple: one warm-up forward, then forwards until `min_seconds` (at least 2)."""
     import torch
 
@@ -140,24 +229,30 @@ def measure(model, dims: TextDims, layers: int, batch: int, length: int, device,
         "tflops": flops / seconds / 1e12,
         "mfu": flops / seconds / (PEAK_TFLOPS * 1e12),
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
-        "full_model_tokens_per_s_estimate": tokens / seconds * layers / FULL_LAYERS,
+        "full_model_tokens_per_s_estimate": tokens / seconds * layers / dims.full_layers,
     }
 
 
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    smoke = args.cpu_smoke
-    dims = SMOKE_DIMS if smoke else TextDims()
+    smoke, dense = args.cpu_smoke, args.family == "dense"
+    if dense:
+        dims: TextDims | DenseDims = DENSE_SMOKE_DIMS if smoke else DenseDims()
+    else:
+        dims = SMOKE_DIMS if smoke else TextDims()
     device = torch.device("cpu" if smoke else args.device)
     dtype = torch.float32 if smoke else torch.bfloat16
     budgets = [int(value) for value in args.budgets.split(",")]
     lengths = [int(value) for value in args.lengths.split(",")]
     results: list[dict] = []
     started = time.perf_counter()
-    for impl in args.experts.split(","):
+    for impl in ["dense"] if dense else args.experts.split(","):
         try:
-            model = build_model(dims, args.layers, dtype, device, impl)
+            if dense:
+                model = build_dense_model(dims, args.layers, dtype, device)
+            else:
+                model = build_model(dims, args.layers, dtype, device, impl)
         except (RuntimeError, ValueError, ImportError) as error:
             results.append({"experts": impl, "error": f"{type(error).__name__}: {error}"})
             continue
@@ -181,11 +276,14 @@ def run(args: argparse.Namespace) -> dict:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
+        "family": args.family,
         "layers": args.layers,
         "dims": asdict(dims),
         "dtype": str(dtype).removeprefix("torch."),
         "peak_tflops": PEAK_TFLOPS,
-        "flop_formula": "per layer and token: 2d(Hh+2Kh) + 2Hhd + 4Hh(L+1)/2 + 2dE + k*6*d*m",
+        "flop_formula": DENSE_FORMULA
+        if dense
+        else "per layer and token: 2d(Hh+2Kh) + 2Hhd + 4Hh(L+1)/2 + 2dE + k*6*d*m",
         "seconds": time.perf_counter() - started,
         "results": results,
     }
@@ -193,7 +291,10 @@ def run(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4, help="decoder layers (the real thinker has 48)")
+    parser.add_argument(
+        "--family", choices=("omni", "dense"), default="omni", help="omni: Clef-Omni's MoE thinker; dense: Clef-Flash"
+    )
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (the thinker has 48, Clef-Flash 32)")
     parser.add_argument("--budgets", default="16384,65536,131072", help="padded tokens per forward")
     parser.add_argument("--lengths", default="1024,4096,16384", help="record lengths in tokens")
     parser.add_argument("--experts", default="grouped_mm,eager", help="experts implementations to compare")

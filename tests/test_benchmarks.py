@@ -69,3 +69,51 @@ def test_flop_formula_matches_torch_flop_counter(experts):
     if experts == "grouped_mm":
         expected -= layers * dims.top_k * 6 * dims.hidden * dims.expert_width * batch * length
     assert counter.get_total_flops() == expected
+
+
+@pytest.mark.slow
+def test_bench_gpu_dense_cpu_smoke(tmp_path):
+    out = tmp_path / "gpu_dense.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_gpu.py"), "--cpu-smoke", "--family", "dense", "--quiet",
+         "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["family"] == "dense"
+    bench = load_bench_gpu()
+    dims = bench.DenseDims(**report["dims"])
+    points = report["results"]
+    assert {(p["experts"], p["max_batch_tokens"], p["record_tokens"]) for p in points} == {
+        ("dense", budget, length) for budget in (64, 256) for length in (16, 64)
+    }
+    for point in points:
+        assert "error" not in point, point
+        tokens = point["batch_size"] * point["record_tokens"]
+        flops = bench.dense_flops_per_token(dims, report["layers"], point["record_tokens"]) * tokens
+        assert point["mfu"] == pytest.approx(flops / point["seconds_per_forward"] / 989e12)
+        assert point["full_model_tokens_per_s_estimate"] == pytest.approx(
+            point["tokens_per_s"] * report["layers"] / 32
+        )
+
+
+def test_dense_flop_formula_is_within_a_few_percent_of_torch_flop_counter():
+    """Projections, MLPs and attention are exact; the chunked delta rule is an approximation."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    bench = load_bench_gpu()
+    dims, layers, batch, length = bench.DENSE_SMOKE_DIMS, 4, 2, 128
+    model = bench.build_dense_model(dims, layers, torch.float32, torch.device("cpu"))
+    model.set_attn_implementation("eager")
+    ids = torch.randint(0, dims.vocab, (batch, length))
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    tokens = batch * length
+    formula = bench.dense_flops_per_token(dims, layers, length) * tokens
+    # eager attention computes the whole L x L product, where the formula counts the causal half
+    full_layers = layers // dims.full_attention_every
+    formula += full_layers * 4 * dims.heads * dims.head_dim * (length - (length + 1) / 2) * tokens
+    assert abs(counter.get_total_flops() - formula) / formula < 0.05
