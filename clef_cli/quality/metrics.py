@@ -146,10 +146,11 @@ def bootstrap_ci(probabilities: np.ndarray, gold: np.ndarray, bins: int) -> tupl
         accuracies[draw] = correct[pick].mean()
         gap = np.bincount(index[pick], weights=correct[pick] - conf[pick], minlength=bins)
         eces[draw] = np.sum(np.abs(gap)) / n  # |sum(correct - conf)| per bin = n_b |acc_b - conf_b|
-    return _interval(accuracies), _interval(eces)
+    return percentile_interval(accuracies), percentile_interval(eces)
 
 
-def _interval(values: np.ndarray) -> list[float]:
+def percentile_interval(values: np.ndarray) -> list[float]:
+    """The 95% percentile interval of bootstrap values."""
     return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
 
 

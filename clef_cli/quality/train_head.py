@@ -30,6 +30,7 @@ from clef_cli.head import JointSchemaHead, load_joint_head
 from clef_cli.hidden_store import HiddenReader, load_states
 from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
 from clef_cli.quality.head_training import Example, FitSettings, fit, predict
+from clef_cli.quality.metrics import percentile_interval
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
 
 REPORT_FILE = "training_report.json"
@@ -204,8 +205,8 @@ def paired_bootstrap(values: np.ndarray, resamples: int, seed: int) -> tuple[flo
     for start in range(0, resamples, 256):
         rows = min(256, resamples - start)
         means.append(values[rng.integers(0, len(values), size=(rows, len(values)))].mean(axis=1))
-    low, high = np.percentile(np.concatenate(means), [2.5, 97.5])
-    return float(low), float(high)
+    low, high = percentile_interval(np.concatenate(means))
+    return low, high
 
 
 def _summary(metrics: dict, resamples: int, seed: int) -> dict[str, Any]:
