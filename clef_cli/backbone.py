@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -86,6 +87,34 @@ def quiet_transformers() -> Iterator[None]:
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
+
+
+def load_strictly(model_class: Any, release: Release, device: torch.device, dtype: torch.dtype, **kwargs: Any) -> Any:
+    """`model_class` from the release's weights, quietly; any missing, unexpected or mismatched
+    key is one error (transformers would only warn)."""
+    with quiet_transformers():
+        try:
+            model, info = model_class.from_pretrained(
+                str(release.path),
+                dtype=dtype,
+                device_map=str(device) if device.type == "cuda" else None,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported below, with the others, as one error
+                **kwargs,
+            )
+        except (OSError, ValueError, RuntimeError, KeyError, ImportError) as error:
+            raise ModelLoadError(f"cannot load the model from {release.path}: {error}") from None
+    check_loading_info(info, release)
+    return model
+
+
+def without_lm_head(model: Any, device: torch.device) -> tuple[Any, torch.Tensor]:
+    """The model on `device` for inference, its lm_head replaced by identity (the output is then
+    the final hidden state), and the lm_head rows kept as the head's lexical lookup table."""
+    model = model.to(device).eval()
+    lexical_rows = model.lm_head.weight.detach()
+    model.lm_head = torch.nn.Identity()
+    return model, lexical_rows
 
 
 @dataclass

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from clef_cli.backbone import Backbone, check_loading_info, quiet_transformers
+from clef_cli.backbone import Backbone, load_strictly, without_lm_head
 from clef_cli.batching import ModelBatch
-from clef_cli.errors import ModelLoadError, RecordError
+from clef_cli.errors import RecordError
 from clef_cli.families.base import IMAGE_PLACEHOLDER, Family, MediaSegment, decode_entries, processor_tensors
 from clef_cli.media import MediaLimits, decode_image
 from clef_cli.records import Record
@@ -58,24 +58,10 @@ class DenseFamily(Family):
         import transformers
 
         model_class = getattr(transformers, MODEL_CLASSES[release.config["model_type"]])
-        with quiet_transformers():
-            try:
-                model, info = model_class.from_pretrained(
-                    str(release.path),
-                    dtype=dtype,
-                    device_map=str(device) if device.type == "cuda" else None,
-                    output_loading_info=True,
-                    ignore_mismatched_sizes=True,  # reported below, with the others, as one error
-                    attn_implementation="sdpa",
-                )
-            except (OSError, ValueError, RuntimeError, KeyError, ImportError) as error:
-                raise ModelLoadError(f"cannot load the model from {release.path}: {error}") from None
-        check_loading_info(info, release)
+        model = load_strictly(model_class, release, device, dtype, attn_implementation="sdpa")
         if device.type == "cpu":
             _quiet_kernel_fallbacks()
-        model = model.to(device).eval()
-        lexical_rows = model.get_output_embeddings().weight.detach()
-        model.lm_head = torch.nn.Identity()
+        model, lexical_rows = without_lm_head(model, device)
         return DenseBackbone(model, lexical_rows, device, dtype, self.hidden_size(release.config))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from clef_cli.backbone import Backbone, check_loading_info, quiet_transformers
+from clef_cli.backbone import Backbone, load_strictly, quiet_transformers, without_lm_head
 from clef_cli.batching import ModelBatch
 from clef_cli.errors import ModelLoadError
 from clef_cli.families.base import (
@@ -96,27 +96,23 @@ class OmniFamily(Family):
         with quiet_transformers():
             try:
                 config = Qwen3OmniMoeConfig.from_pretrained(str(release.path))
-                thinker, info = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
-                    str(release.path),
-                    config=config.thinker_config,
-                    key_mapping={r"^thinker\.": ""},
-                    dtype=dtype,
-                    device_map=str(device) if device.type == "cuda" else None,
-                    output_loading_info=True,
-                    ignore_mismatched_sizes=True,  # reported below, with the others, as one error
-                    # asked for by name: transformers then refuses, instead of silently replacing
-                    # the grouped expert kernels with a per-expert loop
-                    experts_implementation=EXPERTS_IMPLEMENTATION,
-                    attn_implementation=ATTENTION_IMPLEMENTATION,
-                )
-            except (OSError, ValueError, RuntimeError, KeyError, ImportError) as error:
-                raise ModelLoadError(f"cannot load the thinker from {release.path}: {error}") from None
-        check_loading_info(info, release)
+            except (OSError, ValueError, KeyError) as error:
+                raise ModelLoadError(f"cannot load the thinker's config from {release.path}: {error}") from None
+        thinker = load_strictly(
+            Qwen3OmniMoeThinkerForConditionalGeneration,
+            release,
+            device,
+            dtype,
+            config=config.thinker_config,
+            key_mapping={r"^thinker\.": ""},
+            # asked for by name: transformers then refuses, instead of silently replacing the
+            # grouped expert kernels with a per-expert loop
+            experts_implementation=EXPERTS_IMPLEMENTATION,
+            attn_implementation=ATTENTION_IMPLEMENTATION,
+        )
         check_backends(thinker)
-        thinker = thinker.to(device).eval()
-        lexical_rows = thinker.lm_head.weight.detach()
-        thinker.lm_head = torch.nn.Identity()
-        return OmniBackbone(thinker, lexical_rows, device, dtype, int(config.thinker_config.text_config.hidden_size))
+        thinker, lexical_rows = without_lm_head(thinker, device)
+        return OmniBackbone(thinker, lexical_rows, device, dtype, self.hidden_size(release.config))
 
 
 def check_backends(model: Any) -> None:
