@@ -20,13 +20,24 @@ class ModelLoadError(ClefError):
     """The release could not be found or does not have the expected layout."""
 
 
-class RecordError(Exception):
-    """A failure that concerns one record only; it names the record and the field."""
+ERROR_KINDS = ("invalid", "media", "overflow", "transient")
+"""A failed record's `error_kind` (README, "Errors"): `invalid` the record itself (fields, schema,
+duplicate id), `media` a media entry unreadable, refused or over a limit, `overflow` a prompt that
+does not fit --max-length, `transient` a failure that may not happen again (a remote fetch, an
+encoding process that died, out of GPU memory even alone). Transient results are never stored as
+final: the next run on the same checkpoint tries those records again."""
 
-    def __init__(self, record_id: str, field: str | None, message: str) -> None:
+
+class RecordError(Exception):
+    """A failure that concerns one record only; it names the record and the field. `kind` is
+    one of `ERROR_KINDS`, or None where the stage that catches it decides (validation: invalid,
+    encoding: media)."""
+
+    def __init__(self, record_id: str, field: str | None, message: str, kind: str | None = None) -> None:
         self.record_id = record_id
         self.field = field
         self.message = message
+        self.kind = kind
         super().__init__(str(self))
 
     def __str__(self) -> str:

@@ -1,10 +1,12 @@
 """The lifecycle every engine shares (local, Ray, rehead): settings checked and completed for the
-release, the manifest, locks, the checkpoint, progress notes, and at the end provenance, the
-output and the summary. An engine opens a job, does its own work on the checkpoint, and finishes.
+release, the manifest, locks, the checkpoint (a store keyed by record key), the job's ledger (what
+to run), progress notes, and at the end provenance, the output and the summary. An engine opens
+a job, runs the records its ledger marks, and finishes.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,19 +18,29 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clef_cli import __version__
-from clef_cli.inputs.sources import expand_inputs, input_fingerprint
+from clef_cli.inputs.readers import load_questions_file, read_records
+from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.output import OutputSpec, remove_stale_temporaries, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
+from clef_cli.store.record_key import KEY_VERSION, MediaHasher, prompt_digest
+
+
+def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
+    """The job's records in input order (with the `--questions` schema for those without one)."""
+    schema = load_questions_file(settings.questions) if settings.questions else None
+    return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
 
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:
-    """Fingerprints and every setting that changes results: a checkpoint resumes only if they match."""
-    questions_sha = file_sha256(settings.questions) if settings.questions else None
+    """The scoring fingerprint: what turns the same prompt into other results (the backbone, the
+    head, the dtype). A store is used only by runs with the same one; everything that shapes a
+    prompt is in each record's key instead."""
     return {
         "model": {
             "id": settings.model,
@@ -38,16 +50,19 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir
             "head_sha256": file_sha256(head_dir / HEAD_WEIGHTS),
             "head_config_sha256": file_sha256(head_dir / HEAD_CONFIG),
         },
-        "inputs": [input_fingerprint(source) for source in expand_inputs(settings.inputs)],
-        "settings": {
-            "max_length": settings.max_length,
-            "overflow": settings.overflow.value,
-            "struct_nulls": settings.struct_nulls.value,
-            "dtype": dtype,
-            "media_limits": settings.limits.as_dict(),
-            "questions_sha256": questions_sha,
-        },
+        "settings": {"dtype": dtype},
     }
+
+
+def job_ledger(settings: ScoreSettings, release: Release, checkpoint: Checkpoint, needs_hidden: bool) -> Ledger:
+    """Key every record of the job (no media decoded) and mark what this run computes."""
+    assert checkpoint.index is not None
+    assert settings.max_length is not None
+    prompt = prompt_digest(release.path, release.family, settings.max_length, settings.overflow.value, settings.limits)
+    ledger = Ledger(checkpoint.index, checkpoint.run_seq)
+    ledger.build(job_records(settings), prompt, MediaHasher(settings.limits), needs_hidden)
+    checkpoint.ledger = ledger
+    return ledger
 
 
 def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, Any]) -> dict[str, str]:
@@ -66,6 +81,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.struct_nulls": settings.struct_nulls.value,
         "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
         "clef.layout": settings.layout,
+        "clef.key_version": str(KEY_VERSION),
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -99,9 +115,16 @@ class Job:
     release: Release
     manifest: dict[str, Any]
     checkpoint: Checkpoint
+    ledger: Ledger
     progress: Progress
     summary: JobSummary
     started: float
+
+    def results(self, store: Checkpoint | None = None) -> pa.Table:
+        """The job's rows, gathered by key from `store` (default: the job's checkpoint)."""
+        store = store or self.checkpoint
+        assert store.index is not None
+        return self.ledger.results(store.index, store.shard_table)
 
     def finish(
         self,
@@ -110,11 +133,14 @@ class Job:
         passthrough: Any = None,
         manifest: dict[str, Any] | None = None,
     ) -> JobSummary:
-        """Write the output (provenance plus the engine's own `metadata`) and count it."""
+        """Write the output (provenance, this run's counts and the engine's own `metadata`) and count it."""
         self.progress.note("writing the output")
         described = provenance(self.settings, self.release, manifest or self.checkpoint.manifest)
+        described |= {f"clef.records_{name}": str(value) for name, value in self.summary.run_counts().items()}
         counts = write_job_output(self.settings, results, described | (metadata or {}), passthrough)
         self.summary.count(counts)
+        if self.checkpoint.index is not None:
+            self.checkpoint.index.finish_run(self.checkpoint.run_id, json.dumps(self.summary.run_counts()))
         return self.stopped()
 
     def interrupted(self) -> JobSummary:
@@ -135,8 +161,9 @@ def open_job(
     head_dir: Path | None = None,
     existing: bool = False,
 ) -> Iterator[Job]:
-    """Check the settings, find the release, build the manifest, take the locks and open the
-    checkpoint (`existing`: a finished job's, to read; else this job's, made or resumed)."""
+    """Check the settings, find the release, build the manifest, take the locks, open the
+    checkpoint (`existing`: one that must exist, to read; else made or reused) and key the
+    job's records against it."""
     started = time.monotonic()
     settings.validate()
     release = resolve_release(settings.model, revision=settings.revision)
@@ -150,7 +177,15 @@ def open_job(
             checkpoint = Checkpoint.open_existing(path)
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
-        if checkpoint.dropped:
-            progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
-        summary = JobSummary(output=settings.output, resumed=checkpoint.done.count)
-        yield Job(settings, release, manifest, checkpoint, progress, summary, started)
+        try:
+            if checkpoint.dropped:
+                progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
+            checkpoint.begin_run()
+            progress.note("keying the records")
+            needs_hidden = existing or settings.hidden_states == "keep"
+            ledger = job_ledger(settings, release, checkpoint, needs_hidden)
+            summary = JobSummary(output=settings.output)
+            summary.take_counts(ledger.counts)
+            yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started)
+        finally:
+            checkpoint.close()

@@ -32,12 +32,35 @@ class FailedRecord:
     index: int
     error: str
     prompt_tokens: int | None = None
+    kind: str = "invalid"
+    """One of `errors.ERROR_KINDS`."""
 
 
 @dataclass(frozen=True)
 class OutputCounts:
     records: int
     failed: int
+
+
+@dataclass
+class RunCounts:
+    """What one run did with its records (README, "Counts"): every record is exactly one of
+    run (its prompt computed this run: new, retried or missing its hidden states), reused (its
+    key's result came from the store), duplicate (a later copy of a key earlier in this job) or
+    invalid (no prompt: the record itself is wrong)."""
+
+    records: int = 0
+    run: int = 0
+    reused: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    """Of `run`: keys whose stored result was a transient error."""
+    unhidden: int = 0
+    """Of `run`: keys stored without the hidden states this run keeps."""
+    invalid: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
 
 
 LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])
@@ -59,7 +82,9 @@ RESULT_SCHEMA = pa.schema(
         ("prompt_tokens", pa.int32()),
         ("state_tokens_cut", pa.int32()),
         ("error", pa.string()),
+        ("error_kind", pa.string()),
         ("answers", pa.list_(ANSWER_TYPE)),
+        ("record_key", pa.string()),
     ]
 )
 LONG_SCHEMA = pa.schema(
@@ -72,6 +97,8 @@ LONG_SCHEMA = pa.schema(
         ("probability", pa.float64()),
         ("logit", pa.float64()),
         ("error", pa.string()),
+        ("error_kind", pa.string()),
+        ("record_key", pa.string()),
     ]
 )
 
@@ -83,6 +110,7 @@ def scored_row(result: ScoredRecord) -> dict[str, object]:
         "prompt_tokens": result.prompt_tokens,
         "state_tokens_cut": result.state_tokens_cut,
         "error": None,
+        "error_kind": None,
         "answers": [
             {
                 "question_id": question.question_id,
@@ -110,6 +138,7 @@ def failed_row(failure: FailedRecord) -> dict[str, object]:
         "prompt_tokens": failure.prompt_tokens,
         "state_tokens_cut": None,
         "error": failure.error,
+        "error_kind": failure.kind,
         "answers": None,
     }
 
@@ -124,7 +153,15 @@ def long_rows(table: pa.Table) -> pa.Table:
     rows = []
     for record in table.to_pylist():
         if not record["answers"]:
-            rows.append({"id": record["id"], "record_index": record["record_index"], "error": record["error"]})
+            rows.append(
+                {
+                    "id": record["id"],
+                    "record_index": record["record_index"],
+                    "error": record["error"],
+                    "error_kind": record["error_kind"],
+                    "record_key": record["record_key"],
+                }
+            )
             continue
         for answer in record["answers"]:
             for label in answer["labels"]:
@@ -138,6 +175,8 @@ def long_rows(table: pa.Table) -> pa.Table:
                         "probability": label["probability"],
                         "logit": label["logit"],
                         "error": None,
+                        "error_kind": None,
+                        "record_key": record["record_key"],
                     }
                 )
     return pa.Table.from_pylist(rows, schema=LONG_SCHEMA)

@@ -26,7 +26,7 @@ from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
 
 if TYPE_CHECKING:
-    from clef_cli.results import OutputCounts
+    from clef_cli.results import OutputCounts, RunCounts
 
 
 
@@ -114,8 +114,15 @@ class JobSummary:
     scored: int = 0
     failed: int = 0
     resumed: int = 0
+    """Records whose key's result came from the store (reused)."""
     forwarded: int = 0
     """Records run through the thinker in this run."""
+    run: int = 0
+    """Records whose prompt this run computes (new, retried, or missing hidden states)."""
+    duplicates: int = 0
+    """Later copies of a key earlier in this job: run once, every copy gets the result."""
+    retried: int = 0
+    """Of `run`: records whose stored result was a transient error."""
     committed: int = 0
     """Records committed to the checkpoint in this run (scored or failed)."""
     tokens: int = 0
@@ -125,11 +132,26 @@ class JobSummary:
     stats: JobStats = field(default_factory=JobStats)
     """Where the time went (stage times are measured by the local engine only)."""
 
+    def take_counts(self, counts: RunCounts) -> None:
+        self.run, self.resumed = counts.run, counts.reused
+        self.duplicates, self.retried = counts.duplicates, counts.retried
+
+    def run_counts(self) -> dict[str, int]:
+        """README, "Counts": what this run did with its records."""
+        return {
+            "run": self.run,
+            "forwarded": self.forwarded,
+            "reused": self.resumed,
+            "duplicates": self.duplicates,
+            "retried": self.retried,
+        }
+
     def final_stats(self) -> JobStats:
         """The stats with the run's totals: wall time, output records, tokens run this time."""
         self.stats.wall_seconds = self.seconds
         self.stats.records = self.records
         self.stats.tokens = self.tokens
+        self.stats.counts = self.run_counts()
         return self.stats
 
     def count(self, written: OutputCounts) -> None:

@@ -66,6 +66,8 @@ class JobStats:
     padded_tokens: int = 0
     real_tokens: int = 0
     workers: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    """run, forwarded, reused, duplicates, retried (README, "Counts")."""
     encode: dict[str, EncodeRate] = field(default_factory=dict)
     scoring_started: float | None = None
     """perf_counter() when scoring began (set by the engine)."""
@@ -145,6 +147,7 @@ class JobStats:
             "real_tokens": self.real_tokens,
             "padding_waste": round(self.padding_waste, 6),
             "workers": self.workers,
+            "counts": dict(self.counts),
             "encode": {
                 kind: {
                     "records": rate.records,

@@ -121,7 +121,8 @@ def print_summary(summary: Any) -> None:
     busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
     stderr.print(
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
-        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint); "
+        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint, "
+        f"{summary.duplicates} duplicates collapsed, {summary.retried} retried); "
         f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
         markup=False,
     )

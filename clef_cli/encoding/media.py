@@ -27,7 +27,12 @@ MAX_FRAME_PIXELS = 256 * 32 * 32
 
 
 class MediaError(Exception):
-    """A media entry that cannot be used; the encoder attaches the record and field."""
+    """A media entry that cannot be used; the encoder attaches the record and field. `transient`:
+    it may work next time (a remote fetch that failed), so the result is not stored as final."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ def _download(url: str, limits: MediaLimits) -> bytes:
         with urllib.request.urlopen(url, timeout=limits.remote_timeout_seconds) as response:
             data = response.read(limits.max_file_bytes + 1)
     except OSError as error:
-        raise MediaError(f"cannot fetch {url}: {error}") from None
+        raise MediaError(f"cannot fetch {url}: {error}", transient=True) from None
     if len(data) > limits.max_file_bytes:
         raise MediaError(f"{url} is over the limit of {limits.max_file_bytes} bytes")
     return data

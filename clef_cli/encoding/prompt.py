@@ -143,6 +143,7 @@ class PromptEncoder:
                 record.id,
                 "questions",
                 f"schema requires {fixed} tokens before state; maximum is {self.max_length}",
+                kind="overflow",
             )
         room = self.max_length - fixed
         cut = max(0, len(state_ids) - room)
@@ -152,6 +153,7 @@ class PromptEncoder:
                 "state",
                 f"state is {len(state_ids)} tokens but only {room} fit in max length {self.max_length} "
                 "(--on-overflow error refuses instead of truncating)",
+                kind="overflow",
             )
         state_ids = state_ids[:room]
         schema_start = start + len(state_ids)

@@ -10,18 +10,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from clef_cli.encoding.batching import PlanEntry, plan_batches
 from clef_cli.errors import ClefError, ModelLoadError
 from clef_cli.families import family_of
-from clef_cli.inputs.readers import count_records
 from clef_cli.job import Job, open_job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.head import JointSchemaHead, load_joint_head
 from clef_cli.model.scoring import head_logits, scored_record
 from clef_cli.progress import Progress
-from clef_cli.results import FailedRecord, results_table
+from clef_cli.results import results_table
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint, describe_differences
 from clef_cli.store.hidden_store import StoredRecord, pad_states
@@ -45,17 +46,30 @@ def _score_stored(
     return scored
 
 
-def _check_same_job(source: Checkpoint, current: dict[str, Any]) -> None:
-    """The inputs and encoding settings must be those of the job that filled the checkpoint."""
-    stored = source.manifest
+def _check_same_backbone(source: Checkpoint, current: dict[str, Any]) -> None:
+    """The stored hidden states must come from this backbone (the head may differ)."""
     keep = lambda manifest: {  # noqa: E731
-        "inputs": manifest.get("inputs"),
-        "settings": {k: v for k, v in (manifest.get("settings") or {}).items() if k != "dtype"},
         "backbone": {k: (manifest.get("model") or {}).get(k) for k in ("config_sha256", "weights")},
     }
-    differences = describe_differences(keep(stored), keep(current))
+    differences = describe_differences(keep(source.manifest), keep(current))
     if differences:
-        raise ClefError(f"checkpoint {source.path} does not belong to this job: " + "; ".join(differences))
+        raise ClefError(f"checkpoint {source.path} was scored with another backbone: " + "; ".join(differences))
+
+
+def _check_complete(job: Job) -> None:
+    """Every record of the job must have its result, and a score its hidden states, in the store."""
+    counts, source = job.ledger.counts, job.checkpoint
+    missing = counts.run - counts.unhidden
+    if missing:
+        raise ClefError(
+            f"checkpoint {source.path} holds {counts.records - counts.invalid - missing} of "
+            f"{counts.records - counts.invalid} records of this job; finish the job before --rehead"
+        )
+    if counts.unhidden:
+        raise ClefError(
+            f"{counts.unhidden} scored records in {source.path} have no stored hidden states "
+            "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
+        )
 
 
 def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
@@ -76,51 +90,41 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
                 f"the head in {head_dir} expects hidden size {head.config.hidden_size}; "
                 f"the backbone has {release.hidden_size}"
             )
-        _check_same_job(source, job.manifest)
-        total = count_records(job.settings.inputs, job.settings.limit)
-        if total is not None and source.done.count < total:
-            raise ClefError(
-                f"checkpoint {source.path} holds {source.done.count} of {total} records; finish the job before --rehead"
-            )
-        progress.start(source.done.count, 0)
+        _check_same_backbone(source, job.manifest)
+        _check_complete(job)
+        progress.start(job.ledger.counts.records, 0)
         device = resolve_device(job.settings.device)
         workdir = job.settings.output.with_name(f".{job.settings.output.name}.rehead")
         shutil.rmtree(workdir, ignore_errors=True)
         target = Checkpoint.open(workdir, job.manifest)
         try:
+            target.begin_run()
             _rescore(job, head.to(device), family_of(release).lexical_rows(release).to(device), target, device)
             manifest = job.manifest | {"settings": source.manifest["settings"]}
-            summary = job.finish(target.results(), {"clef.rehead_from": str(source.path)}, manifest=manifest)
+            summary = job.finish(job.results(target), {"clef.rehead_from": str(source.path)}, manifest=manifest)
         finally:
+            target.close()
             shutil.rmtree(workdir, ignore_errors=True)
     summary.resumed = summary.scored
     return summary
 
 
 def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Checkpoint, device: torch.device) -> None:
-    """Every stored record through the new head, shard by shard; failed records stay failed."""
+    """Every stored record through the new head, shard by shard (keyed as in the store); final
+    errors stay errors."""
     source = job.checkpoint
-    failures = _failures(source)
-    if failures:
-        target.commit(results_table([], failures))
-    reader = source.hidden_reader()
-    missing = source.done.count - len(failures) - reader.num_records
-    if missing > 0:
-        raise ClefError(
-            f"{missing} scored records in {source.path} have no stored hidden states "
-            "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
-        )
-    for _, stored in reader.by_shard():
-        scored = _score_stored(head, lexical, stored, device)
-        target.commit(results_table(scored, []))
+    results = source.results()
+    failed = results.filter(pc.and_(results.column("error").is_valid(), results.column("record_key").is_valid()))
+    if failed.num_rows:
+        target.commit(failed)
+    entry_of = {entry.files["hidden"]["name"]: entry.name for entry in source.entries if entry.has_hidden}
+    for shard, stored in source.hidden_reader().by_shard():
+        table = source.shard_table(entry_of[shard.path.name])
+        indices, stored_keys = table.column("record_index").to_pylist(), table.column("record_key").to_pylist()
+        key_of = dict(zip(indices, stored_keys, strict=True))
+        scored = results_table(_score_stored(head, lexical, stored, device), [])
+        keys = pa.array([key_of.get(index) for index in scored.column("record_index").to_pylist()], pa.string())
+        target.commit(scored.set_column(scored.schema.get_field_index("record_key"), "record_key", keys))
         tokens = sum(record.length for record in stored)
         job.summary.tokens += tokens
-        job.progress.advance(len(scored), tokens, 0)
-
-
-def _failures(source: Checkpoint) -> list[FailedRecord]:
-    table = source.results().select(["id", "record_index", "error", "prompt_tokens"])
-    failed = table.filter(table.column("error").is_valid())
-    return [
-        FailedRecord(row["id"], row["record_index"], row["error"], row["prompt_tokens"]) for row in failed.to_pylist()
-    ]
+        job.progress.advance(len(stored), tokens, 0)

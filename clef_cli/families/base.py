@@ -43,7 +43,8 @@ def decode_entries(record: Record, name: str, decoder: Callable[[Any, MediaLimit
         try:
             decoded.append(decoder(open_source(entry, record.base_dir, limits), limits))
         except MediaError as error:
-            raise RecordError(record.id, f"{name}[{position}]", str(error)) from None
+            kind = "transient" if error.transient else "media"
+            raise RecordError(record.id, f"{name}[{position}]", str(error), kind) from None
     return decoded
 
 

@@ -129,8 +129,8 @@ class BatchOutcome:
     hidden_states: torch.Tensor | None = None
 
 
-def _failure(record: EncodedRecord, message: str) -> FailedRecord:
-    return FailedRecord(record.record.id, record.record.index, message, record.length)
+def _failure(record: EncodedRecord, message: str, kind: str) -> FailedRecord:
+    return FailedRecord(record.record.id, record.record.index, message, record.length, kind)
 
 
 @dataclass
@@ -166,7 +166,8 @@ class BatchRunner:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             if len(records) == 1:
-                yield BatchOutcome(failures=[_failure(records[0], f"out of GPU memory even alone ({padded} tokens)")])
+                message = f"out of GPU memory even alone ({padded} tokens)"
+                yield BatchOutcome(failures=[_failure(records[0], message, "transient")])
                 return
             self.max_batch_tokens = max(MIN_BATCH_TOKENS, min(self.max_batch_tokens, padded) // 2)
             if self.on_budget_change is not None:
@@ -175,7 +176,7 @@ class BatchRunner:
             return
         except (RuntimeError, ValueError, IndexError) as error:
             if len(records) == 1:
-                yield BatchOutcome(failures=[_failure(records[0], f"model forward failed: {error}")])
+                yield BatchOutcome(failures=[_failure(records[0], f"model forward failed: {error}", "media")])
                 return
             for record in records:  # find the records that break the forward; score the others
                 yield from self.run([record])

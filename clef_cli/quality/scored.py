@@ -110,13 +110,14 @@ def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
             )
             for a in answers
         }
-    clef = {"id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"}
+    clef = {"id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "error_kind", "answers", "record_key"}
     columns = table.select(_passthrough(table, clef))
     return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns)
 
 
 def _from_long(path: Path, table: pa.Table) -> ScoredFile:
-    clef = {"id", "record_index", "question_id", "type", "label", "probability", "logit", "error"}
+    clef = {"id", "record_index", "question_id", "type", "label", "probability", "logit", "error", "error_kind"}
+    clef.add("record_key")
     kept = _passthrough(table, clef)
     ids: list[str] = []
     first_row: list[int] = []

@@ -1,11 +1,13 @@
-"""The on-disk checkpoint of a scoring job: committed result shards, optional hidden states, and
-the manifest that says which model, inputs and settings produced them.
+"""The checkpoint: a store of results keyed by record key (`record_key.py`), shared by every run
+that uses the folder: an interrupted job, tomorrow's grown table, another input file. Its
+manifest pins only the scoring fingerprint (weights, head, dtype); a run with another is refused.
 
 Layout of a checkpoint folder::
 
-    manifest.json          format version, fingerprints, result-changing settings
+    manifest.json          format version, the scoring fingerprint
     journal.jsonl          one line per committed shard (file sizes and checksums)
-    shards/NNNNNNNN.results.arrow         one row per record (the output's columns)
+    keys.sqlite            the key index (key_index.py), derived from the journal and its shards
+    shards/NNNNNNNN.results.arrow         one row per record (the output's columns and its key)
     shards/NNNNNNNN.hidden.safetensors    final hidden states, input ids, spans (optional;
                                           format in hidden_store.py)
     shards/ray-UUID.hidden.safetensors    the same, written by a `--ray` actor (journaled likewise)
@@ -27,7 +29,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,18 +40,21 @@ from clef_cli.errors import ClefError
 from clef_cli.release import file_sha256
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.store.atomic import write_atomically
+from clef_cli.store.key_index import INDEX_FILE, KeyIndex
 
 if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
+    from clef_cli.store.ledger import Ledger
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: content-addressed (results carry record_key and error_kind; the manifest has no inputs)."""
 MANIFEST = "manifest.json"
 JOURNAL = "journal.jsonl"
 SHARDS = "shards"
 
 
 class CheckpointMismatch(ClefError):
-    """The checkpoint was made by another model, other inputs or other settings."""
+    """The checkpoint was made by another model, head or dtype."""
 
 
 def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -68,24 +73,6 @@ def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix
 def _short(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return text if len(text) <= 160 else text[:157] + "..."
-
-
-@dataclass
-class DoneSet:
-    """Which record indices are committed: one byte per index, grown on demand."""
-
-    flags: bytearray = field(default_factory=bytearray)
-    count: int = 0
-
-    def add(self, index: int) -> None:
-        if index >= len(self.flags):
-            self.flags.extend(bytes(max(index + 1 - len(self.flags), len(self.flags))))
-        if not self.flags[index]:
-            self.flags[index] = 1
-            self.count += 1
-
-    def __contains__(self, index: int) -> bool:
-        return index < len(self.flags) and bool(self.flags[index])
 
 
 @dataclass(frozen=True)
@@ -133,8 +120,12 @@ class Checkpoint:
         """What made this checkpoint (read once when it is opened)."""
         self.shards_path = path / SHARDS
         self.entries: list[ShardEntry] = []
-        self.done = DoneSet()
+        self.index: KeyIndex | None = None
+        self.ledger: Ledger | None = None
+        """This job's ledger: fills each committed row's record_key."""
         self.run_id = uuid.uuid4().hex[:12]
+        self.run_seq = 0
+        self._tables: dict[str, pa.Table] = {}
         self.dropped: list[str] = []
         """Shards found damaged on open; their records are computed again."""
 
@@ -142,7 +133,7 @@ class Checkpoint:
 
     @classmethod
     def open(cls, path: Path, manifest: dict[str, Any], restart: bool = False) -> Checkpoint:
-        """Create, or resume after checking that the stored manifest matches this run's."""
+        """Create, or reuse after checking that the stored scoring fingerprint matches this run's."""
         if restart and path.exists():
             discard(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -155,7 +146,7 @@ class Checkpoint:
             differences = describe_differences(_comparable(stored), _comparable(manifest))
             if differences:
                 raise CheckpointMismatch(
-                    f"checkpoint {path} was made by another job: "
+                    f"checkpoint {path} was scored with another model, head or dtype: "
                     + "; ".join(differences)
                     + " (use --restart to discard it, or --checkpoint to use another folder)"
                 )
@@ -163,17 +154,44 @@ class Checkpoint:
         checkpoint = cls(path, stored)
         lines = checkpoint._read_journal()
         checkpoint._repair(lines)
+        checkpoint._open_index()
         return checkpoint
 
     @classmethod
     def open_existing(cls, path: Path) -> Checkpoint:
-        """For reading (info, rehead): the checkpoint must exist; nothing in it is changed."""
+        """For reading (info, rehead, train-head): the checkpoint must exist; its shards are not
+        changed (the key index is brought up to date with the journal)."""
         manifest = read_manifest(path)
         if manifest is None:
             raise ClefError(f"{path} is not a clef checkpoint (no {MANIFEST})")
         checkpoint = cls(path, manifest)
         checkpoint._read_journal()
+        checkpoint._open_index()
         return checkpoint
+
+    def _open_index(self) -> None:
+        """Reconcile the key index with the journal: forget shards it no longer lists (damaged,
+        pruned), index journaled shards it lacks (a kill between journal line and index rows)."""
+        index = self.index = KeyIndex(self.path / INDEX_FILE)
+        journaled = {entry.name for entry in self.entries}
+        for name in index.indexed_shards() - journaled:
+            index.forget_shard(name)
+        indexed = index.indexed_shards()
+        for entry in self.entries:
+            if entry.name not in indexed:
+                results = self.shards_path / entry.files["results"]["name"]
+                run_seq = index.begin_run(entry.run or "unknown", started=results.stat().st_mtime)
+                index.add_shard(entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq)
+
+    def begin_run(self) -> int:
+        """Record this run in the index (for `checkpoint info` and `prune`)."""
+        assert self.index is not None
+        self.run_seq = self.index.begin_run(self.run_id)
+        return self.run_seq
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
 
     def _read_journal(self) -> int:
         """The committed shards that verify (damaged ones in `dropped`); returns the journal's
@@ -194,10 +212,6 @@ class Checkpoint:
                     damaged.append(entry.name)
         self.entries = entries
         self.dropped = damaged
-        self.done = DoneSet()
-        for table in self._result_tables():
-            for index in table.column("record_index").to_pylist():
-                self.done.add(index)
         return seen_lines
 
     def _repair(self, journal_lines: int) -> None:
@@ -251,13 +265,14 @@ class Checkpoint:
         except OSError as error:
             raise ClefError(
                 f"could not commit to the checkpoint {self.path}: {error.strerror or error}; the "
-                f"{self.done.count} records committed before are kept: make room and rerun the same command "
-                "to continue"
+                "records committed before are kept: make room and rerun the same command to continue"
             ) from error
 
     def _commit(self, results: pa.Table, hidden: HiddenPayload | None, hidden_file: dict[str, Any] | None) -> None:
         name = self._next_name()
         table = results.cast(RESULT_SCHEMA)
+        if self.ledger is not None:
+            table = self.ledger.keyed(table)
         files = {"results": self._write_file(f"{name}.results.arrow", _ipc_bytes(table), "sha256")}
         if hidden is not None:
             # Hidden states are large: a CRC (several GB/s) guards them against damage, where the
@@ -271,18 +286,25 @@ class Checkpoint:
             journal.flush()
             os.fsync(journal.fileno())
         self.entries.append(entry)
-        for index in table.column("record_index").to_pylist():
-            self.done.add(index)
+        if self.index is not None:
+            self.index.add_shard(name, table, entry.has_hidden, self.run_seq)
 
     def _write_file(self, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
         return write_shard_file(self.shards_path, file_name, data, checksum)
 
     # ------------------------------------------------------------------ reading
 
+    def shard_table(self, name: str) -> pa.Table:
+        """One committed shard's results (memory-mapped, opened once)."""
+        if name not in self._tables:
+            entry = next(entry for entry in self.entries if entry.name == name)
+            source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
+            self._tables[name] = ipc.open_file(source).read_all()
+        return self._tables[name]
+
     def _result_tables(self) -> Iterator[pa.Table]:
         for entry in self.entries:
-            source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
-            yield ipc.open_file(source).read_all()
+            yield self.shard_table(entry.name)
 
     def results(self) -> pa.Table:
         """Every committed row (memory-mapped, so a large job does not load it into RAM)."""
@@ -309,17 +331,25 @@ class Checkpoint:
         return sum(path.stat().st_size for path in self.path.rglob("*") if path.is_file())
 
     def info(self) -> dict[str, Any]:
+        """The scoring fingerprint, the keys, the size by kind, and the runs that used the store."""
         manifest = self.manifest
+        sizes = {"results": 0, "hidden": 0}
+        for entry in self.entries:
+            for kind, described in entry.files.items():
+                sizes[kind] = sizes.get(kind, 0) + int(described["bytes"])
+        assert self.index is not None
         return {
             "path": str(self.path),
-            "records_done": self.done.count,
+            "keys": self.index.count(),
             "shards": len(self.entries),
             "shards_with_hidden_states": sum(entry.has_hidden for entry in self.entries),
             "size_bytes": self.size_on_disk(),
+            "results_bytes": sizes["results"],
+            "hidden_bytes": sizes["hidden"],
             "model": manifest.get("model", {}),
-            "inputs": manifest.get("inputs", []),
             "settings": manifest.get("settings", {}),
             "created": manifest.get("created"),
+            "runs": self.index.runs(),
         }
 
 
@@ -332,13 +362,8 @@ def write_shard_file(folder: Path, file_name: str, data: bytes, checksum: str) -
 
 
 def _comparable(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a manifest that must match for a checkpoint to be resumed, inputs spelled so
-    that a difference reads well."""
-    inputs = [
-        f"{Path(item['path']).name} ({item['bytes']} bytes, sha256 {str(item['sha256'])[-12:]})"
-        for item in manifest.get("inputs") or []
-    ]
-    return {"model": manifest.get("model"), "inputs": ", ".join(inputs), "settings": manifest.get("settings")}
+    """The scoring fingerprint: what must match for a run to use the store."""
+    return {"model": manifest.get("model"), "settings": manifest.get("settings")}
 
 
 def _ipc_bytes(table: pa.Table) -> bytes:

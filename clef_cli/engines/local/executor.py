@@ -99,9 +99,9 @@ class BatchExecutor:
         failures: list[FailedRecord] = []
         for index, item in zip(batch.indices, items, strict=True):
             value = item.result() if isinstance(item, Future) else item
-            if isinstance(value, str):
+            if isinstance(value, tuple):
                 record = by_index[index].record
-                failures.append(FailedRecord(record.id, record.index, value))
+                failures.append(FailedRecord(record.id, record.index, value[0], kind=value[1]))
             else:
                 encoded.append(value)
         return encoded, failures

@@ -29,7 +29,6 @@ from clef_cli.engines.local.planning import (
     worker_count,
 )
 from clef_cli.errors import ClefError
-from clef_cli.inputs.readers import count_records
 from clef_cli.job import Job, open_job
 from clef_cli.model.scoring import Scorer
 from clef_cli.output import passthrough_types
@@ -78,15 +77,16 @@ class ScoreJob:
                 if settings.keep_columns
                 else None
             )
-            total = count_records(settings.inputs, settings.limit)
-            self.progress.start(total, job.checkpoint.done.count)
-            self._score(job, total)
+            total = len(job.ledger.to_run)
+            self.progress.start(total, total - job.ledger.counts.run)
+            if job.ledger.counts.run:
+                self._score(job)
             if self.stop.is_set():
                 return job.interrupted()
             with job.summary.stats.stage("output_write"):
-                return job.finish(job.checkpoint.results(), passthrough=passthrough)
+                return job.finish(job.results(), passthrough=passthrough)
 
-    def _score(self, job: Job, total: int | None) -> None:
+    def _score(self, job: Job) -> None:
         stats = job.summary.stats
         spool, spool_budget = _fresh_spool(job)
         committer = BackgroundCommitter(job.checkpoint)
@@ -97,7 +97,7 @@ class ScoreJob:
                 executor = BatchExecutor(
                     job, pool, committer, lambda: self._load_scorer(job), self.stop, self._budget_lowered
                 )
-                self._run_windows(job, executor, total, spool_budget)
+                self._run_windows(job, executor, spool_budget)
                 with stats.stage("commit_wait"):
                     committer.drain()
                 stats.scoring_seconds = time.perf_counter() - scoring - stats.stages["load"]
@@ -118,11 +118,12 @@ class ScoreJob:
                 self.scorer = load_scorer(job.release, device=job.settings.device, dtype=job.settings.dtype)
         return self.scorer
 
-    def _run_windows(self, job: Job, executor: BatchExecutor, total: int | None, spool_budget: int) -> None:
+    def _run_windows(self, job: Job, executor: BatchExecutor, spool_budget: int) -> None:
+        """The records the ledger marks (new or retried prompts, first copies), in windows."""
         stats, checked_disk = job.summary.stats, False
         records = job_records(job.settings)
-        done = job.checkpoint.done
-        windows = planned_windows(executor.pool, records, job.settings.window, skip=done, media_budget=spool_budget)
+        skip = job.ledger.to_run.skip
+        windows = planned_windows(executor.pool, records, job.settings.window, skip=skip, media_budget=spool_budget)
         while True:
             with stats.stage("encode_wait"):
                 window = next(windows, None)
@@ -138,7 +139,7 @@ class ScoreJob:
             if not window.planned:
                 continue
             if not checked_disk:
-                _check_disk(job, window, total)
+                _check_disk(job, window)
                 checked_disk = True
             by_index = {planned.record.index: planned for planned in window.planned}
             executor.run(executor.plan(window.planned), by_index)
@@ -156,13 +157,13 @@ def _fresh_spool(job: Job) -> tuple[Path, int]:
     return spool, budget // 2
 
 
-def _check_disk(job: Job, window: Window, total: int | None) -> None:
+def _check_disk(job: Job, window: Window) -> None:
     """Refuse to start when the hidden states would not fit (estimated from the first window)."""
     settings, checkpoint = job.settings, job.checkpoint
     if settings.hidden_states != "keep":
         return
     lengths = [p.length or 0 for p in window.planned]
-    remaining = max(len(lengths), (total or 0) - checkpoint.done.count)
+    remaining = max(len(lengths), job.ledger.counts.run)
     per_token = hidden_bytes_per_token(settings, job.release.hidden_size)
     needed = int(statistics.fmean(lengths) * remaining * per_token)
     free = shutil.disk_usage(checkpoint.path).free

@@ -16,10 +16,12 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.errors import ClefError
 from clef_cli.inputs.readers import count_records
+from clef_cli.job import job_ledger
 from clef_cli.progress import Progress
-from clef_cli.release import resolve_release
+from clef_cli.release import Release, resolve_release
 from clef_cli.settings import ScoreSettings
-from clef_cli.store.checkpoint import MANIFEST, Checkpoint, DoneSet
+from clef_cli.store.checkpoint import MANIFEST, Checkpoint
+from clef_cli.store.ledger import ToRun
 
 
 @dataclass
@@ -59,10 +61,11 @@ def plan_report(settings: ScoreSettings, progress: Progress | None = None) -> Dr
     settings = settings.for_release(release)
     report = DryRunReport()
     progress.start(count_records(settings.inputs, settings.limit), 0)
-    done = _already_done(settings)
-    report.already_done = done.count
+    skip = _already_done(settings, release)
+    report.already_done = skip.flags.count(0) if skip is not None else 0
     with encode_pool(settings, release, worker_count(settings)) as pool:
-        for window in planned_windows(pool, job_records(settings), settings.window, skip=done):
+        records = job_records(settings)
+        for window in planned_windows(pool, records, settings.window, skip=skip.stored if skip is not None else ()):
             report.invalid += len(window.failures)
             room = 10 - len(report.first_errors)
             report.first_errors.extend(failure.error for failure in window.failures[:room])
@@ -80,11 +83,16 @@ def plan_report(settings: ScoreSettings, progress: Progress | None = None) -> Dr
     return report
 
 
-def _already_done(settings: ScoreSettings) -> DoneSet:
-    """Records a rerun would skip (read from the checkpoint, which stays as it is)."""
+def _already_done(settings: ScoreSettings, release: Release) -> ToRun | None:
+    """What a run would compute (the checkpoint's results stay as they are); None without one."""
     path = settings.checkpoint_path
     if settings.restart or not (path / MANIFEST).exists():
-        return DoneSet()
+        return None
     with contextlib.suppress(ClefError):
-        return Checkpoint.open_existing(path).done
-    return DoneSet()
+        checkpoint = Checkpoint.open_existing(path)
+        try:
+            ledger = job_ledger(settings, release, checkpoint, settings.hidden_states == "keep")
+            return ledger.to_run
+        finally:
+            checkpoint.close()
+    return None

@@ -13,18 +13,14 @@ from typing import Any
 
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
 from clef_cli.engines.local.workers import EncodePool, EncoderSpec, Planned, within_budget
-from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.job import job_records
 from clef_cli.model.dtypes import ITEM_SIZES
 from clef_cli.release import Release
 from clef_cli.results import FailedRecord
 from clef_cli.settings import ScoreSettings
 
-
-def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
-    """The job's records in input order (with the `--questions` schema for those without one)."""
-    schema = load_questions_file(settings.questions) if settings.questions else None
-    return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
+__all__ = ["Window", "encode_pool", "hidden_bytes_per_token", "job_records", "planned_windows", "worker_count"]
 
 
 def worker_count(settings: ScoreSettings) -> int:
@@ -112,7 +108,9 @@ def planned_windows(
         for future in futures:
             result: Planned = future.result()
             if result.error is not None:
-                failures.append(FailedRecord(result.record.id, result.record.index, result.error))
+                failures.append(
+                    FailedRecord(result.record.id, result.record.index, result.error, kind=result.error_kind)
+                )
             else:
                 planned.append(within_budget(result, budget))
         yield Window(planned, failures)

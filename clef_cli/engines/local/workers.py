@@ -68,6 +68,7 @@ class Planned:
     length: int | None = None
     audio_in_video: bool = False
     error: str | None = None
+    error_kind: str = "media"
     encoded: EncodedRecord | None = None
     spooled: Path | None = None
     spooled_bytes: int = 0
@@ -137,7 +138,7 @@ def plan_record(record: Record) -> Planned:
     try:
         encoded = _encoder().encode(record)
     except RecordError as error:
-        return Planned(record, error=str(error))
+        return Planned(record, error=str(error), error_kind=error.kind or "media")
     faults.slow_encode()
     seconds = time.perf_counter() - started
     planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded), seconds=seconds)
@@ -165,25 +166,26 @@ def within_budget(planned: Planned, budget: list[int]) -> Planned:
     return replace(planned, encoded=None, spooled=None, spooled_bytes=0)
 
 
-def encode_record(record: Record) -> EncodedRecord | str:
+def encode_record(record: Record) -> EncodedRecord | tuple[str, str]:
+    """The encoding, or (the error, its kind)."""
     faults.maybe_crash(record.id)
     try:
         encoded = compact(_encoder().encode(record))
     except RecordError as error:
-        return str(error)
+        return str(error), error.kind or "media"
     faults.slow_encode()
     return encoded
 
 
-CRASHED = "the encoding process crashed on this record (a media decoder failed hard)"
+CRASHED = "the encoding process crashed on this record (a media decoder failed hard); it is tried again next run"
 
 
 def planning_crashed(record: Record) -> Planned:
-    return Planned(record, error=str(RecordError(record.id, "media", CRASHED)))
+    return Planned(record, error=str(RecordError(record.id, "media", CRASHED)), error_kind="transient")
 
 
-def encoding_crashed(record: Record) -> str:
-    return str(RecordError(record.id, "media", CRASHED))
+def encoding_crashed(record: Record) -> tuple[str, str]:
+    return str(RecordError(record.id, "media", CRASHED)), "transient"
 
 
 class _InlineExecutor:

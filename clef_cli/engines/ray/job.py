@@ -30,7 +30,7 @@ from clef_cli.engines.ray.reading import Slice, plan_slices, read_slice
 from clef_cli.engines.ray.resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.errors import ClefError, RecordError
-from clef_cli.inputs.readers import count_records, load_questions_file
+from clef_cli.inputs.readers import load_questions_file
 from clef_cli.inputs.records import InvalidRecord, RecordBuilder
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job import open_job
@@ -42,6 +42,7 @@ from clef_cli.results import RESULT_SCHEMA, FailedRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
+from clef_cli.store.ledger import ToRun
 
 
 @dataclass
@@ -106,7 +107,7 @@ class ScoreActor:
         try:
             return self.encoder.encode(record)
         except RecordError as error:
-            return FailedRecord(record.id, record.index, str(error))
+            return FailedRecord(record.id, record.index, str(error), kind=error.kind or "media")
 
     def __call__(self, block: pa.Table) -> pa.Table:
         failures: list[FailedRecord] = []
@@ -210,12 +211,13 @@ class RayScoreJob:
                 else None
             )
             questions = load_questions_file(settings.questions) if settings.questions else None
-            self._on_cluster(job.checkpoint, questions)
+            if job.ledger.counts.run:
+                self._on_cluster(job.checkpoint, job.ledger.to_run, questions)
             if self.stop.is_set():
                 return job.interrupted()
-            return job.finish(mark_duplicates(job.checkpoint.results()), {"clef.engine": "ray"}, passthrough)
+            return job.finish(mark_duplicates(job.results()), {"clef.engine": "ray"}, passthrough)
 
-    def _on_cluster(self, checkpoint: Checkpoint, questions: Any) -> None:
+    def _on_cluster(self, checkpoint: Checkpoint, to_run: ToRun, questions: Any) -> None:
         """Connect, fit the plan to the cluster, score; Ray's output in ray.log when quiet."""
         import ray
 
@@ -230,8 +232,8 @@ class RayScoreJob:
                 if settings.hidden_states == "keep":
                     check_every_node_sees(checkpoint.shards_path)
                 slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
-                self.progress.start(count_records(settings.inputs, settings.limit), checkpoint.done.count)
-                self._stream(ray, slices, checkpoint, questions, actors)
+                self.progress.start(len(to_run), len(to_run) - to_run.count)
+                self._stream(ray, slices, checkpoint, to_run, questions, actors)
             except Stalled as error:
                 where = f" (Ray's log: {log})" if log else ""
                 raise Stalled(
@@ -243,10 +245,18 @@ class RayScoreJob:
                     ray.shutdown()
 
     def _stream(
-        self, ray: Any, slices: list[Slice], checkpoint: Checkpoint, questions: Any, actors: ActorResources
+        self,
+        ray: Any,
+        slices: list[Slice],
+        checkpoint: Checkpoint,
+        to_run: ToRun,
+        questions: Any,
+        actors: ActorResources,
     ) -> None:
+        """Only the records the driver's ledger marks (stored keys and duplicates filtered out)
+        are read and dispatched; the read tasks get one byte per record saying which."""
         settings, cluster = self.settings, self.ray_settings
-        done = bytes(checkpoint.done.flags)  # one byte per record: small, sent with each read task
+        done = to_run.done_bytes()
         hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states == "keep" else None
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])

@@ -1,0 +1,179 @@
+"""The checkpoint's index of record keys: which committed row holds each key's result, whether
+that result is final, and which run last used it. SQLite (stdlib, WAL) in the checkpoint folder,
+so a store of millions of keys is looked up on disk, never loaded into a Python dict.
+
+The index is derived: the journal and its shards are the truth. Opening a checkpoint reconciles
+the index with the journal (shards no longer journaled are forgotten, journaled shards not yet
+indexed are indexed), so a kill between a journal line and its index rows, or a lost or damaged
+`keys.sqlite`, costs a rebuild and never a wrong answer. Run history (for `checkpoint info` and
+`prune`) lives only here: a rebuilt index dates each key by the run that computed it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+INDEX_FILE = "keys.sqlite"
+LOOKUP_CHUNK = 500
+"""Keys per `IN (...)` query (SQLite's parameter limit is far above)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    key TEXT PRIMARY KEY,
+    shard TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    row INTEGER NOT NULL,
+    final INTEGER NOT NULL,
+    hidden INTEGER NOT NULL,  -- 1: its hidden states are stored, or it needs none (an error)
+    last_run INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS keys_by_shard ON keys(shard);
+CREATE TABLE IF NOT EXISTS shards (name TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT UNIQUE NOT NULL,
+    started REAL NOT NULL,
+    finished REAL,
+    counts TEXT
+);
+"""
+
+
+class KeyIndex:
+    """One connection, shared by the job's threads under a lock (the committer adds rows while
+    the main thread reads)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.RLock()
+        try:
+            self.db = self._connect()
+        except sqlite3.DatabaseError:  # damaged: it is only an index, so it is rebuilt
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(path) + suffix).unlink(missing_ok=True)
+            self.db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA temp_store=FILE")
+        db.executescript(_SCHEMA)
+        return db
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            self.db.execute("BEGIN")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ runs
+
+    def begin_run(self, run_id: str, started: float | None = None) -> int:
+        with self.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO runs(run_id, started) VALUES (?, ?)", (run_id, started or time.time()))
+            return int(db.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0])
+
+    def finish_run(self, run_id: str, counts: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET finished = ?, counts = ? WHERE run_id = ?", (time.time(), counts, run_id))
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT r.seq, r.run_id, r.started, r.finished, r.counts, "
+                "(SELECT COUNT(*) FROM keys k WHERE k.last_run = r.seq) FROM runs r ORDER BY r.seq"
+            ).fetchall()
+        keys = ("seq", "run_id", "started", "finished", "counts", "keys_last_used")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    # ------------------------------------------------------------------ shards
+
+    def indexed_shards(self) -> set[str]:
+        with self.lock:
+            return {row[0] for row in self.db.execute("SELECT name FROM shards")}
+
+    def add_shard(self, name: str, table: pa.Table, has_hidden: bool, run_seq: int) -> None:
+        """Index one committed shard's rows: a later shard's row wins, and a final result is
+        never replaced by a transient one."""
+        keys = table.column("record_key").to_pylist()
+        kinds = table.column("error_kind").to_pylist()
+        errors = table.column("error").to_pylist()
+        seq = int(name) if name.isdigit() else 0
+        rows = [
+            (key, name, seq, row, int(kind != "transient"), int(has_hidden or error is not None), run_seq)
+            for row, (key, kind, error) in enumerate(zip(keys, kinds, errors, strict=True))
+            if key is not None
+        ]
+        with self.transaction() as db:
+            db.executemany(
+                "INSERT INTO keys(key, shard, seq, row, final, hidden, last_run) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET shard = excluded.shard, seq = excluded.seq, row = excluded.row, "
+                "final = excluded.final, hidden = excluded.hidden, last_run = MAX(keys.last_run, excluded.last_run) "
+                "WHERE excluded.seq >= keys.seq AND (excluded.final = 1 OR keys.final = 0)",
+                rows,
+            )
+            db.execute("INSERT OR REPLACE INTO shards(name, seq) VALUES (?, ?)", (name, seq))
+
+    def forget_shard(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM keys WHERE shard = ?", (name,))
+            db.execute("DELETE FROM shards WHERE name = ?", (name,))
+
+    # ------------------------------------------------------------------ keys
+
+    def count(self) -> int:
+        with self.lock:
+            return int(self.db.execute("SELECT COUNT(*) FROM keys WHERE final = 1").fetchone()[0])
+
+    def locate(self, keys: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """key -> (shard, row) for the given keys that are indexed (a chunk at a time)."""
+        found: dict[str, tuple[str, int]] = {}
+        with self.lock:
+            for start in range(0, len(keys), LOOKUP_CHUNK):
+                chunk = list(keys[start : start + LOOKUP_CHUNK])
+                marks = ",".join("?" * len(chunk))
+                for key, shard, row in self.db.execute(
+                    f"SELECT key, shard, row FROM keys WHERE key IN ({marks})", chunk
+                ):
+                    found[key] = (shard, row)
+        return found
+
+    def mark_used(self, keys: Iterable[str], run_seq: int) -> None:
+        with self.transaction() as db:
+            db.executemany("UPDATE keys SET last_run = MAX(last_run, ?) WHERE key = ?", ((run_seq, k) for k in keys))
+
+    def stale_keys_by_shard(self, kept_runs: Sequence[int]) -> dict[str, int]:
+        """Shard -> how many of its indexed keys no kept run used."""
+        marks = ",".join("?" * len(kept_runs)) or "NULL"
+        with self.lock:
+            rows = self.db.execute(
+                f"SELECT shard, COUNT(*) FROM keys WHERE last_run NOT IN ({marks}) GROUP BY shard", list(kept_runs)
+            ).fetchall()
+        return dict(rows)
+
+    def live_rows(self, shard: str, kept_runs: Sequence[int] | None = None) -> list[int]:
+        """Rows of `shard` the index points to (used by a kept run, when `kept_runs` is given)."""
+        query, params = "SELECT row FROM keys WHERE shard = ?", [shard]
+        if kept_runs is not None:
+            query += f" AND last_run IN ({','.join('?' * len(kept_runs)) or 'NULL'})"
+            params += list(kept_runs)
+        with self.lock:
+            return sorted(row[0] for row in self.db.execute(query, params))

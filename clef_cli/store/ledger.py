@@ -1,0 +1,179 @@
+"""A job's ledger: every input record's place, id and key, read once before anything runs, and
+what that means against the store: which records must run (new or retried prompts, first copy
+only), which are reused and which are duplicates. Resuming an interrupted job and scoring a
+grown table are the same operation: what the store holds is not run again.
+
+The ledger is a temporary SQLite table beside the key index, so a job of millions of records
+keeps only a byte per record in memory (`ToRun`). At the end, the output's rows are gathered from
+the store by key and given the current id and record_index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+
+import pyarrow as pa
+
+from clef_cli.errors import ClefError
+from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.results import RESULT_SCHEMA, FailedRecord, RunCounts, results_table
+from clef_cli.store.key_index import LOOKUP_CHUNK, KeyIndex
+from clef_cli.store.record_key import MediaHasher, record_key
+
+READ_CHUNK = 4096
+
+
+RUN, INVALID = 1, 2
+
+
+class ToRun:
+    """One byte per record: RUN when this run must compute it, INVALID for a record without a
+    prompt (its row comes from the ledger), 0 when the store or an earlier copy has it.
+    `index in to_run.skip` is what the planner asks."""
+
+    def __init__(self, total: int) -> None:
+        self.flags = bytearray(total)
+
+    def __len__(self) -> int:
+        return len(self.flags)
+
+    @property
+    def count(self) -> int:
+        return self.flags.count(RUN)
+
+    @property
+    def skip(self) -> _Skip:
+        """Every record but those to run."""
+        return _Skip(self.flags, (RUN,))
+
+    @property
+    def stored(self) -> _Skip:
+        """The records the store (or an earlier copy) has: what a dry run does not plan."""
+        return _Skip(self.flags, (RUN, INVALID))
+
+    def done_bytes(self) -> bytes:
+        """1 for every record not to run (Ray's read tasks take this)."""
+        return bytes(self.flags.translate(bytes([1, 0, 1]) + bytes([1]) * 253))
+
+
+class _Skip:
+    def __init__(self, flags: bytearray, kept: tuple[int, ...]) -> None:
+        self.flags = flags
+        self.kept = kept
+
+    def __contains__(self, index: int) -> bool:
+        return not (index < len(self.flags) and self.flags[index] in self.kept)
+
+
+class Ledger:
+    """The job's records in a temporary table of the index's database."""
+
+    def __init__(self, index: KeyIndex, run_seq: int) -> None:
+        self.index = index
+        self.run_seq = run_seq
+        self.counts = RunCounts()
+        self.to_run = ToRun(0)
+        with index.lock:
+            index.db.execute("DROP TABLE IF EXISTS temp.job")
+            index.db.execute("CREATE TEMP TABLE job (position INTEGER PRIMARY KEY, id TEXT, key TEXT, error TEXT)")
+
+    def build(
+        self, records: Iterable[Record | InvalidRecord], prompt: str, media: MediaHasher, needs_hidden: bool
+    ) -> Ledger:
+        """Key every record (no media decoded), then decide what runs."""
+        iterator = iter(records)
+        total = 0
+        invalid: list[int] = []
+        while chunk := list(islice(iterator, READ_CHUNK)):
+            rows = [
+                (item.index, item.id, None, item.error)
+                if isinstance(item, InvalidRecord)
+                else (item.index, item.id, record_key(item, prompt, media), None)
+                for item in chunk
+            ]
+            with self.index.transaction() as db:
+                db.executemany("INSERT OR REPLACE INTO temp.job VALUES (?, ?, ?, ?)", rows)
+            total = max(total, max(row[0] for row in rows) + 1)
+            invalid.extend(row[0] for row in rows if row[2] is None)
+        with self.index.lock:
+            self.index.db.execute("CREATE INDEX temp.job_by_key ON job(key)")
+        self.to_run = ToRun(total)
+        for position in invalid:
+            self.to_run.flags[position] = INVALID
+        self._decide(total, needs_hidden)
+        return self
+
+    def _decide(self, total: int, needs_hidden: bool) -> None:
+        counts = self.counts = RunCounts(records=total)
+        with self.index.lock:
+            groups = self.index.db.execute(
+                "SELECT MIN(j.position), COUNT(*), k.final, k.hidden, k.key IS NOT NULL FROM job j "
+                "LEFT JOIN keys k ON k.key = j.key WHERE j.key IS NOT NULL GROUP BY j.key"
+            )
+            keyed = 0
+            for first, copies, final, hidden, stored in groups:
+                keyed += copies
+                counts.duplicates += copies - 1
+                if not stored or not final:
+                    counts.retried += int(bool(stored))
+                    self.to_run.flags[first] = RUN
+                elif needs_hidden and not hidden:
+                    counts.unhidden += 1
+                    self.to_run.flags[first] = RUN
+                else:
+                    counts.reused += 1
+            self.index.db.execute(
+                "UPDATE keys SET last_run = MAX(last_run, ?) WHERE key IN (SELECT key FROM temp.job)", (self.run_seq,)
+            )
+        counts.invalid = total - keyed
+        counts.run = self.to_run.count
+
+    # ------------------------------------------------------------------ committing
+
+    def keyed(self, table: pa.Table) -> pa.Table:
+        """`table` (rows of this job) with each row's record_key from the ledger."""
+        positions = table.column("record_index").to_pylist()
+        keys: dict[int, str] = {}
+        with self.index.lock:
+            for start in range(0, len(positions), LOOKUP_CHUNK):
+                chunk = positions[start : start + LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT position, key FROM temp.job WHERE position IN ({marks})"
+                keys.update(self.index.db.execute(query, chunk))
+        column = pa.array([keys.get(position) for position in positions], pa.string())
+        return table.set_column(table.schema.get_field_index("record_key"), "record_key", column)
+
+    # ------------------------------------------------------------------ the output
+
+    def _rows(self, chunk: int = 8192) -> Iterator[list[tuple[int, str, str | None, str | None]]]:
+        with self.index.lock:
+            cursor = self.index.db.execute("SELECT position, id, key, error FROM temp.job ORDER BY position")
+            while rows := cursor.fetchmany(chunk):
+                yield rows
+
+    def results(self, index: KeyIndex, shard_table: Callable[[str], pa.Table]) -> pa.Table:
+        """One row per record of this job: its key's stored row under its own id and index;
+        invalid records from the ledger. `index`/`shard_table`: the store to gather from."""
+        pieces = []
+        for rows in self._rows():
+            found = index.locate(sorted({key for _, _, key, _ in rows if key is not None}))
+            invalid = [FailedRecord(rid, pos, err or "", kind="invalid") for pos, rid, key, err in rows if key is None]
+            if invalid:
+                pieces.append(results_table([], invalid))
+            by_shard: dict[str, list[tuple[int, int, str]]] = {}
+            for position, record_id, key, _ in rows:
+                if key is None:
+                    continue
+                if key not in found:
+                    raise ClefError(
+                        f"the checkpoint holds no result for record {record_id!r} (key {key[:12]}); rerun the job"
+                    )
+                shard, row = found[key]
+                by_shard.setdefault(shard, []).append((row, position, record_id))
+            for shard, wanted in by_shard.items():
+                taken = shard_table(shard).take(pa.array([row for row, _, _ in wanted], pa.int64()))
+                taken = taken.set_column(0, "id", pa.array([rid for _, _, rid in wanted], pa.string()))
+                taken = taken.set_column(1, "record_index", pa.array([pos for _, pos, _ in wanted], pa.int64()))
+                pieces.append(taken.cast(RESULT_SCHEMA))
+        return pa.concat_tables(pieces) if pieces else RESULT_SCHEMA.empty_table()
