@@ -235,19 +235,22 @@ def in_process(inputs: Path, output: Path, *extra: str):
     )
 
 
-def test_other_settings_are_refused_with_the_difference_named(job):
+def test_prompt_settings_and_inputs_share_the_store_and_another_dtype_is_refused(job):
     inputs, output = job
     assert in_process(inputs, output, "--max-length", "4096").exit_code == 0
-    refused = in_process(inputs, output, "--max-length", "2048")
-    assert refused.exit_code == 1
-    assert "settings.max_length: checkpoint has 4096, this run has 2048" in refused.stderr
-    assert "--restart" in refused.stderr
+    other_length = in_process(inputs, output, "--max-length", "2048")  # part of every key: all run again
+    assert other_length.exit_code == 0 and "24 run through the model, 0 from the checkpoint" in other_length.stderr
     changed = write_jsonl(inputs, records(25))
-    refused = in_process(changed, output, "--max-length", "4096")
-    assert refused.exit_code == 1 and "inputs: checkpoint has in.jsonl" in refused.stderr
-    restarted = in_process(changed, output, "--max-length", "4096", "--restart")
-    assert restarted.exit_code == 0, restarted.output
+    grown = in_process(changed, output, "--max-length", "4096")
+    assert grown.exit_code == 0 and "1 run through the model, 24 from the checkpoint" in grown.stderr
     assert len(rows(output)) == 25
+    refused = in_process(changed, output, "--max-length", "4096", "--dtype", "bfloat16")
+    assert refused.exit_code == 1
+    assert "settings.dtype: checkpoint has float32, this run has bfloat16" in refused.stderr
+    assert "--restart" in refused.stderr
+    restarted = in_process(changed, output, "--dtype", "bfloat16", "--restart")
+    assert restarted.exit_code == 0, restarted.output
+    assert "25 run through the model, 0 from the checkpoint" in restarted.stderr
 
 
 def test_another_model_is_refused(job, tmp_path):
@@ -379,12 +382,13 @@ def test_checkpoint_info(job):
     result = runner.invoke(app, ["checkpoint", "info", str(output) + ".ckpt", "--json"])
     assert result.exit_code == 0, result.output
     info = json.loads(result.stdout)
-    assert info["records_done"] == 24
+    assert info["keys"] == 24
     assert info["shards_with_hidden_states"] == info["shards"] > 0
-    assert info["size_bytes"] > 0
-    assert info["settings"]["max_length"] == 64000
+    assert info["size_bytes"] >= info["results_bytes"] + info["hidden_bytes"] > info["hidden_bytes"] > 0
+    assert info["settings"] == {"dtype": "float32"}
+    assert [json.loads(run["counts"])["forwarded"] for run in info["runs"]] == [24]
     human = runner.invoke(app, ["checkpoint", "info", str(output) + ".ckpt"])
-    assert "records done: 24" in human.stdout
+    assert "keys: 24" in human.stdout
     missing = runner.invoke(app, ["checkpoint", "info", str(inputs.parent)])
     assert missing.exit_code == 1 and "is not a clef checkpoint" in missing.stderr
 

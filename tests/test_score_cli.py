@@ -95,7 +95,16 @@ def test_end_to_end_with_media_and_bad_records(scored_sample, sample_with_bad_re
 def test_output_schema_and_types(scored_sample):
     _, out = scored_sample
     schema = pq.read_schema(out)
-    assert schema.names == ["id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"]
+    assert schema.names == [
+        "id",
+        "record_index",
+        "prompt_tokens",
+        "state_tokens_cut",
+        "error",
+        "error_kind",
+        "answers",
+        "record_key",
+    ]
     assert schema.field("record_index").type == pa.int64()
     assert schema.field("prompt_tokens").type == pa.int32()
     answer = schema.field("answers").type.value_type
@@ -140,6 +149,14 @@ def test_provenance_metadata(scored_sample):
         "clef.struct_nulls": "refuse",
         "clef.dtype": "float32",
         "clef.layout": "wide",
+        "clef.key_version": "1",
+        # 19 records: bad-schema is invalid (never keyed), bad-image is run and fails in encoding,
+        # the other 17 are forwarded; a fresh checkpoint reuses nothing.
+        "clef.records_run": "18",
+        "clef.records_forwarded": "17",
+        "clef.records_reused": "0",
+        "clef.records_duplicates": "0",
+        "clef.records_retried": "0",
     }
     made = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert abs(made.timestamp() - out.stat().st_mtime) < 120
@@ -294,7 +311,7 @@ def test_a_shorter_limit_after_a_longer_run_reuses_the_checkpoint(tmp_path):
     assert score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "6").exit_code == 0
     result = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "2")
     assert result.exit_code == 0, result.output
-    assert "0 run through the model, 6 from the checkpoint" in result.stderr
+    assert "0 run through the model, 2 from the checkpoint" in result.stderr  # this run's 2 records
     assert [row["id"] for row in pq.read_table(out).to_pylist()] == ["ticket-001", "ticket-002"]
 
 

@@ -249,7 +249,11 @@ class Checkpoint:
     # ------------------------------------------------------------------ committing
 
     def _next_name(self) -> str:
-        numbers = [int(entry.name) for entry in self.entries if entry.name.isdigit()]
+        return self._next_name_after(self.entries)
+
+    @staticmethod
+    def _next_name_after(entries: list[ShardEntry]) -> str:
+        numbers = [int(entry.name) for entry in entries if entry.name.isdigit()]
         return f"{max(numbers, default=0) + 1:08d}"
 
     def commit(

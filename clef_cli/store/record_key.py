@@ -71,9 +71,7 @@ def processor_files_digest(release_path: Path) -> dict[str, str]:
     return {name: _sha256_file(release_path / name) for name in sorted(names)}
 
 
-def prompt_digest(
-    release_path: Path, family: str, max_length: int, overflow: str, limits: MediaLimits
-) -> str:
+def prompt_digest(release_path: Path, family: str, max_length: int, overflow: str, limits: MediaLimits) -> str:
     """The digest of every setting that shapes a prompt besides the record itself."""
     body = {
         "family": family,
