@@ -221,7 +221,8 @@ def test_help_and_the_torch_free_commands_do_not_import_torch():
     code = (
         "import sys\nfrom clef_cli.cli import main\n"
         "for args in (['--help'], ['score', '--help'], ['inspect-spans', '--help'], ['eval', '--help'],\n"
-        "             ['calibrate', '--help'], ['train-head', '--help'], ['checkpoint', 'info', '--help']):\n"
+        "             ['calibrate', '--help'], ['train-head', '--help'], ['checkpoint', 'info', '--help'],\n"
+        "             ['checkpoint', 'prune', '--help']):\n"
         "    sys.argv = ['clef', *args]\n"
         "    try:\n        main()\n    except SystemExit as done:\n        assert done.code == 0, args\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] in ('torch', 'ray', 'transformers')))\n"
@@ -254,5 +255,5 @@ def test_checkpoint_info_reads_a_real_checkpoint_without_importing_torch(tmp_pat
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "records done: 5 in 1 shards (1 with hidden states)" in done.stdout
+    assert "keys: 5 in 1 shards (1 with hidden states)" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "[]"
