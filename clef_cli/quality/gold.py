@@ -192,7 +192,7 @@ def _integral(value: float | Decimal | str) -> str | None:
         number = Decimal(value)
     except ArithmeticError:  # text that is not a number
         return None
-    if not number.is_finite() or number != number.to_integral_value() or abs(number) > 10**9:
+    if not number.is_finite() or number.adjusted() > 9 or number != number.to_integral_value():
         return None
     return str(int(number))
 

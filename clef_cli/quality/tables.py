@@ -12,7 +12,7 @@ from rich.console import Console
 from clef_cli.quality.calibrate import CalibrationRun
 from clef_cli.quality.gold import GoldProblem
 from clef_cli.quality.metrics import FEW_RECORDS, few_records
-from clef_cli.quality.text_table import TextTable, print_tables, tsv
+from clef_cli.quality.text_table import TextTable, print_tables, tsv, write
 
 SHOWN_PROBLEMS = 20
 FEW_MARK = "*"
@@ -105,7 +105,7 @@ def eval_tsv(document: Mapping[str, Any], by: str | None = None) -> str:
 def print_eval(console: Console, document: Mapping[str, Any], form: str = "table", by: str | None = None) -> None:
     """The overall table, then one per `--by` group (`form`: table, markdown, or tsv as one table)."""
     if form == "tsv":
-        console.out(eval_tsv(document, by), end="", highlight=False)
+        write(console, eval_tsv(document, by))
         return
     tables = [eval_table(document)]
     for group in document.get("by", {}).get("groups", []):

@@ -70,7 +70,8 @@ def escape(text: str) -> str:
 
 
 def tsv(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Tab-separated, one header line; a tab, newline or backslash inside a cell is escaped."""
+    """Tab-separated, one header line, cells never quoted (a `"` is data); a tab, newline or
+    backslash inside a cell is escaped with a backslash."""
 
     def cell(text: str) -> str:
         return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
@@ -85,4 +86,10 @@ def print_tables(console: Console, tables: Sequence[TextTable], form: str = "tab
             console.print(rich_table(table))
             continue
         text = markdown(table) if form == "markdown" else plain(table)
-        console.out(("\n" if number else "") + text, highlight=False)
+        write(console, ("\n" if number else "") + text + ("" if text.endswith("\n") else "\n"))
+
+
+def write(console: Console, text: str) -> None:
+    """Verbatim to the console's file: rich would expand tabs and read `[...]` as markup."""
+    console.file.write(text)
+    console.file.flush()
