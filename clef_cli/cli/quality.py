@@ -29,7 +29,7 @@ BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width conf
 
 
 def write_json(path: Path, document: Any) -> None:
-    from clef_cli.atomic import write_atomically
+    from clef_cli.store.atomic import write_atomically
 
     text = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # strict JSON: no NaN
     write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
