@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from clef_cli.cli.console import stdout
+from clef_cli.cli.usage import ClefCommand
 from clef_cli.sizes import human_size
 
 app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True, rich_markup_mode=None)
@@ -31,7 +32,7 @@ def _print_runs(runs: list[dict[str, Any]]) -> None:
         )
 
 
-@app.command("info")
+@app.command("info", cls=ClefCommand)
 def checkpoint_info(
     directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -70,7 +71,7 @@ def checkpoint_info(
     _print_runs(info["runs"])
 
 
-@app.command("prune")
+@app.command("prune", cls=ClefCommand)
 def checkpoint_prune(
     directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
     keep_runs: Annotated[

@@ -28,7 +28,6 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, UsageError
 from clef_cli.release import file_sha256
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.store.atomic import write_atomically
@@ -111,6 +110,19 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def require_folder(path: Path) -> None:
+    """A missing path or a file (often the scored Parquet itself) is the user's slip: exit 2,
+    pointing at where `clef score -o OUT.parquet` keeps its checkpoint."""
+    if path.is_dir():
+        return
+    where = "`clef score -o OUT.parquet` keeps its checkpoint in the folder OUT.parquet.ckpt"
+    sibling = path.with_name(path.name + ".ckpt")
+    if sibling.is_dir():
+        where += f"; did you mean {sibling}?"
+    what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+    raise UsageError(f"checkpoint {path} {what}: {where}")
+
+
 class Checkpoint:
     """A checkpoint folder opened for one job (the caller holds its lock)."""
 
@@ -161,6 +173,7 @@ class Checkpoint:
     def open_existing(cls, path: Path) -> Checkpoint:
         """For reading (info, rehead, train-head): the checkpoint must exist; its shards are not
         changed (the key index is brought up to date with the journal)."""
+        require_folder(path)
         manifest = read_manifest(path)
         if manifest is None:
             raise ClefError(f"{path} is not a clef checkpoint (no {MANIFEST})")
@@ -306,13 +319,9 @@ class Checkpoint:
             self._tables[name] = ipc.open_file(source).read_all()
         return self._tables[name]
 
-    def _result_tables(self) -> Iterator[pa.Table]:
-        for entry in self.entries:
-            yield self.shard_table(entry.name)
-
     def results(self) -> pa.Table:
         """Every committed row (memory-mapped, so a large job does not load it into RAM)."""
-        tables = list(self._result_tables())
+        tables = [self.shard_table(entry.name) for entry in self.entries]
         return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
 
     def hidden_shards(self) -> list[HiddenShardFile]:

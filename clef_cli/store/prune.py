@@ -17,7 +17,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from clef_cli.errors import UsageError
-from clef_cli.store.checkpoint import Checkpoint, ShardEntry, _ipc_bytes, read_manifest, write_shard_file
+from clef_cli.store.checkpoint import (
+    Checkpoint,
+    ShardEntry,
+    _ipc_bytes,
+    read_manifest,
+    require_folder,
+    write_shard_file,
+)
 from clef_cli.store.locks import JobLock
 
 
@@ -46,6 +53,7 @@ def recent_runs(runs: list[dict], keep_runs: int | None, older_than_days: float 
 def prune(path: Path, keep_runs: int | None = None, older_than_days: float | None = None) -> PruneReport:
     if keep_runs is None and older_than_days is None:
         raise UsageError("give --keep-runs N and/or --older-than DAYS")
+    require_folder(path)
     manifest = read_manifest(path)
     if manifest is None:
         raise UsageError(f"{path} is not a clef checkpoint")
