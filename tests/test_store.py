@@ -168,3 +168,24 @@ def test_info_and_prune_keep_what_recent_runs_used(tmp_path):
     assert_same_output(tmp_path / "again.parquet", tmp_path / "new.parquet")
     assert score(old, tmp_path / "old2.parquet", "--checkpoint", str(store)) == (2, 2, 0, 0)
     assert_same_output(tmp_path / "old2.parquet", tmp_path / "old.parquet")
+
+
+def test_train_head_reaches_stored_states_through_record_key(tmp_path):
+    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.store.checkpoint import Checkpoint
+
+    store = tmp_path / "store.ckpt"
+    assert score(write_jsonl(tmp_path / "a.jsonl", [ticket(n) for n in range(3)]), tmp_path / "a.parquet",
+                 "--checkpoint", str(store)) == (3, 0, 0, 0)  # fmt: skip
+    renamed = write_jsonl(tmp_path / "b.jsonl", [{**ticket(n), "id": f"renamed-{n}"} for n in range(3)])
+    assert score(renamed, tmp_path / "b.parquet", "--checkpoint", str(store)) == (0, 3, 0, 0)
+    gold = write_jsonl(tmp_path / "gold.jsonl", [{"id": "renamed-1", "labels": {"team": "tech"}}])
+    checkpoint = Checkpoint.open_existing(store)
+    try:
+        reader = checkpoint.hidden_reader()
+        assert gold_examples(reader, gold, checkpoint)[0] == []  # the states are stored under t001
+        examples, _ = gold_examples(reader, gold, checkpoint, tmp_path / "b.parquet")
+    finally:
+        checkpoint.close()
+    assert [example.stored.id for example in examples] == ["t001"]
+    assert examples[0].targets == (sorted(["billing", "tech", "other"]).index("tech"),)

@@ -132,6 +132,10 @@ def train_head(
     base_head: Annotated[
         Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
     ] = None,
+    scored: Annotated[
+        Path | None,
+        typer.Option("--scored", help="A `clef score` output whose record_key maps the gold ids to stored states."),
+    ] = None,
     epochs: Annotated[int, typer.Option("--epochs", min=1, help="Passes over the training records.")] = 10,
     lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 5e-5,
     batch_tokens: Annotated[
@@ -168,7 +172,7 @@ def train_head(
     )
     settings = TrainHeadSettings(
         checkpoint=checkpoint, gold=gold, output=output, model=model, base_head=base_head, revision=revision,
-        fit=fit, folds=folds, seed=seed, device=device, force=force,
+        fit=fit, folds=folds, seed=seed, device=device, force=force, scored=scored,
     )  # fmt: skip
     progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
     try:

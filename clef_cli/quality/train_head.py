@@ -60,6 +60,8 @@ class TrainHeadSettings:
     """Release the checkpoint was scored with; default the id in its manifest."""
     base_head: Path | None = None
     """Head to start from and to beat; default the release's own."""
+    scored: Path | None = None
+    """A `clef score` output whose record_key maps its gold ids to stored states (`stored_gold`)."""
     revision: str | None = None
     fit: FitSettings = field(default_factory=FitSettings)
     folds: int = 5
@@ -107,21 +109,25 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
             raise UsageError(f"-o {output} holds other files ({', '.join(others[:3])}); give a new or empty folder")
 
 
-def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
-    """Stored records named in the gold file (headers only), with each question's gold position."""
+def gold_examples(
+    reader: HiddenReader, gold_path: Path, checkpoint: Checkpoint | None = None, scored: Path | None = None
+) -> tuple[list[Example], GoldSet]:
+    """Stored records named in the gold file (headers only), with each question's gold position;
+    with `scored`, gold ids reach the states through its record_key (`stored_gold`)."""
+    from clef_cli.quality.stored_gold import gold_stored
+
     rows, found = read_gold_rows(gold_path)
-    wanted = {record_id for record_id, _ in rows}
-    stored = [record for record in reader.records(states=False, verify=False) if record.id in wanted]
+    stored = gold_stored(checkpoint, reader, {record_id for record_id, _ in rows}, scored)
     options = {
-        record.id: {
+        record_id: {
             question.id: (question.type, question.option_ids) for question in record.encoded.record.questions
         }
-        for record in stored
+        for record_id, record in stored
     }
     gold = match_gold(rows, options, sha256=file_sha256(gold_path), found=found)
     examples = []
-    for record in stored:
-        labels = gold.labels.get(record.id)
+    for record_id, record in stored:
+        labels = gold.labels.get(record_id)
         if labels:
             targets = tuple(
                 question.option_ids.index(labels[question.id]) if question.id in labels else -1
@@ -289,7 +295,7 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
-    examples, gold = gold_examples(reader, settings.gold)
+    examples, gold = gold_examples(reader, settings.gold, checkpoint, settings.scored)
     if not examples:
         first = f" (first problem: {gold.problems[0].message})" if gold.problems else ""
         raise UsageError(f"gold file {settings.gold} matches no stored record of {settings.checkpoint}{first}")
