@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from clef_cli import __version__
 from clef_cli.inputs.readers import load_questions_file, read_records
@@ -90,11 +90,9 @@ def write_job_output(
     settings: ScoreSettings, results: pa.Table, metadata: dict[str, str], passthrough: Any = None
 ) -> OutputCounts:
     """The job's Parquet output from its committed results (any engine), in input order. With
-    --limit, records that an earlier, longer run committed stay in the checkpoint but not here."""
+    --limit, the ledger holds only the first records, so the rest of the store stays out of it."""
     from clef_cli.quality.calibrate import load_calibration
 
-    if settings.limit is not None:
-        results = results.filter(pc.less(results.column("record_index"), settings.limit))
     remove_stale_temporaries(settings.output)
     spec = OutputSpec(
         path=settings.output,
@@ -121,10 +119,15 @@ class Job:
     started: float
 
     def results(self, store: Checkpoint | None = None) -> pa.Table:
-        """The job's rows, gathered by key from `store` (default: the job's checkpoint)."""
+        """The job's rows, gathered by key from `store` (default: the job's checkpoint) into a
+        spill file there, memory-mapped, so writing the output keeps memory flat."""
         store = store or self.checkpoint
         assert store.index is not None
-        return self.ledger.results(store.index, store.shard_table)
+        spill = store.path / f".gathered.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            return self.ledger.results(store.index, store.shard_table, spill)
+        finally:
+            spill.unlink(missing_ok=True)  # the mapping stays valid; the next open removes leftovers
 
     def finish(
         self,

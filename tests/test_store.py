@@ -65,28 +65,39 @@ def assert_same_output(got: Path, want: Path) -> None:
 
 def test_night_two_runs_only_the_new_prompts_and_equals_a_fresh_run(tmp_path):
     store = tmp_path / "store.ckpt"
-    night1 = [ticket(number) for number in range(10)] + [{"id": "broken", "state": "x", "questions": {}}]
+    night1 = [ticket(number) for number in range(6)] + [{"id": "broken", "state": "x", "questions": {}}]
     first = score(write_jsonl(tmp_path / "n1.jsonl", night1), tmp_path / "n1.parquet", "--checkpoint", str(store))
-    assert first == (10, 0, 0, 0)
+    assert first == (6, 0, 0, 0)
 
     night2 = [dict(record) for record in night1]
     night2[3] = ticket(3, "this ticket was edited")  # one edited
-    night2 += [ticket(number) for number in (10, 11)]  # two appended
+    night2 += [ticket(number) for number in (6, 7)]  # two appended
     night2 += [{**ticket(number), "id": f"copy-{number}"} for number in (1, 2)]  # two copies under new ids
     random.Random(7).shuffle(night2)
     inputs = write_jsonl(tmp_path / "n2.jsonl", night2)
-    # 3 new prompts run; the 9 unchanged tickets come from the store; 2 copies collapse
-    assert score(inputs, tmp_path / "n2.parquet", "--checkpoint", str(store)) == (3, 9, 2, 0)
-    assert score(inputs, tmp_path / "fresh.parquet") == (3 + 9, 0, 2, 0)
+    # the oracle, a direct loop over the records' content: new prompts run, the others are reused
+    # from the store, later copies collapse
+    content = lambda record: json.dumps([record["state"], record["questions"]], sort_keys=True)  # noqa: E731
+    valid = [content(record) for record in night2 if record["questions"]]
+    before = {content(record) for record in night1 if record["questions"]}
+    new, reused = len(set(valid) - before), len(set(valid) & before)
+    assert (new, reused) == (3, 5)  # one edited and two appended; five unchanged
+    stats = tmp_path / "stats.json"
+    counts = score(inputs, tmp_path / "n2.parquet", "--checkpoint", str(store), "--stats-json", str(stats))
+    assert counts == (new, reused, len(valid) - len(set(valid)), 0)
+    assert json.loads(stats.read_text())["counts"] == {
+        "run": new, "forwarded": new, "reused": reused, "duplicates": len(valid) - len(set(valid)), "retried": 0
+    }  # fmt: skip
+    assert score(inputs, tmp_path / "fresh.parquet") == (new + reused, 0, 2, 0)
     assert_same_output(tmp_path / "n2.parquet", tmp_path / "fresh.parquet")
     output = {row["id"]: row for row in rows(tmp_path / "n2.parquet")}
     assert output["broken"]["error_kind"] == "invalid" and output["broken"]["record_key"] is None
     assert output["copy-1"]["answers"] == output["t001"]["answers"]
     assert output["copy-1"]["record_key"] == output["t001"]["record_key"]
     metadata = pq.read_schema(tmp_path / "n2.parquet").metadata
-    assert metadata[b"clef.records_reused"] == b"9" and metadata[b"clef.records_duplicates"] == b"2"
+    assert metadata[b"clef.records_reused"] == b"5" and metadata[b"clef.records_duplicates"] == b"2"
     # a third night over the same table computes nothing
-    assert score(inputs, tmp_path / "n3.parquet", "--checkpoint", str(store)) == (0, 12, 2, 0)
+    assert score(inputs, tmp_path / "n3.parquet", "--checkpoint", str(store)) == (0, new + reused, 2, 0)
     assert_same_output(tmp_path / "n3.parquet", tmp_path / "fresh.parquet")
 
 

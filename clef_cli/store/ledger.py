@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from clef_cli.errors import ClefError
 from clef_cli.inputs.records import InvalidRecord, Record
@@ -152,15 +154,21 @@ class Ledger:
             while rows := cursor.fetchmany(chunk):
                 yield rows
 
-    def results(self, index: KeyIndex, shard_table: Callable[[str], pa.Table]) -> pa.Table:
+    def results(self, index: KeyIndex, shard_table: Callable[[str], pa.Table], spill: Path) -> pa.Table:
         """One row per record of this job: its key's stored row under its own id and index;
-        invalid records from the ledger. `index`/`shard_table`: the store to gather from."""
-        pieces = []
+        invalid records from the ledger. `index`/`shard_table`: the store to gather from. Rows
+        are written to `spill` chunk by chunk and returned memory-mapped (memory stays flat)."""
+        with ipc.new_file(str(spill), RESULT_SCHEMA) as writer:
+            for piece in self._gathered(index, shard_table):
+                writer.write_table(piece)
+        return ipc.open_file(pa.memory_map(str(spill))).read_all()
+
+    def _gathered(self, index: KeyIndex, shard_table: Callable[[str], pa.Table]) -> Iterator[pa.Table]:
         for rows in self._rows():
             found = index.locate(sorted({key for _, _, key, _ in rows if key is not None}))
             invalid = [FailedRecord(rid, pos, err or "", kind="invalid") for pos, rid, key, err in rows if key is None]
             if invalid:
-                pieces.append(results_table([], invalid))
+                yield results_table([], invalid)
             by_shard: dict[str, list[tuple[int, int, str]]] = {}
             for position, record_id, key, _ in rows:
                 if key is None:
@@ -175,5 +183,4 @@ class Ledger:
                 taken = shard_table(shard).take(pa.array([row for row, _, _ in wanted], pa.int64()))
                 taken = taken.set_column(0, "id", pa.array([rid for _, _, rid in wanted], pa.string()))
                 taken = taken.set_column(1, "record_index", pa.array([pos for _, pos, _ in wanted], pa.int64()))
-                pieces.append(taken.cast(RESULT_SCHEMA))
-        return pa.concat_tables(pieces) if pieces else RESULT_SCHEMA.empty_table()
+                yield taken.cast(RESULT_SCHEMA)
