@@ -62,10 +62,14 @@ def test_ray_run_equals_the_single_process_run(ray_cluster, inputs, local_rows, 
     summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet", **SMALL_JOB)).run()
     assert summary.records == 317 and summary.failed == 2
     table = pq.read_table(tmp_path / "ray.parquet")
-    assert table.schema.names == ["id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"]
+    assert table.schema.names == [
+        "id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "error_kind", "answers", "record_key"
+    ]  # fmt: skip
     assert table.schema.metadata[b"clef.engine"] == b"ray"
     rows = table.to_pylist()
     assert_same_rows(rows, local_rows, probability_tolerance=1e-5)
+    keyed = lambda table: [(row["record_key"], row["error_kind"]) for row in table]  # noqa: E731
+    assert keyed(rows) == keyed(local_rows)
     errors = {row["id"]: row["error"] for row in rows if row["error"]}
     assert errors["bad"].startswith("record 'bad', field 'questions.q.type'")
     assert errors["s2"] == "record 's2', field 'id': duplicate record id (first used by record 19)"
@@ -99,6 +103,7 @@ def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_clust
     committed = first.committed
     assert 60 <= committed < 317
     second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)).run()
-    assert second.resumed == committed
-    assert second.committed == 317 - committed  # nothing committed is read or scored again
+    assert second.resumed == committed  # every committed row is one key, reused now
+    # nothing committed is read or scored again; the 2 invalid records and later copies never run
+    assert second.committed == second.run == 317 - 2 - second.duplicates - committed
     assert_same_rows(pq.read_table(tmp_path / "resumed.parquet").to_pylist(), local_rows, probability_tolerance=1e-5)
