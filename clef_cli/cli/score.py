@@ -121,7 +121,8 @@ def score(
     limits: MediaLimits | None = None,  # replaced by the five media-limit options (with_media_limits)
 ) -> None:
     """Score records into Parquet: one row per input record, in input order, with a probability
-    for every option of every question. Resumes from its checkpoint when rerun.
+    for every option of every question. Prompts already in the checkpoint (a store keyed by
+    prompt: an interrupted run, last night's table) are not run again.
 
     \b
     Examples:

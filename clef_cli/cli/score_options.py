@@ -76,7 +76,11 @@ ScoreQuietOption = Annotated[
 
 # The checkpoint
 CheckpointOption = Annotated[
-    Path | None, typer.Option("--checkpoint", help="Checkpoint folder (default: OUTPUT.ckpt beside the output).")
+    Path | None,
+    typer.Option(
+        "--checkpoint",
+        help="Checkpoint folder, a store of results by prompt any run may share (default: OUTPUT.ckpt).",
+    ),
 ]
 HiddenStatesOption = Annotated[
     HiddenStates,
