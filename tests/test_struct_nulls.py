@@ -220,7 +220,7 @@ def test_inspect_spans_honours_the_rule_and_the_option(tmp_path):
     assert 'STATE:\n{"meta":null,"n":null,"text":"hello"}\n' in null_view.stdout
 
 
-def test_score_records_the_choice_in_manifest_and_provenance(tmp_path):
+def test_score_records_the_choice_in_keys_and_provenance(tmp_path):
     path = write_struct_parquet(tmp_path / "r.parquet")
     common = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-states", "drop"]
     refused = runner.invoke(app, ["score", str(path), "-o", str(tmp_path / "refused.parquet"), *common])
@@ -234,11 +234,14 @@ def test_score_records_the_choice_in_manifest_and_provenance(tmp_path):
     assert runner.invoke(app, ["score", str(jsonl), "-o", str(oracle_out), *common]).exit_code == 0
     assert pq.read_table(out).to_pylist() == pq.read_table(oracle_out).to_pylist()
     assert pq.read_schema(out).metadata[b"clef.struct_nulls"] == b"absent"
-    manifest = json.loads((tmp_path / "absent.parquet.ckpt" / "manifest.json").read_text())
-    assert manifest["settings"]["struct_nulls"] == "absent"
+    # the choice shapes the records, so it is in their keys: the records it changes run again
+    # on the same store, and the output is a fresh `null` run's
     changed = runner.invoke(app, ["score", str(path), "-o", str(out), "--struct-nulls", "null", *common])
-    assert changed.exit_code == 1, changed.output
-    assert "settings.struct_nulls: checkpoint has absent, this run has null (use --restart" in changed.stderr
+    assert changed.exit_code == 0, changed.output
+    fresh = tmp_path / "fresh-null.parquet"
+    assert runner.invoke(app, ["score", str(path), "-o", str(fresh), "--struct-nulls", "null", *common]).exit_code == 0
+    assert pq.read_table(out).to_pylist() == pq.read_table(fresh).to_pylist()
+    assert pq.read_schema(out).metadata[b"clef.struct_nulls"] == b"null"
 
 
 def test_readme_snippet_writes_records_losslessly(tmp_path):
