@@ -200,3 +200,15 @@ def test_train_head_reaches_stored_states_through_record_key(tmp_path):
         checkpoint.close()
     assert [example.stored.id for example in examples] == ["t001"]
     assert examples[0].targets == (sorted(["billing", "tech", "other"]).index("tech"),)
+
+
+def test_a_lost_or_damaged_key_index_is_rebuilt_from_the_journal(tmp_path):
+    inputs = write_jsonl(tmp_path / "in.jsonl", [ticket(n) for n in range(3)])
+    store = tmp_path / "store.ckpt"
+    assert score(inputs, tmp_path / "a.parquet", "--checkpoint", str(store)) == (3, 0, 0, 0)
+    for path in store.glob("keys.sqlite*"):
+        path.unlink()
+    assert score(inputs, tmp_path / "b.parquet", "--checkpoint", str(store)) == (0, 3, 0, 0)
+    (store / "keys.sqlite").write_bytes(b"not a database" * 100)
+    assert score(inputs, tmp_path / "c.parquet", "--checkpoint", str(store)) == (0, 3, 0, 0)
+    assert_same_output(tmp_path / "c.parquet", tmp_path / "a.parquet")
