@@ -282,7 +282,8 @@ class Checkpoint:
         except OSError as error:
             raise ClefError(
                 f"could not commit to the checkpoint {self.path}: {error.strerror or error}; the "
-                "records committed before are kept: make room and rerun the same command to continue"
+                f"{sum(entry.records for entry in self.entries)} records committed before are kept: make room "
+                "and rerun the same command to continue"
             ) from error
 
     def _commit(self, results: pa.Table, hidden: HiddenPayload | None, hidden_file: dict[str, Any] | None) -> None:
