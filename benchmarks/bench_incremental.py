@@ -9,7 +9,8 @@ edited, 5% appended, 10% exact copies of other records under new ids, and the or
 the same checkpoint. A fresh run over night 2's table (its own checkpoint) is the baseline: it
 computes every distinct prompt. Night 3 scores night 2's table again: nothing runs, so its wall
 time is the fixed cost of a run (start-up, keying, writing the output; the model is not loaded).
-Printed: the records each run put through the model, its wall time, and the ratios. Each run is a `clef score` process on the tiny fixture model on the CPU.
+Printed: the records each run put through the model, its wall time, and the ratios. Each run
+is a `clef score` process on the tiny fixture model on the CPU.
 
 `--index-keys K` then measures the key index alone: peak RSS of a fresh process that indexes K
 keys into keys.sqlite and keys a K-record ledger against it (the part of a run whose memory grows
