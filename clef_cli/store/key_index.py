@@ -97,12 +97,10 @@ class KeyIndex:
 
     def runs(self) -> list[dict[str, Any]]:
         with self.lock:
-            rows = self.db.execute(
-                "SELECT r.seq, r.run_id, r.started, r.finished, r.counts, "
-                "(SELECT COUNT(*) FROM keys k WHERE k.last_run = r.seq) FROM runs r ORDER BY r.seq"
-            ).fetchall()
-        keys = ("seq", "run_id", "started", "finished", "counts", "keys_last_used")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+            rows = self.db.execute("SELECT seq, run_id, started, finished, counts FROM runs ORDER BY seq").fetchall()
+            used = dict(self.db.execute("SELECT last_run, COUNT(*) FROM keys GROUP BY last_run").fetchall())
+        names = ("seq", "run_id", "started", "finished", "counts")
+        return [dict(zip(names, row, strict=True)) | {"keys_last_used": used.get(row[0], 0)} for row in rows]
 
     # ------------------------------------------------------------------ shards
 
@@ -159,15 +157,6 @@ class KeyIndex:
     def mark_used(self, keys: Iterable[str], run_seq: int) -> None:
         with self.transaction() as db:
             db.executemany("UPDATE keys SET last_run = MAX(last_run, ?) WHERE key = ?", ((run_seq, k) for k in keys))
-
-    def stale_keys_by_shard(self, kept_runs: Sequence[int]) -> dict[str, int]:
-        """Shard -> how many of its indexed keys no kept run used."""
-        marks = ",".join("?" * len(kept_runs)) or "NULL"
-        with self.lock:
-            rows = self.db.execute(
-                f"SELECT shard, COUNT(*) FROM keys WHERE last_run NOT IN ({marks}) GROUP BY shard", list(kept_runs)
-            ).fetchall()
-        return dict(rows)
 
     def live_rows(self, shard: str, kept_runs: Sequence[int] | None = None) -> list[int]:
         """Rows of `shard` the index points to (used by a kept run, when `kept_runs` is given)."""
