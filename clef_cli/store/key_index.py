@@ -15,7 +15,7 @@ import contextlib
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,10 +153,6 @@ class KeyIndex:
                 ):
                     found[key] = (shard, row)
         return found
-
-    def mark_used(self, keys: Iterable[str], run_seq: int) -> None:
-        with self.transaction() as db:
-            db.executemany("UPDATE keys SET last_run = MAX(last_run, ?) WHERE key = ?", ((run_seq, k) for k in keys))
 
     def live_rows(self, shard: str, kept_runs: Sequence[int] | None = None) -> list[int]:
         """Rows of `shard` the index points to (used by a kept run, when `kept_runs` is given)."""
