@@ -177,7 +177,7 @@ def encode_record(record: Record) -> EncodedRecord | tuple[str, str]:
     return encoded
 
 
-CRASHED = "the encoding process crashed on this record (a media decoder failed hard); it is tried again next run"
+CRASHED = "the encoding process crashed on this record (a media decoder failed hard)"
 
 
 def planning_crashed(record: Record) -> Planned:
