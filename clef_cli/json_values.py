@@ -54,9 +54,9 @@ def kind_of(value: Any) -> str:
 
 
 def child_path(path: str, key: Any) -> str:
-    """`path.key` for a plain key, else `path[<repr>]` (so a message never carries raw bad text)."""
-    if isinstance(key, str) and key and key.isprintable() and not unencodable(key):
-        return f"{path}.{key}"
+    """`path.key`; a character that is not Unicode shows as U+FFFD, so a message is always text."""
+    if isinstance(key, str) and key:
+        return f"{path}." + "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in key)
     return f"{path}[{key!r}]"
 
 
@@ -74,7 +74,7 @@ def json_problem(value: Any, path: str) -> tuple[str, str] | None:
             continue
         elif isinstance(item, (Mapping, list, tuple)):
             if depth >= MAX_NESTING:
-                return where, f"nested deeper than {MAX_NESTING} levels of arrays and objects"
+                return shortened(where), f"nested deeper than {MAX_NESTING} levels of arrays and objects"
             if isinstance(item, Mapping):
                 problem = _keys_problem(item, where)
                 if problem:
@@ -85,6 +85,11 @@ def json_problem(value: Any, path: str) -> tuple[str, str] | None:
         else:
             return where, f"{kind_of(item)} where JSON was expected"
     return None
+
+
+def shortened(path: str, limit: int = 80) -> str:
+    """A long field path with its middle left out (a path 200 levels deep is no help in a message)."""
+    return path if len(path) <= limit else f"{path[: limit - 30]}...{path[-25:]}"
 
 
 def _keys_problem(item: Mapping[Any, Any], where: str) -> tuple[str, str] | None:
@@ -112,4 +117,4 @@ def unreadable_json(error: Exception) -> str:
     """Why json.loads gave up on text that may be valid JSON: nesting, or an integer too long."""
     if isinstance(error, RecursionError):
         return "nested deeper than the JSON parser allows"
-    return str(error)
+    return str(error).split(";")[0]  # drop Python's hint at sys.set_int_max_str_digits

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
@@ -84,6 +85,7 @@ def nan_head_folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_rehead_turns_non_finite_results_into_errors(tmp_path):
     inputs = write_jsonl(tmp_path / "in.jsonl", records())
     output = tmp_path / "out.parquet"

@@ -3,56 +3,17 @@ file system can open: each is that record's error naming the entry (processor on
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
-import soundfile
-from PIL import Image
 
-from clef_cli.errors import RecordError
+from clef_cli.errors import UNEXPECTED, RecordError
 from clef_cli.prompt import PromptEncoder
 from clef_cli.records import Record, RecordBuilder
 
-NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
-
-
-def wav_bytes(samples: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    soundfile.write(buffer, samples.astype(np.float32), 16000, format="WAV", subtype="FLOAT")
-    return buffer.getvalue()
-
-
-def png_bytes(size: tuple[int, int] = (8, 8)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, (200, 30, 30)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def data_url(mime: str, payload: bytes) -> str:
-    return f"data:{mime};base64," + base64.b64encode(payload).decode("ascii")
-
-
-def video_with_soundtrack(path: Path, samples: np.ndarray) -> Path:
-    """A Matroska file: four 64x64 frames and a float PCM soundtrack (which may hold NaN)."""
-    with av.open(str(path), "w", format="matroska") as out:
-        video = out.add_stream("mpeg4", rate=4)
-        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
-        audio = out.add_stream("pcm_f32le", rate=16000)
-        audio.layout = "mono"
-        for step in range(4):
-            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 40 * step, np.uint8), format="rgb24")
-            for packet in video.encode(frame):
-                out.mux(packet)
-        sound = av.AudioFrame.from_ndarray(samples.astype(np.float32).reshape(1, -1), format="flt", layout="mono")
-        sound.sample_rate = 16000
-        for packet in [*audio.encode(sound), *video.encode(), *audio.encode()]:
-            out.mux(packet)
-    return path
+from .hostile import NOUL, SECOND, data_url, png_bytes, video_with_soundtrack, wav_bytes
 
 
 def record(tmp_path: Path, **media: list[str]) -> Record:
@@ -66,9 +27,6 @@ def encode_error(processor, built: Record) -> RecordError:
         PromptEncoder(processor, max_length=4096).encode(built)
     assert caught.value.record_id == "m"
     return caught.value
-
-
-SECOND = np.arange(16000) / 16000
 
 
 @pytest.mark.parametrize(
@@ -150,3 +108,13 @@ def test_fifos_symlink_loops_and_devices_are_refused_without_blocking(processor,
         error = encode_error(processor, record(tmp_path, **{field: [entry]}))
         assert (error.field, error.message[: len(expected)]) == (f"{field}[0]", expected)
     assert error.message.endswith("loop_a.png: Too many levels of symbolic links")
+
+
+def test_a_last_guard_names_the_encoding_step_that_failed(processor, tmp_path):
+    """A library caller may build a `Record` without the builder's checks; a value the encoder
+    cannot render is still that record's error, naming the field, not a crash of the job."""
+    built = record(tmp_path)
+    unchecked = Record(id="m", index=0, state=b"raw bytes", questions=built.questions)
+    error = encode_error(processor, unchecked)
+    assert error.field == "state"
+    assert error.message.startswith(f"{UNEXPECTED} (TypeError: Object of type bytes is not JSON serializable)")

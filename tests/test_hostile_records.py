@@ -17,7 +17,7 @@ from clef_cli.errors import UNEXPECTED, UsageError
 from clef_cli.json_values import MAX_NESTING
 from clef_cli.ray_reading import Slice, read_slice
 from clef_cli.readers import load_questions_file, read_records
-from clef_cli.records import InvalidRecord, Record
+from clef_cli.records import InvalidRecord, Record, RecordBuilder
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 LONE = "\ud800"
@@ -64,14 +64,14 @@ def test_lines_the_json_parser_cannot_hold_follow_the_malformed_line_rule(tmp_pa
 TEXT_PATHS = [
     ({"state": LONE}, "state"),
     ({"state": {"a": [1, {"b": LONE}]}}, "state.a[1].b"),
-    ({"state": {LONE: 1}}, "state['\\ud800']"),
+    ({"state": {LONE: 1}}, "state.\ufffd"),
     ({"questions": {"q": {"type": "noul", "instructions": LONE}}}, "questions.q.instructions"),
     ({"questions": {"q": {"type": "noul", "instructions": {"x": [LONE]}}}}, "questions.q.instructions.x[0]"),
     ({"questions": {"q": {"type": "noul", "criteria": {"true": LONE}}}}, "questions.q.criteria.true"),
     ({"questions": {"q": {"type": "choice", "criteria": {"a": LONE}}}}, "questions.q.criteria.a"),
-    ({"questions": {"q": {"type": "choice", "criteria": {LONE: "x"}}}}, "questions.q.criteria['\\ud800']"),
+    ({"questions": {"q": {"type": "choice", "criteria": {LONE: "x"}}}}, "questions.q.criteria.\ufffd"),
     ({"questions": {"q": {"type": "score", "criteria": ["low", LONE]}}}, "questions.q.criteria[1]"),
-    ({"questions": {LONE: {"type": "noul"}}}, "questions['\\ud800']"),
+    ({"questions": {LONE: {"type": "noul"}}}, "questions.\ufffd"),
     ({"questions": {"q": {"type": LONE}}}, "questions.q.type"),
     ({"images": ["a.png", LONE]}, "images[1]"),
     ({"videos": [LONE + ".mp4"]}, "videos[0]"),
@@ -185,3 +185,12 @@ def test_json_and_questions_files_too_deep_are_usage_errors(tmp_path):
     (tmp_path / "q.json").write_text(json.dumps({"q": {"type": "noul", "instructions": LONE}}))
     with pytest.raises(UsageError, match="lone UTF-16 surrogate"):
         load_questions_file(tmp_path / "q.json")
+
+
+def test_a_last_guard_turns_what_validation_missed_into_the_records_error():
+    """Only a Python caller can hand over an integer id too long for `str` (JSON's parser refuses
+    it first); the builder's last guard still makes it that record's error, saying it was unexpected."""
+    built = RecordBuilder().build({"id": 10**5000, "state": "s", "questions": NOUL}, 4, None)
+    assert isinstance(built, InvalidRecord)
+    assert (built.id, built.index) == ("4", 4)
+    assert built.error.startswith(f"record '4': {UNEXPECTED} (ValueError: Exceeds the limit (4300 digits)")
