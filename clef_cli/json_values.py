@@ -53,10 +53,17 @@ def kind_of(value: Any) -> str:
     return f"a value of type {type(value).__name__} (not JSON)"
 
 
+def without_lone_surrogates(text: str) -> str:
+    """The text with each character that is not Unicode (a lone surrogate) shown as U+FFFD."""
+    if not unencodable(text):
+        return text
+    return "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in text)
+
+
 def child_path(path: str, key: Any) -> str:
     """`path.key`; a character that is not Unicode shows as U+FFFD, so a message is always text."""
     if isinstance(key, str) and key:
-        return f"{path}." + "".join("\ufffd" if 0xD800 <= ord(char) <= 0xDFFF else char for char in key)
+        return f"{path}.{without_lone_surrogates(key)}"
     return f"{path}[{key!r}]"
 
 

@@ -301,9 +301,9 @@ RAW_LINES: list[tuple[str, str, bytes]] = [
 ]
 
 GOOD: list[dict] = [
-    {"id": "good-text", "state": {"ticket": "refund please", "n": 3}, "questions": ALL_TYPES},
-    {"id": 17, "state": "integer ids are fine", "questions": NOUL},
-    {"id": "good-image", "state": "look", "questions": NOUL, "images": ["image_a.png"]},
+    {"id": "good-text", "state": {"ticket": "refund please", "n": 3}, "questions": ALL_TYPES, "note": "fine"},
+    {"id": 17, "state": "integer ids are fine", "questions": NOUL, "note": "x" + LONE},
+    {"id": "good-image", "state": "look", "questions": NOUL, "images": ["image_a.png"], "note": 2**70},
     {"id": "good-audio", "state": "listen", "questions": NOUL, "audio": ["tone_16k_mono.wav"]},
     {"id": "good-video", "state": "watch", "questions": NOUL, "videos": ["clip_av.mp4"]},
     {"id": "good-url", "state": "inline", "questions": NOUL, "images": [data_url("image/png", png_bytes())]},
@@ -339,13 +339,13 @@ def build_corpus(folder: Path) -> Corpus:
         lines.append(line)
         corpus.expected.append((row_id, error))
 
-    add(json.dumps(GOOD[0]).encode(), "good-text", None)
+    add(json.dumps(GOOD[0]).encode("ascii"), "good-text", None)
     for number, (_, error, record) in enumerate(JSONL_CASES):
         i = len(lines)
         add(json.dumps(record).encode("ascii"), row_id_of(record, i), error.format(i=i))
         if number % 10 == 0 and number // 10 + 1 < len(GOOD):
             good = GOOD[number // 10 + 1]
-            add(json.dumps(good).encode(), str(good["id"]), None)
+            add(json.dumps(good).encode("ascii"), str(good["id"]), None)
     for _, error, raw in RAW_LINES:
         add(raw, str(len(lines)), error.format(n=len(lines) + 1))
     (folder / "corpus.jsonl").write_bytes(b"\n".join(lines) + b"\n")

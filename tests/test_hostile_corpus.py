@@ -27,11 +27,14 @@ def test_one_job_over_the_hostile_corpus_fails_only_the_bad_records(tmp_path):
     output = tmp_path / "out.parquet"
     command = [sys.executable, "-m", "clef_cli", "score", *map(str, corpus.inputs), "-o", str(output)]
     command += ["--model", str(TINY_MODEL), "--hidden-states", "drop", "--max-length", "4096", "--quiet"]
+    command += ["--keep-columns", "note"]  # pass-through text that is not Unicode, an integer past int64
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 3, done.stderr
     good = len(corpus.expected) - corpus.bad
     assert done.stderr.startswith(f"{good} scored, {corpus.bad} failed of {len(corpus.expected)} records")
     rows = pq.read_table(output).to_pylist()
+    notes = {row["id"]: row["note"] for row in rows if row["note"] is not None}
+    assert notes == {"good-text": "fine", "17": "x\ufffd", "good-image": str(2**70)}
     assert [row["record_index"] for row in rows] == list(range(len(corpus.expected)))
     assert [row["id"] for row in rows] == [row_id for row_id, _ in corpus.expected]
     for row, (_, error) in zip(rows, corpus.expected, strict=True):

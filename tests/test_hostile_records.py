@@ -15,6 +15,7 @@ import pytest
 
 from clef_cli.errors import UNEXPECTED, UsageError
 from clef_cli.json_values import MAX_NESTING
+from clef_cli.output import passthrough_types
 from clef_cli.ray_reading import Slice, read_slice
 from clef_cli.readers import load_questions_file, read_records
 from clef_cli.records import InvalidRecord, Record, RecordBuilder
@@ -194,3 +195,9 @@ def test_a_last_guard_turns_what_validation_missed_into_the_records_error():
     assert isinstance(built, InvalidRecord)
     assert (built.id, built.index) == ("4", 4)
     assert built.error.startswith(f"record '4': {UNEXPECTED} (ValueError: Exceeds the limit (4300 digits)")
+
+
+def test_pass_through_integers_past_int64_are_kept_whole_as_json_text(tmp_path):
+    path = write_ascii_jsonl(tmp_path / "r.jsonl", [{"id": "a", "n": 2**70}, {"id": "b", "n": -(2**64)}])
+    passthrough = passthrough_types([path], ["n"], None)
+    assert passthrough.types == {"n": pa.string()} and "n" in passthrough.as_text
