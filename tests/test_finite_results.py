@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from clef_cli.checkpoint import Checkpoint
 from clef_cli.cli import app
-from clef_cli.pipeline import ScoreJob
-from clef_cli.records import QUESTION_TYPES
-from clef_cli.scoring import Scorer
+from clef_cli.engines.local.pipeline import ScoreJob
+from clef_cli.inputs.records import QUESTION_TYPES
+from clef_cli.model.scoring import Scorer
+from clef_cli.store.checkpoint import Checkpoint
 
 from .helpers import TINY_MODEL, settings_for, write_jsonl
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import UNEXPECTED, RecordError
-from clef_cli.prompt import PromptEncoder
-from clef_cli.records import Record, RecordBuilder
+from clef_cli.inputs.records import Record, RecordBuilder
 
 from .hostile import NOUL, SECOND, data_url, png_bytes, video_with_soundtrack, wav_bytes
 

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from clef_cli.engines.ray.reading import Slice, read_slice
 from clef_cli.errors import UNEXPECTED, UsageError
-from clef_cli.json_values import MAX_NESTING
+from clef_cli.inputs.json_values import MAX_NESTING
+from clef_cli.inputs.readers import load_questions_file, read_records
+from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder
 from clef_cli.output import passthrough_types
-from clef_cli.ray_reading import Slice, read_slice
-from clef_cli.readers import load_questions_file, read_records
-from clef_cli.records import InvalidRecord, Record, RecordBuilder
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 LONE = "\ud800"

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clef_cli.engines.local.pipeline import ScoreJob
 from clef_cli.errors import UNEXPECTED
-from clef_cli.pipeline import ScoreJob
 
 from .helpers import settings_for
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, unexpected_error
-from clef_cli.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
-from clef_cli.parquet_rows import AmbiguousNulls
+from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
+from clef_cli.inputs.parquet_rows import AmbiguousNulls
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
 """Question type names and the ids the head's type embedding uses."""

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_cli.errors import RecordError
-from clef_cli.json_values import MAX_NESTING
-from clef_cli.parquet_rows import StructNulls, parquet_rows
-from clef_cli.readers import parse_jsonl_line, raw_rows
-from clef_cli.sources import InputFile
+from clef_cli.inputs.json_values import MAX_NESTING
+from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.readers import parse_jsonl_line, raw_rows
+from clef_cli.inputs.sources import InputFile
 
 JSONL_RANGE_BYTES = 64 << 20
 
