@@ -1,27 +1,21 @@
-"""Hostile inputs written by the tests themselves (nothing binary is committed): media makers and a
-corpus of records that each must become one named error, among good records that must score."""
+"""A corpus of hostile records written by the tests themselves (nothing binary is committed): each
+must become one named error, among good records that must score."""
 
 from __future__ import annotations
 
-import base64
 import datetime
-import io
 import json
 import os
 import shutil
-import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import soundfile
-from PIL import Image
 
 from .helpers import MEDIA
+from .media_makers import SECOND, data_url, png_bytes, png_header_only, video_with_soundtrack, wav_bytes
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 ALL_TYPES = {
@@ -30,50 +24,6 @@ ALL_TYPES = {
     "level": {"type": "score", "criteria": ["low", "mid", "high"]},
 }
 LONE = "\ud800"
-SECOND = np.arange(16000) / 16000
-
-
-def wav_bytes(samples: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    soundfile.write(buffer, samples.astype(np.float32), 16000, format="WAV", subtype="FLOAT")
-    return buffer.getvalue()
-
-
-def png_bytes(size: tuple[int, int] = (8, 8)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, (200, 30, 30)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def png_header_only(width: int, height: int) -> bytes:
-    """A PNG that claims `width` x `height` pixels and holds none (a decompression bomb's header)."""
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    chunk = b"IHDR" + header
-    ihdr = struct.pack(">I", len(header)) + chunk + struct.pack(">I", zlib.crc32(chunk))
-    end = struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND"))
-    return b"\x89PNG\r\n\x1a\n" + ihdr + end
-
-
-def data_url(mime: str, payload: bytes) -> str:
-    return f"data:{mime};base64," + base64.b64encode(payload).decode("ascii")
-
-
-def video_with_soundtrack(path: Path, samples: np.ndarray) -> Path:
-    """A Matroska file: four 64x64 frames and a float PCM soundtrack (which may hold NaN)."""
-    with av.open(str(path), "w", format="matroska") as out:
-        video = out.add_stream("mpeg4", rate=4)
-        video.width, video.height, video.pix_fmt = 64, 64, "yuv420p"
-        audio = out.add_stream("pcm_f32le", rate=16000)
-        audio.layout = "mono"
-        for step in range(4):
-            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 40 * step, np.uint8), format="rgb24")
-            for packet in video.encode(frame):
-                out.mux(packet)
-        sound = av.AudioFrame.from_ndarray(samples.astype(np.float32).reshape(1, -1), format="flt", layout="mono")
-        sound.sample_rate = 16000
-        for packet in [*audio.encode(sound), *video.encode(), *audio.encode()]:
-            out.mux(packet)
-    return path
 
 
 def nested(levels: int) -> object:

@@ -13,7 +13,8 @@ from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import UNEXPECTED, RecordError
 from clef_cli.inputs.records import Record, RecordBuilder
 
-from .hostile import NOUL, SECOND, data_url, png_bytes, video_with_soundtrack, wav_bytes
+from .hostile import NOUL
+from .media_makers import SECOND, data_url, png_bytes, video_with_soundtrack, wav_bytes
 
 
 def record(tmp_path: Path, **media: list[str]) -> Record:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from clef_cli.families.base import Family
 
+T = TypeVar("T")
+
 SYSTEM_PROMPT = (
     "Read the complete state and schema. Decide every field jointly. "
     "Each answer must be exactly one of that field's allowed options."
@@ -31,8 +33,6 @@ SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
 OPTIONS_HEADER = "\nALLOWED OPTIONS:\n"
 FIELD_END = "END FIELD\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
-T = TypeVar("T")
-DEFAULT_MAX_LENGTH = 64000
 """Clef-Omni's; each family has its own (`Family.default_max_length`)."""
 
 
