@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from clef_cli import __version__
-from clef_cli.cli import checkpoint, inspect, quality, score
+from clef_cli.cli import checkpoint, compare, inspect, quality, review, score
 from clef_cli.cli.console import stdout
 from clef_cli.cli.errors import ClefGroup
 
@@ -20,7 +20,8 @@ app = typer.Typer(
     cls=ClefGroup,
     help="Score records with Cloudflare's Clef-Omni decision model: a probability for every allowed "
     "option of every question, in Parquet. Exit codes: 0 success, 1 fatal error, 2 usage error, "
-    "3 finished but some records failed, 4 train-head's gate refused the head, 130 interrupted.",
+    "3 finished but some records failed, 4 train-head's gate refused the head, 5 compare's PSI exceeded "
+    "--fail-above-psi, 130 interrupted.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -51,6 +52,8 @@ app.command("inspect-spans")(inspect.command)
 app.command("eval")(quality.evaluate)
 app.command("calibrate")(quality.calibrate)
 app.command("train-head")(quality.train_head)
+app.command("review")(review.command)
+app.command("compare")(compare.command)
 app.add_typer(checkpoint.app, name="checkpoint")
 
 
