@@ -40,8 +40,9 @@ class ReviewQuestion:
 
     @property
     def entropy(self) -> float:
-        """−Σ p ln p in nats (0 ln 0 = 0)."""
-        return -sum(p * math.log(p) for p in self.probabilities if p > 0)
+        """−Σ p ln p in nats (0 ln 0 = 0), summed exactly (math.fsum), so ties do not depend on
+        the options' order."""
+        return -math.fsum(p * math.log(p) for p in self.probabilities if p > 0)
 
     @property
     def probability(self) -> float:
