@@ -29,7 +29,8 @@ def rejected_bad_prediction(client: LabelStudio, config: str, task: dict) -> str
 
 
 def main() -> None:
-    plan = json.loads(open(sys.argv[1], encoding="utf-8").read())
+    with open(sys.argv[1], encoding="utf-8") as handle:
+        plan = json.load(handle)
     client = LabelStudio(base_url=plan["url"], api_key=plan["token"])
     tasks = plan["tasks"]
     refused = rejected_bad_prediction(client, plan["config"], tasks[0])

@@ -20,7 +20,8 @@ def annotation(number: int, when: str, labels: dict[str, str], cancelled: bool =
     return {
         "id": number, "created_at": when, "updated_at": when, "was_cancelled": cancelled,
         "result": [
-            {"from_name": q, "to_name": "state", "type": "choices", "value": {"choices": [v]}} for q, v in labels.items()
+            {"from_name": q, "to_name": "state", "type": "choices", "value": {"choices": [v]}}
+            for q, v in labels.items()
         ],
     }  # fmt: skip
 
@@ -37,10 +38,11 @@ def export_tasks() -> tuple[list[dict], dict[str, dict[str, str]]]:
             annotation(4, "2026-01-01T10:00:00Z", {"severity": "3"}),
             annotation(5, "2026-01-03T10:00:00Z", {"severity": "0"}, cancelled=True),
         ]},
-        {"id": 4, "data": {"id": "r003"}, "annotations": [annotation(6, "2026-01-01T10:00:00Z", {"team": "billing"},
-                                                                    cancelled=True)]},  # fmt: skip
+        {"id": 4, "data": {"id": "r003"}, "annotations": [  # cancelled only: no gold
+            annotation(6, "2026-01-01T10:00:00Z", {"team": "billing"}, cancelled=True),
+        ]},
         {"id": 5, "data": {"id": "r004"}, "annotations": [], "predictions": [prediction]},  # never annotated
-    ]  # fmt: skip
+    ]
     expected = {"r000": {"team": "sales"}, "r001": {"team": "tech"}, "r002": {"severity": "3"}}
     return tasks, expected
 

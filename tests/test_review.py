@@ -57,7 +57,7 @@ def direct(path, questions=None) -> list[dict]:
         chosen = {q: v for q, v in entry["q"].items() if questions is None or q in questions}
         if not chosen:
             continue
-        tops = [heapq.nlargest(2, p) + [0.0] for p, _ in chosen.values()]
+        tops = [[*heapq.nlargest(2, p), 0.0] for p, _ in chosen.values()]
         entry["confidence"] = min(top[0] for top in tops)
         entry["margin"] = min(top[0] - top[1] for top in tops)
         entry["entropy"] = max(-math.fsum(x * math.log(x) for x in p if x > 0) for p, _ in chosen.values())
@@ -131,6 +131,7 @@ def test_label_studio_tasks_and_config(scored, tmp_path):
         results = {r["from_name"]: r for r in prediction["result"]}
         assert list(results) == list(record["chosen"])
         for qid, (probabilities, answer) in record["chosen"].items():
+            assert results[qid]["score"] == probabilities[SCHEMA[qid][1].index(answer)]
             assert results[qid]["value"] == {"choices": [answer]} and results[qid]["to_name"] == "state"
             assert answer in choices[qid]
 
@@ -261,3 +262,31 @@ def test_argilla_export_reads_back_as_gold(scored, tmp_path):
     found = json.loads(metrics.read_text())["questions"]
     assert found["team"]["n"] == sum("team" in v for v in expected.values())
     assert found["severity"]["n"] == sum("severity" in v for v in expected.values())
+
+
+def test_state_and_media_from_the_inputs(tmp_path):
+    """--records: the state as text (JSON compact, sorted keys) and media as local-files URLs
+    relative to --media-root; URLs pass through; tasks with fewer media get empty slots."""
+    (tmp_path / "img").mkdir()
+    inputs = [
+        {"id": "r000", "state": {"b": 1, "a": "x y"}, "images": ["img/a b.png", "https://h/x.png"]},
+        {"id": "r001", "state": "plain text", "audio": ["clip.wav"]},
+    ]
+    records_path = tmp_path / "records.jsonl"
+    records_path.write_text("".join(json.dumps(r) + "\n" for r in inputs))
+    scored = write_scored(tmp_path / "s.parquet", random_records(seed=2, n=2))
+    config = tmp_path / "c.xml"
+    tasks = review(scored, tmp_path, "--records", str(records_path), "--media-root", str(tmp_path),
+                   "--config-out", str(config))  # fmt: skip
+    data = {task["data"]["id"]: task["data"] for task in tasks}
+    assert data["r000"]["state"] == '{"a":"x y","b":1}' and data["r001"]["state"] == "plain text"
+    assert data["r000"]["image_0"] == "/data/local-files/?d=img/a%20b.png"
+    assert data["r000"]["image_1"] == "https://h/x.png" and data["r001"]["image_0"] == ""
+    assert data["r001"]["audio_0"] == "/data/local-files/?d=clip.wav" and data["r000"]["audio_0"] == ""
+    view = ElementTree.fromstring(config.read_text())
+    assert [(t.tag, t.get("value")) for t in view if t.tag in ("Image", "Audio")] == [
+        ("Image", "$image_0"), ("Image", "$image_1"), ("Audio", "$audio_0")
+    ]  # fmt: skip
+    outside = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "x.json"), "--records",
+                                  str(records_path), "--media-root", str(tmp_path / "img")])  # fmt: skip
+    assert outside.exit_code == 2 and "record 'r001', field 'audio'" in outside.stderr
