@@ -36,7 +36,7 @@ BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width conf
 
 
 def write_json(path: Path, document: Any) -> None:
-    from clef_cli.atomic import write_atomically
+    from clef_cli.store.atomic import write_atomically
 
     text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
     write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
