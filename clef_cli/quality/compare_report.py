@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.atomic import write_atomically
 from clef_cli.quality.compare import Comparison, QuestionDrift
 from clef_cli.quality.report import STYLE, _figure, _png
+from clef_cli.store.atomic import write_atomically
 
 OLD_COLOUR, NEW_COLOUR = "#7f8c8d", "#1f6fb4"
 FLIPS_SHOWN = 20

@@ -133,9 +133,9 @@ class ReviewResult:
 def run_review(settings: ReviewSettings) -> ReviewResult:
     """Select and order the records to review and write the review file (and the Label Studio
     config); both written atomically."""
-    from clef_cli.atomic import write_atomically
     from clef_cli.quality import review, review_content, review_formats
     from clef_cli.quality.gold import labelled_ids
+    from clef_cli.store.atomic import write_atomically
 
     if settings.limit is not None and settings.limit < 1:
         raise UsageError("--limit must be at least 1")

@@ -98,8 +98,8 @@ def from_scored(scored: ScoredFile, wanted: Collection[str], urls: MediaUrls) ->
 def from_inputs(paths: Iterable[str | Path], wanted: Collection[str], urls: MediaUrls) -> dict[str, Content]:
     """Content read from the original inputs (`--records`); relative media resolve against each
     input file's folder, as `clef score` resolved them. Ids default to the position, as in score."""
-    from clef_cli.readers import raw_rows
-    from clef_cli.sources import expand_inputs
+    from clef_cli.inputs.readers import raw_rows
+    from clef_cli.inputs.sources import expand_inputs
 
     found: dict[str, Content] = {}
     index = 0
