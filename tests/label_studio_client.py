@@ -3,14 +3,17 @@ virtual environment pins other numpy/pyarrow than ours), by tests/test_label_stu
 
 Usage: python label_studio_client.py PLAN.json, where PLAN holds url, token, config (XML text),
 tasks (clef review's JSON), annotations ([record id, [[from_name, choice], ...], was_cancelled]
-in posting order), export (path). Prints a JSON summary on stdout; fails loudly otherwise.
+in posting order), export (path), and media: {config, tasks, folder} for a second project whose
+tasks show media from a local-files storage on `folder`. Prints a JSON summary on stdout.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import sys
+import urllib.request
 
 from label_studio_sdk import LabelStudio
 from label_studio_sdk.core.api_error import ApiError
@@ -26,6 +29,24 @@ def rejected_bad_prediction(client: LabelStudio, config: str, task: dict) -> str
     except ApiError as error:
         return str(error.status_code)
     raise SystemExit("Label Studio accepted a prediction outside the config: validation is off")
+
+
+def media_project(client: LabelStudio, plan: dict) -> dict:
+    """Import tasks with media slots, connect the media folder as local-files storage, and fetch
+    every media URL the tasks hold through Label Studio (their SHA-256 by URL)."""
+    media = plan["media"]
+    project = client.projects.create(title="clef review with media", label_config=media["config"])
+    imported = client.projects.import_tasks(id=project.id, request=media["tasks"])
+    client.import_storage.local.create(project=project.id, path=media["folder"], title="clef media")
+    served = {}
+    headers = {"Authorization": f"Token {plan['token']}"}
+    for task in media["tasks"]:
+        for value in task["data"].values():
+            if isinstance(value, str) and value.startswith("/data/local-files/"):
+                request = urllib.request.Request(plan["url"] + value, headers=headers)
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    served[value] = hashlib.sha256(response.read()).hexdigest()
+    return {"task_count": imported.task_count, "prediction_count": imported.prediction_count, "served": served}
 
 
 def main() -> None:
@@ -55,6 +76,7 @@ def main() -> None:
         "prediction_count": imported.prediction_count,
         "predictions": predictions,
         "bad_prediction_status": refused,
+        "media": media_project(client, plan),
     }
     print(json.dumps(summary, default=str))
 

@@ -9,6 +9,7 @@ fails the test instead of skipping it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -27,7 +28,8 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.quality.gold import read_gold_rows
 
-from .helpers import SAMPLE_DATA, TINY_MODEL
+from .helpers import MEDIA, SAMPLE_DATA, TINY_MODEL
+from .scored_files import random_records, write_scored
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -60,6 +62,8 @@ def label_studio(tmp_path_factory):
         "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
         # Label Studio 1.23 only logs invalid predictions unless this flag is on: make it refuse them.
         "fflag_feat_utc_210_prediction_validation_15082025": "true",
+        "LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED": "true",
+        "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT": str(data / "media_root"),
     })  # fmt: skip
     command = [
         str(executable), "start", "--no-browser", "--internal-host", "127.0.0.1", "--port", str(port),
@@ -82,7 +86,7 @@ def label_studio(tmp_path_factory):
                 tail = (data / "server.log").read_text(errors="replace")[-3000:]
                 pytest.fail(f"Label Studio did not start (exit {server.poll()}):\n{tail}")
             time.sleep(3)
-        yield url
+        yield url, data / "media_root"
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
@@ -100,7 +104,29 @@ def scored(tmp_path_factory):
     return out
 
 
+def media_review(media_root: Path, tmp_path: Path) -> dict:
+    """Tasks whose records show images and audio under the local-files document root."""
+    folder = media_root / "posts" / "img"
+    folder.mkdir(parents=True)
+    for name in ("image_a.png", "image_b.png", "tone_16k_mono.wav"):
+        (folder / name).write_bytes((MEDIA / name).read_bytes())
+    inputs = [
+        {"id": "r000", "state": "two images", "images": ["img/image_a.png", "img/image_b.png"]},
+        {"id": "r001", "state": "one sound", "audio": ["img/tone_16k_mono.wav"]},
+        {"id": "r002", "state": {"text": "nothing else"}},
+    ]
+    records = media_root / "posts" / "records.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in inputs))
+    scored = write_scored(tmp_path / "media.parquet", random_records(seed=4, n=3))
+    tasks, config = tmp_path / "media_tasks.json", tmp_path / "media_config.xml"
+    result = runner.invoke(app, ["review", str(scored), "-o", str(tasks), "--config-out", str(config),
+                                 "--records", str(records), "--media-root", str(media_root)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return {"config": config.read_text(), "tasks": json.loads(tasks.read_text()), "folder": str(folder)}
+
+
 def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
+    label_studio, media_root = label_studio
     tasks_path, config_path = tmp_path / "tasks.json", tmp_path / "label_config.xml"
     result = runner.invoke(app, ["review", str(scored), "-o", str(tasks_path), "--config-out", str(config_path)])
     assert result.exit_code == 0, result.output
@@ -125,7 +151,7 @@ def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({
         "url": label_studio, "token": TOKEN, "config": config_path.read_text(), "tasks": tasks,
-        "annotations": annotations, "export": str(export),
+        "annotations": annotations, "export": str(export), "media": media_review(media_root, tmp_path),
     }))  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     client = Path(__file__).parent / "label_studio_client.py"
@@ -144,6 +170,12 @@ def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
         assert [(r["from_name"], r["value"]) for r in stored["result"]] == [
             (r["from_name"], r["value"]) for r in sent["result"]
         ]
+    media = summary["media"]
+    assert media["task_count"] == media["prediction_count"] == 3
+    expected_media = {"image_a.png", "image_b.png", "tone_16k_mono.wav"}
+    assert {url.rsplit("/", 1)[1] for url in media["served"]} == expected_media
+    for url, digest in media["served"].items():
+        assert digest == hashlib.sha256((MEDIA / url.rsplit("/", 1)[1]).read_bytes()).hexdigest()
     gold = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)}
     assert {k: v for k, v in gold.items() if v} == expected
     metrics = tmp_path / "metrics.json"
