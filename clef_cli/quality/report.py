@@ -29,7 +29,8 @@ th { text-align: left; background: #f4f4f4; } td.num { text-align: right; font-v
 """
 
 
-def _figure():
+def new_figure():
+    """A matplotlib figure in the reports' size (Agg backend: no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +40,8 @@ def _figure():
     return plt, figure, axes
 
 
-def _png(plt: Any, figure: Any) -> str:
+def png_uri(plt: Any, figure: Any) -> str:
+    """The figure as an inline PNG data: URI (reports are one self-contained file); closes it."""
     buffer = io.BytesIO()
     figure.tight_layout()
     figure.savefig(buffer, format="png")
@@ -49,7 +51,7 @@ def _png(plt: Any, figure: Any) -> str:
 
 def reliability_png(data: QuestionData, bins: int) -> str:
     table = metrics.reliability(data.probabilities, data.gold, bins)
-    plt, figure, axes = _figure()
+    plt, figure, axes = new_figure()
     edges = np.linspace(0, 1, bins + 1)
     centres = (edges[:-1] + edges[1:]) / 2
     counts = axes.twinx()
@@ -63,12 +65,12 @@ def reliability_png(data: QuestionData, bins: int) -> str:
     axes.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (max probability)", ylabel="accuracy")
     axes.set_title("Reliability")
     axes.legend(loc="upper left", fontsize=8)
-    return _png(plt, figure)
+    return png_uri(plt, figure)
 
 
 def confusion_png(data: QuestionData) -> str:
     matrix = np.array(metrics.confusion(data.probabilities, data.gold, data.option_ids)["matrix"])
-    plt, figure, axes = _figure()
+    plt, figure, axes = new_figure()
     axes.imshow(matrix, cmap="Blues")
     ticks = range(len(data.option_ids))
     axes.set_xticks(ticks, data.option_ids, rotation=45, ha="right", fontsize=8)
@@ -80,12 +82,12 @@ def confusion_png(data: QuestionData) -> str:
                 column, row, str(matrix[row, column]), ha="center", va="center", color="white" if dark else "black"
             )
     axes.set(xlabel="predicted", ylabel="gold", title="Confusion")
-    return _png(plt, figure)
+    return png_uri(plt, figure)
 
 
 def coverage_png(data: QuestionData, target: float, found: Mapping[str, Any]) -> str:
     cuts, coverage, accuracy = metrics.coverage_curve(data.probabilities, data.gold)
-    plt, figure, axes = _figure()
+    plt, figure, axes = new_figure()
     axes.plot(coverage, accuracy, "o-", markersize=3, color="#1f6fb4", label="accept if confidence ≥ c")
     axes.axhline(target, linestyle=":", color="#c0392b", label=f"target {target:g}")
     if found.get("threshold") is not None:
@@ -96,21 +98,21 @@ def coverage_png(data: QuestionData, target: float, found: Mapping[str, Any]) ->
     axes.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="coverage (share accepted)", ylabel="accuracy of accepted")
     axes.set_title("Accuracy vs coverage")
     axes.legend(loc="lower left", fontsize=8)
-    return _png(plt, figure)
+    return png_uri(plt, figure)
 
 
 def levels_png(data: QuestionData) -> str:
     levels = len(data.option_ids)
     gold = np.bincount(data.gold, minlength=levels)
     guess = np.bincount(metrics.predicted(data.probabilities), minlength=levels)
-    plt, figure, axes = _figure()
+    plt, figure, axes = new_figure()
     positions = np.arange(levels)
     axes.bar(positions - 0.2, gold, width=0.4, label="gold", color="#7f8c8d")
     axes.bar(positions + 0.2, guess, width=0.4, label="predicted (argmax)", color="#1f6fb4")
     axes.set_xticks(positions, data.option_ids)
     axes.set(xlabel="level", ylabel="records", title="Score levels")
     axes.legend(fontsize=8)
-    return _png(plt, figure)
+    return png_uri(plt, figure)
 
 
 def _number(value: Any) -> str:
