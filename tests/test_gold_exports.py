@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
+from clef_cli.errors import UsageError
 from clef_cli.quality.gold import read_gold_rows
 
 from .scored_files import random_records, write_scored
@@ -51,12 +52,12 @@ def test_label_studio_export_is_gold(tmp_path):
     tasks, expected = export_tasks()
     export = tmp_path / "export.json"
     export.write_text(json.dumps(tasks))
-    rows = dict(read_gold_rows(export))
+    rows = dict(read_gold_rows(export)[0])
     assert {k: v for k, v in rows.items() if v} == expected
     assert rows["r003"] == {} and rows["r004"] == {}
     jsonl = tmp_path / "export.jsonl"
     jsonl.write_text("".join(json.dumps(task) + "\n" for task in tasks))
-    assert dict(read_gold_rows(jsonl)) == rows
+    assert read_gold_rows(jsonl)[1] == [] and dict(read_gold_rows(jsonl)[0]) == rows
     scored = write_scored(tmp_path / "s.parquet", random_records(seed=1, n=8))
     metrics = tmp_path / "m.json"
     result = runner.invoke(app, ["eval", str(scored), "--gold", str(export), "--json", str(metrics)])
@@ -82,8 +83,11 @@ def test_forced_and_broken_exports(tmp_path):
     assert wrong.exit_code == 2 and "not a Label Studio task" in wrong.stderr
 
 
-@pytest.mark.parametrize("rows", [[], [{"id": "a", "labels": {}}]])
-def test_plain_tables_stay_tables(tmp_path, rows):
+def test_plain_tables_stay_tables(tmp_path):
     path = tmp_path / "gold.json"
+    rows = [{"id": "a", "labels": {}}, {"id": "b", "labels": {"team": "sales"}}]
     path.write_text(json.dumps(rows))
-    assert read_gold_rows(path) == [(row["id"], row["labels"]) for row in rows]
+    assert read_gold_rows(path)[0] == [(row["id"], row["labels"]) for row in rows]
+    path.write_text(json.dumps({"records": [], "settings": {}}))  # an empty Argilla document
+    with pytest.raises(UsageError, match="holds no rows"):
+        read_gold_rows(path)

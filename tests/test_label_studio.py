@@ -176,7 +176,7 @@ def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
     assert {url.rsplit("/", 1)[1] for url in media["served"]} == expected_media
     for url, digest in media["served"].items():
         assert digest == hashlib.sha256((MEDIA / url.rsplit("/", 1)[1]).read_bytes()).hexdigest()
-    gold = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)}
+    gold = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)[0]}
     assert {k: v for k, v in gold.items() if v} == expected
     metrics = tmp_path / "metrics.json"
     result = runner.invoke(app, ["eval", str(scored), "--gold", str(export), "--json", str(metrics)])

@@ -254,7 +254,7 @@ def test_argilla_export_reads_back_as_gold(scored, tmp_path):
     export.write_text(json.dumps(exported))
     from clef_cli.quality.gold import read_gold_rows
 
-    rows = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)}
+    rows = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)[0]}
     assert {k: v for k, v in rows.items() if v} == expected
     metrics = tmp_path / "m.json"
     result = runner.invoke(app, ["eval", str(scored), "--gold", str(export), "--json", str(metrics)])

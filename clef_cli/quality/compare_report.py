@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from clef_cli.quality.compare import Comparison, QuestionDrift
-from clef_cli.quality.report import STYLE, new_figure, png_uri
+from clef_cli.quality.report import STYLE, _figure, _legend, _png
 from clef_cli.store.atomic import write_atomically
 
 OLD_COLOUR, NEW_COLOUR = "#7f8c8d", "#1f6fb4"
@@ -22,22 +22,22 @@ FLIPS_SHOWN = 20
 
 def distribution_png(drift: QuestionDrift) -> str:
     old, new = drift.document["old"]["shares"], drift.document["new"]["shares"]
-    plt, figure, axes = new_figure()
+    figure, axes = _figure()
     positions = np.arange(len(drift.options))
     axes.bar(positions - 0.2, [old[o] for o in drift.options], width=0.4, label="old", color=OLD_COLOUR)
     axes.bar(positions + 0.2, [new[o] for o in drift.options], width=0.4, label="new", color=NEW_COLOUR)
     axes.set_xticks(positions, drift.options, rotation=45 if len(drift.options) > 4 else 0, ha="right", fontsize=8)
     axes.set(ylabel="share of shared records", title="Answers")
-    axes.legend(fontsize=8)
-    return png_uri(plt, figure)
+    _legend(figure, axes)
+    return _png(figure)
 
 
 def confidence_png(confidence: np.ndarray, run: str, colour: str) -> str:
-    plt, figure, axes = new_figure()
+    figure, axes = _figure()
     axes.hist(confidence, bins=np.linspace(0, 1, 21), color=colour)
     mean = f", mean {confidence.mean():.3f}" if confidence.size else ""
     axes.set(xlim=(0, 1), xlabel="confidence (max probability)", ylabel="records", title=f"Confidence, {run} run{mean}")
-    return png_uri(plt, figure)
+    return _png(figure)
 
 
 def _number(value: Any) -> str:
