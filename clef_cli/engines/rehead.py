@@ -20,9 +20,9 @@ from clef_cli.families import family_of
 from clef_cli.job import Job, open_job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.head import JointSchemaHead, load_joint_head
-from clef_cli.model.scoring import head_logits, scored_record
+from clef_cli.model.scoring import head_logits, non_finite_failure, scored_record
 from clef_cli.progress import Progress
-from clef_cli.results import results_table
+from clef_cli.results import FailedRecord, ScoredRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint, describe_differences
 from clef_cli.store.hidden_store import StoredRecord, pad_states
@@ -122,9 +122,17 @@ def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Che
         table = source.shard_table(entry_of[shard.path.name])
         indices, stored_keys = table.column("record_index").to_pylist(), table.column("record_key").to_pylist()
         key_of = dict(zip(indices, stored_keys, strict=True))
-        scored = results_table(_score_stored(head, lexical, stored, device), [])
-        keys = pa.array([key_of.get(index) for index in scored.column("record_index").to_pylist()], pa.string())
-        target.commit(scored.set_column(scored.schema.get_field_index("record_key"), "record_key", keys))
+        lengths = {record.encoded.record.index: record.length for record in stored}
+        checked = [
+            non_finite_failure(result, lengths[result.index]) or result
+            for result in _score_stored(head, lexical, stored, device)
+        ]
+        rows = results_table(
+            [result for result in checked if isinstance(result, ScoredRecord)],
+            [result for result in checked if isinstance(result, FailedRecord)],
+        )
+        keys = pa.array([key_of.get(index) for index in rows.column("record_index").to_pylist()], pa.string())
+        target.commit(rows.set_column(rows.schema.get_field_index("record_key"), "record_key", keys))
         tokens = sum(record.length for record in stored)
         job.summary.tokens += tokens
-        job.progress.advance(len(stored), tokens, 0)
+        job.progress.advance(len(checked), tokens, len(rows) - rows.column("error").null_count)

@@ -69,6 +69,8 @@ class TrainHeadSettings:
     device: str = "auto"
     force: bool = False
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
+    gold_format: str = "auto"
+    """auto, table, label-studio or argilla (see quality/gold_exports.py)."""
 
 
 class TrainProgress(Protocol):
@@ -110,13 +112,17 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
 
 
 def gold_examples(
-    reader: HiddenReader, gold_path: Path, checkpoint: Checkpoint | None = None, scored: Path | None = None
+    reader: HiddenReader,
+    gold_path: Path,
+    gold_format: str = "auto",
+    checkpoint: Checkpoint | None = None,
+    scored: Path | None = None,
 ) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position;
     with `scored`, gold ids reach the states through its record_key (`stored_gold`)."""
     from clef_cli.quality.stored_gold import gold_stored
 
-    rows, found = read_gold_rows(gold_path)
+    rows, found = read_gold_rows(gold_path, gold_format)
     stored = gold_stored(checkpoint, reader, {record_id for record_id, _ in rows}, scored)
     options = {
         record_id: {
@@ -295,7 +301,7 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
-    examples, gold = gold_examples(reader, settings.gold, checkpoint, settings.scored)
+    examples, gold = gold_examples(reader, settings.gold, settings.gold_format, checkpoint, settings.scored)
     if not examples:
         first = f" (first problem: {gold.problems[0].message})" if gold.problems else ""
         raise UsageError(f"gold file {settings.gold} matches no stored record of {settings.checkpoint}{first}")
