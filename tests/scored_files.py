@@ -60,7 +60,10 @@ def write_scored(
         if layout == "long":
             by_id = dict(zip([r[0] for r in records], values, strict=True))
             values = [by_id[record_id] for record_id in table.column("id").to_pylist()]
-        table = table.append_column(name, pa.array(values))
+        if name in table.column_names:  # a column clef writes (record_key): filled in place
+            table = table.set_column(table.column_names.index(name), name, pa.array(values, pa.string()))
+        else:
+            table = table.append_column(name, pa.array(values))
     default = {"clef.model": "org/clef-omni-test", "clef.head_sha256": "ab" * 32}
     table = table.replace_schema_metadata({**default, **(metadata or {})})
     pq.write_table(table, path)

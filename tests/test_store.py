@@ -194,8 +194,8 @@ def test_train_head_reaches_stored_states_through_record_key(tmp_path):
     checkpoint = Checkpoint.open_existing(store)
     try:
         reader = checkpoint.hidden_reader()
-        assert gold_examples(reader, gold, checkpoint)[0] == []  # the states are stored under t001
-        examples, _ = gold_examples(reader, gold, checkpoint, tmp_path / "b.parquet")
+        assert gold_examples(reader, gold, checkpoint=checkpoint)[0] == []  # the states are stored under t001
+        examples, _ = gold_examples(reader, gold, checkpoint=checkpoint, scored=tmp_path / "b.parquet")
     finally:
         checkpoint.close()
     assert [example.stored.id for example in examples] == ["t001"]

@@ -97,12 +97,12 @@ def read_scored(path: Path) -> ScoredFile:
     else:
         raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
     scored.metadata = metadata
-    if "record_key" in names:
-        scored.record_keys = _record_keys(path, table, scored)
+    if "record_key" in names and table.column("record_key").null_count < table.num_rows:
+        scored.record_keys = _record_keys(table, scored)
     return scored
 
 
-def _record_keys(path: Path, table: pa.Table, scored: ScoredFile) -> list[str]:
+def _record_keys(table: pa.Table, scored: ScoredFile) -> list[str]:
     """One `record_key` per record: the first row's (a long file repeats it on every row). An
     invalid record has none (it has no prompt): it is keyed by its id, `id:ID`."""
     first: dict[str, object] = {}
