@@ -36,10 +36,10 @@ def synthetic(count: int = 300) -> list[dict]:
     return rows
 
 
-def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progress=None):
+def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progress=None, block_records: int = 40):
     from clef_cli.engines.ray.job import RayScoreJob, RaySettings
 
-    cluster = RaySettings(num_workers=2, cpus_per_worker=0.5, block_records=40)
+    cluster = RaySettings(num_workers=2, cpus_per_worker=0.5, block_records=block_records)
     return RayScoreJob(settings, cluster, progress=progress, stop=stop)
 
 
@@ -99,11 +99,11 @@ def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_clust
     settings = settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)
     # the synthetic records repeat their prompts under other ids: only the distinct ones run
     distinct = len({row["record_key"] for row in local_rows if row["record_key"] is not None})
-    first = ray_job(settings, stop=stop, progress=StopAfter(stop, 20)).run()
+    first = ray_job(settings, stop=stop, progress=StopAfter(stop, 5), block_records=8).run()
     assert first.interrupted
     assert not (tmp_path / "resumed.parquet").exists()
     committed = first.committed
-    assert first.run == distinct and 20 <= committed < distinct
+    assert first.run == distinct and 5 <= committed < distinct
     second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)).run()
     assert second.resumed == committed  # every committed row is one key, reused now
     # nothing committed is read or scored again; the 2 invalid records and later copies never run
