@@ -38,11 +38,9 @@ def golden_mismatches(installed: dict[str, str] | None = None) -> list[str]:
 
     meta = json.loads((GOLDEN / "meta.json").read_text())
     installed = installed or {name: version(name) for name in ("torch", "transformers")}
-    accepted = {
-        "torch": {meta["versions"]["torch"]},
-        "transformers": {meta["versions"]["transformers"]}
-        | {check["transformers"] for check in meta.get("cross_checks", {}).values() if check["max_abs_logit_diff"] == 0},
-    }
+    checks = meta.get("cross_checks", {}).values()
+    checked = {check["transformers"] for check in checks if not check["max_abs_logit_diff"]}
+    accepted = {"torch": {meta["versions"]["torch"]}, "transformers": {meta["versions"]["transformers"], *checked}}
     return [
         f"{name} {installed[name]} (golden values: {', '.join(sorted(want))})"
         for name, want in accepted.items()

@@ -273,10 +273,11 @@ def test_the_choice_is_checked_in_the_library_and_the_cli(tmp_path):
 
 # Structs inside lists: `state.items` is a list of structs, so every element gets every key of every
 # element of every row. The second item of r1 and the first of r2 have no `qty`.
+ONE_QUESTION = {"q": {"type": "noul"}}
 LISTED = [
-    {"id": "r1", "state": {"items": [{"sku": "a", "qty": 2}, {"sku": "b"}]}, "questions": {"q": {"type": "noul"}}},
-    {"id": "r2", "state": {"items": [{"sku": "c"}], "tags": [[{"k": 1}]]}, "questions": {"q": {"type": "noul"}}},
-    {"id": "r3", "state": {"items": [{"sku": "d", "qty": 1}], "tags": [[{"k": 2}]]}, "questions": {"q": {"type": "noul"}}},
+    {"id": "r1", "state": {"items": [{"sku": "a", "qty": 2}, {"sku": "b"}]}, "questions": ONE_QUESTION},
+    {"id": "r2", "state": {"items": [{"sku": "c"}], "tags": [[{"k": 1}]]}, "questions": ONE_QUESTION},
+    {"id": "r3", "state": {"items": [{"sku": "d", "qty": 1}], "tags": [[{"k": 2}]]}, "questions": ONE_QUESTION},
 ]
 
 
@@ -299,6 +300,6 @@ def test_structs_inside_lists_are_checked_element_by_element(tmp_path):
     explicit = by_id(read_records([path], struct_nulls=StructNulls.null))
     assert explicit["r1"].state == {"items": [{"sku": "a", "qty": 2}, {"sku": "b", "qty": None}], "tags": None}
     # a state that is itself a list of structs
-    rows = [{"id": "top", "state": [{"sku": "a", "qty": 1}, {"sku": "b"}], "questions": {"q": {"type": "noul"}}}]
+    rows = [{"id": "top", "state": [{"sku": "a", "qty": 1}, {"sku": "b"}], "questions": ONE_QUESTION}]
     (top,) = read_records([write_struct_parquet(tmp_path / "top.parquet", rows)])
     assert top.error.startswith("record 'top', field 'state[1].qty': null in the Parquet struct column 'state':")
