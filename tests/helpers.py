@@ -77,14 +77,19 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def require_ray():
-    """The `ray` module, or a skip where it is not installed; in CI (`CI=true`) a missing Ray is a
-    failure, so a broken install cannot pass as skipped tests."""
+def require(module: str):
+    """An optional test dependency's module, or a skip where it is not installed; in CI (`CI=true`)
+    a missing one is a failure, so a broken install cannot pass as skipped tests."""
     if in_ci():
-        import ray
+        import importlib
 
-        return ray
-    return pytest.importorskip("ray")
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+def require_ray():
+    """The `ray` module (see `require`)."""
+    return require("ray")
 
 
 def assert_same_rows(got: list[dict], want: list[dict], probability_tolerance: float = 1e-6) -> None:
