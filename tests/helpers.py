@@ -87,6 +87,19 @@ def require(module: str):
     return pytest.importorskip(module)
 
 
+def require_program(name: str) -> str:
+    """The path of a program the tests drive (headless Chromium), or a skip where it is not
+    installed; in CI a missing one fails (.ci/run installs it)."""
+    import shutil
+
+    found = shutil.which(name)
+    if found is None:
+        if in_ci():
+            pytest.fail(f"{name} is not installed; CI needs it (.ci/run installs it with apt-get)")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
 def require_ray():
     """The `ray` module (see `require`)."""
     return require("ray")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from .helpers import GOLDEN_BUILD, golden_build, golden_mismatches, require_ray
+from .helpers import GOLDEN_BUILD, golden_build, golden_mismatches, require_program, require_ray
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])
@@ -45,3 +45,26 @@ def test_a_fall_back_to_the_loose_bounds_fails_in_ci_unless_asked_for(monkeypatc
         golden_build(installed)
     monkeypatch.setenv("CLEF_GOLDEN_TOLERANCE", "loose")
     assert golden_build(installed) is False
+
+
+def test_a_missing_program_fails_under_ci_and_skips_outside(monkeypatch):
+    monkeypatch.setenv("PATH", "")  # no chromium anywhere
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(BaseException) as raised:  # a skip is a BaseException too: it must not be one
+        require_program("chromium")
+    assert raised.type is pytest.fail.Exception and "chromium is not installed; CI needs it" in str(raised.value)
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        require_program("chromium")
+
+
+def test_no_test_module_skips_an_optional_tool_by_itself():
+    """Optional tools go through `require`/`require_ray`/`require_program`, which fail in CI; a bare
+    importorskip or skipif would let CI pass with the tests skipped."""
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        if path.name == Path(__file__).name:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert "importorskip(" not in text and "mark.skipif(" not in text, path.name

@@ -23,9 +23,9 @@ from clef_cli.errors import UsageError
 from clef_cli.pipeline import ScoreJob
 from clef_cli.ray_resources import fit_actors
 
-from .helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, settings_for, write_jsonl
+from .helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, require_ray, settings_for, write_jsonl
 
-ray = pytest.importorskip("ray")
+ray = require_ray()
 
 RECORDS = 100
 QUESTIONS = {
