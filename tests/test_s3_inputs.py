@@ -106,7 +106,7 @@ def test_s3_objects_and_folders_score_as_the_same_local_files(s3_env, tmp_path):
 
 
 def test_either_endpoint_variable_finds_objects_and_a_missing_one_is_a_usage_error(s3_env, tmp_path):
-    from clef_cli.sources import expand_inputs
+    from clef_cli.inputs.sources import expand_inputs
 
     s3_env.put_object(Bucket=BUCKET, Key="one/records.jsonl", Body=b'{"id": "a", "state": "x"}\n')
     (found,) = expand_inputs([f"s3://{BUCKET}/one/records.jsonl"])

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from clef_cli.answers import derive_answer, question_result
 from clef_cli.cli import app
-from clef_cli.records import Question
+from clef_cli.inputs.records import Question
+from clef_cli.model.answers import derive_answer, question_result
 
 from .helpers import TINY_MODEL, write_jsonl
 
