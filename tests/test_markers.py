@@ -68,3 +68,4 @@ def test_no_test_module_skips_an_optional_tool_by_itself():
             continue
         text = path.read_text(encoding="utf-8")
         assert "importorskip(" not in text and "mark.skipif(" not in text, path.name
+        assert 'which("chromium")' not in text, path.name  # require_program("chromium")
