@@ -149,7 +149,9 @@ def open_job(
             checkpoint = Checkpoint.open_existing(path)
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
+        damaged = sum(entry.records for entry in checkpoint.dropped)
         if checkpoint.dropped:
-            progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
-        summary = JobSummary(output=settings.output, resumed=checkpoint.done.count)
+            shards = len(checkpoint.dropped)
+            progress.note(f"{shards} damaged checkpoint shard(s): their {damaged} records will be computed again")
+        summary = JobSummary(output=settings.output, resumed=checkpoint.done.count, damaged=damaged)
         yield Job(settings, release, manifest, checkpoint, progress, summary, started)

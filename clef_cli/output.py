@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clef_cli import faults
-from clef_cli.atomic import write_atomically
+from clef_cli.atomic import write_file
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.readers import iter_column_values, parquet_only
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
@@ -193,8 +193,8 @@ def write_output(
         metadata["clef.calibration_method"] = spec.calibration.method
     schema = schema.with_metadata({key: str(value) for key, value in metadata.items()})
 
-    def write(temporary: Path) -> None:
-        with pq.ParquetWriter(str(temporary), schema) as writer:
+    def write(handle: BinaryIO) -> None:
+        with pq.ParquetWriter(handle, schema) as writer:
             for start in range(0, results.num_rows, spec.row_group_size):
                 chunk = results.take(order[start : start + spec.row_group_size])
                 if spec.calibration is not None:
@@ -204,7 +204,7 @@ def write_output(
             if results.num_rows == 0:
                 writer.write_table(schema.empty_table())
 
-    write_atomically(spec.path, write, before_rename=faults.before_output_rename)
+    write_file(spec.path, write, before_rename=faults.before_output_rename)
     failed = results.num_rows - results.column("error").null_count
     return OutputCounts(records=results.num_rows, failed=failed)
 

@@ -23,6 +23,8 @@ from clef_cli.cli.options import (
     RevisionOption,
     StructNullsOption,
     with_media_limits,
+    writable_file,
+    writable_file_or_stdout,
 )
 from clef_cli.cli.progress import RichProgress, install_stop_handlers, print_dry_run, print_summary
 from clef_cli.errors import UsageError
@@ -31,7 +33,6 @@ from clef_cli.parquet_rows import StructNulls
 from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT
 
 RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "block_records", "stall_timeout")
-
 
 
 def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None) -> None:
@@ -55,7 +56,15 @@ def score(
             "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open)."
         ),
     ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Output Parquet file (written atomically).")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            callback=writable_file,
+            help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe).",
+        ),
+    ],
     model: ModelOption = "Cloudflare/clef-omni",
     revision: RevisionOption = None,
     questions: QuestionsOption = None,
@@ -127,8 +136,9 @@ def score(
         Path | None,
         typer.Option(
             "--stats-json",
+            callback=writable_file_or_stdout,
             help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
-            "encode rates per modality) to this JSON file.",
+            "encode rates per modality) to this JSON file (- for stdout).",
         ),
     ] = None,
     ray: Annotated[

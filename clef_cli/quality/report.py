@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.atomic import write_atomically
+from clef_cli.atomic import write_text
 from clef_cli.quality import metrics
 from clef_cli.quality.scored import QuestionData
 
@@ -168,4 +168,4 @@ def write_report(
     path: Path, document: Mapping[str, Any], questions: Mapping[str, QuestionData], bins: int, target: float
 ) -> None:
     text = render(document, questions, bins, target)
-    write_atomically(Path(path), lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_text(path, text)

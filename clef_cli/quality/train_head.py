@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from clef_cli import __version__
-from clef_cli.atomic import write_atomically
+from clef_cli.atomic import ensure_writable_folder, write_bytes, write_text
 from clef_cli.checkpoint import MANIFEST, Checkpoint
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.head import JointSchemaHead, load_joint_head
@@ -235,8 +235,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
 
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
-    if not settings.output.absolute().parent.is_dir():
-        raise UsageError(f"-o {settings.output}: folder {settings.output.absolute().parent} does not exist")
+    ensure_writable_folder(settings.output, "-o")
     with job_locks(settings.output, settings.checkpoint):
         return _train_head(settings, progress or SilentTrainProgress())
 
@@ -364,7 +363,7 @@ def save_head(head: JointSchemaHead, base_dir: Path, output: Path, report: dict[
     }
     report["created"] = time.time()
     output.mkdir(parents=True, exist_ok=True)
-    write_atomically(output / HEAD_WEIGHTS, lambda target: target.write_bytes(weights))
-    write_atomically(output / HEAD_CONFIG, lambda target: target.write_bytes(config))
+    write_bytes(output / HEAD_WEIGHTS, weights)
+    write_bytes(output / HEAD_CONFIG, config)
     text = json.dumps(report, indent=2, sort_keys=True)
-    write_atomically(output / REPORT_FILE, lambda target: target.write_text(text, encoding="utf-8"))
+    write_text(output / REPORT_FILE, text)
