@@ -84,6 +84,17 @@ def _replace(path: Path, write: Writer, before_rename: Callable[[], None] | None
     fsync_path(path.parent)
 
 
+def remove_stale_temporaries(path: Path) -> None:
+    """The temporaries that runs killed mid-write left beside `path` (or beside its symlink's
+    target); the caller holds the output's lock, so none of them is being written."""
+    if is_stdout(path):
+        return
+    target = _resolved(Path(path))
+    for stale in target.parent.glob(f".{target.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+
 def _resolved(path: Path) -> Path:
     """The file a symlink (or a chain of them) points at; any other path as it is."""
     if not path.is_symlink():

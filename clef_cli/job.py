@@ -16,9 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clef_cli import __version__
+from clef_cli.atomic import remove_stale_temporaries
 from clef_cli.checkpoint import Checkpoint
 from clef_cli.locks import job_locks
-from clef_cli.output import OutputCounts, OutputSpec, remove_stale_temporaries, write_output
+from clef_cli.output import OutputCounts, OutputSpec, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.settings import JobSummary, ScoreSettings

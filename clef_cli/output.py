@@ -6,7 +6,6 @@ leaves a half-written output that a downstream reader could take for a result.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -220,10 +219,3 @@ def _shape(chunk: pa.Table, layout: str, extra: dict[str, pa.Array], start: int,
     for name, values in columns.items():
         table = table.append_column(name, values)
     return table.cast(schema)
-
-
-def remove_stale_temporaries(path: Path) -> None:
-    """Temporary outputs left by killed runs (their pid is in the name)."""
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            stale.unlink()

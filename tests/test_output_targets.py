@@ -179,6 +179,8 @@ def test_a_symlink_stays_a_link_and_its_target_is_written(name, dangling, finish
         pointed.write_bytes(OLD)
     link = tmp_path / f"link{writer.suffix}"
     link.symlink_to(pointed)
+    if name == "score -o":  # what a run killed mid-write left beside the target: cleaned up
+        (real / f".{pointed.name}.1a2b3c4d.tmp").write_bytes(OLD)
     result = run(writer, finished, tmp_path, str(link))
     assert result.exit_code == 0, result.output
     assert link.is_symlink() and os.readlink(link) == str(pointed)
