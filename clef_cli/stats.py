@@ -157,7 +157,7 @@ class JobStats:
         }
 
     def write_json(self, path: Path) -> None:
-        from clef_cli.atomic import write_text
+        from clef_cli.store.atomic import write_text
 
         write_text(path, json.dumps(self.as_dict(), indent=2) + "\n")
 

@@ -110,13 +110,13 @@ def test_calibrate_then_score_from_the_checkpoint_without_the_model(scored, tmp_
     assert set(calibration["cross_fitted"]) == {"before", "after"}
     temperature = calibration["default"]
 
-    import clef_cli.scoring
+    import clef_cli.model.scoring
 
     def no_model(*args, **kwargs):
         raise AssertionError("the thinker must not run to recalibrate a finished job")
 
-    monkeypatch.setattr(clef_cli.scoring, "load_scorer", no_model)
-    monkeypatch.setattr(clef_cli.scoring.Scorer, "hidden_states", no_model)
+    monkeypatch.setattr(clef_cli.model.scoring, "load_scorer", no_model)
+    monkeypatch.setattr(clef_cli.model.scoring.Scorer, "hidden_states", no_model)
     calibrated = tmp_path / "calibrated.parquet"
     result = score(calibrated, "--checkpoint", f"{scored}.ckpt", "--calibration", str(cal))
     assert result.exit_code == 0, result.output

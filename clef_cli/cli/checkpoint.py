@@ -27,7 +27,7 @@ def checkpoint_info(
       clef checkpoint info out.parquet.ckpt
       clef checkpoint info out.parquet.ckpt --json
     """
-    from clef_cli.checkpoint import Checkpoint
+    from clef_cli.store.checkpoint import Checkpoint
 
     info = Checkpoint.open_existing(directory).info()
     if as_json:

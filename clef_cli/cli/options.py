@@ -15,11 +15,11 @@ from typing import Annotated, Any
 
 import typer
 
-from clef_cli.atomic import ensure_writable, ensure_writable_folder
 from clef_cli.choices import OverflowPolicy
-from clef_cli.media import MediaLimits
-from clef_cli.parquet_rows import StructNulls
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.sizes import parse_size
+from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
 
 
 class Dtype(str, Enum):

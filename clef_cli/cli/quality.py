@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from clef_cli.atomic import is_stdout
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_GATE_REFUSED
 from clef_cli.cli.options import (
@@ -23,6 +22,7 @@ from clef_cli.cli.options import (
 )
 from clef_cli.cli.progress import TrainHeadProgress
 from clef_cli.errors import UsageError
+from clef_cli.store.atomic import is_stdout
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
 GoldOption = Annotated[
@@ -39,7 +39,7 @@ BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width conf
 
 
 def write_json(path: Path, document: Any) -> None:
-    from clef_cli.atomic import write_text
+    from clef_cli.store.atomic import write_text
 
     write_text(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
 

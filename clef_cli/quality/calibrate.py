@@ -212,7 +212,7 @@ def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
 
     A choice tie keeps the answer first written (the record's criteria order decided it, and a
     positive T keeps ties tied)."""
-    from clef_cli.answers import derive_answer
+    from clef_cli.model.answers import derive_answer
 
     if calibration.method == "none":
         return results

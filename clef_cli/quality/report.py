@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.atomic import write_text
 from clef_cli.quality import metrics
 from clef_cli.quality.scored import QuestionData
+from clef_cli.store.atomic import write_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

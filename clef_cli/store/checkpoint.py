@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from clef_cli.atomic import write_bytes, write_text
 from clef_cli.errors import ClefError
 from clef_cli.release import file_crc32, file_sha256
 from clef_cli.results import RESULT_SCHEMA
+from clef_cli.store.atomic import write_bytes, write_text
 
 if TYPE_CHECKING:
-    from clef_cli.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
+    from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -294,7 +294,7 @@ class Checkpoint:
         return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
 
     def hidden_shards(self) -> list[HiddenShardFile]:
-        from clef_cli.hidden_store import HiddenShardFile
+        from clef_cli.store.hidden_store import HiddenShardFile
 
         """The committed hidden-state shards, in commit order (read them with `hidden_reader`)."""
         shards = []
@@ -305,7 +305,7 @@ class Checkpoint:
         return shards
 
     def hidden_reader(self) -> HiddenReader:
-        from clef_cli.hidden_store import HiddenReader
+        from clef_cli.store.hidden_store import HiddenReader
 
         return HiddenReader(self.hidden_shards())
 
