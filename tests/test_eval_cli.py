@@ -172,7 +172,7 @@ def test_long_layout_gold_column_and_by(scored, tmp_path):
         documents[name] = json.loads(out.read_text())
     assert documents["long"]["questions"] == documents["wide"]["questions"]
     assert documents["column"]["questions"] == documents["wide"]["questions"]
-    groups = documents["column"]["by"]["groups"]
+    groups = {group["value"]: group for group in documents["column"]["by"]["groups"]}
     assert set(groups) == {"a", "b"} and groups["a"]["records"] == 3 and groups["b"]["records"] == 2
     for value, records in (("a", ids[:3]), ("b", ids[3:])):
         rows = [r for r in wide.to_pylist() if r["id"] in records]

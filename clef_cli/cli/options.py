@@ -29,6 +29,12 @@ class Dtype(str, Enum):
     float32 = "float32"
 
 
+class TableFormat(str, Enum):
+    table = "table"
+    tsv = "tsv"
+    markdown = "markdown"
+
+
 class CalibrationMethod(str, Enum):
     auto = "auto"
     global_ = "global"

@@ -17,6 +17,7 @@ from clef_cli.cli.options import (
     DeviceOption,
     QuietOption,
     RevisionOption,
+    TableFormat,
     writable_file_or_stdout,
     writable_folder,
 )
@@ -41,7 +42,8 @@ BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width conf
 def write_json(path: Path, document: Any) -> None:
     from clef_cli.store.atomic import write_text
 
-    write_text(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # strict JSON: no NaN
+    write_text(path, text)
 
 
 def tables_console(*outputs: Path | None) -> Console:
@@ -75,6 +77,14 @@ def evaluate(
     by: Annotated[
         str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
     ] = None,
+    form: Annotated[
+        TableFormat,
+        typer.Option(
+            "--format",
+            help="table: rich on a terminal, plain aligned text in a pipe or file; tsv: one value per cell, "
+            "full precision; markdown.",
+        ),
+    ] = TableFormat.table,
 ) -> None:
     """Accuracy, calibration and an accept-without-review threshold per question, against gold labels.
 
@@ -92,9 +102,7 @@ def evaluate(
     tables.print_problems(stderr, inputs.gold.problems)
     result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
     tables.print_problems(stderr, (), result.warnings)
-    console.print(tables.eval_table(result.metrics))
-    for value, group in result.metrics.get("by", {}).get("groups", {}).items():
-        console.print(tables.eval_table(group, title=f"{by} = {value}"))
+    tables.print_eval(console, result.metrics, form.value, by)
     if json_path is not None:
         write_json(json_path, result.metrics)
     if report is not None:
@@ -115,8 +123,11 @@ def calibrate(
     gold_column: GoldColumnOption = None,
     method: Annotated[
         CalibrationMethod,
-        typer.Option("--method", help="auto picks by 5-fold cross-fitted log loss; else one temperature per "
-                     "model (global), per question type, or per question."),
+        typer.Option(
+            "--method",
+            help="auto picks by cross-fitted log loss (5 folds of records, one per record when fewer); else one "
+            "temperature per model (global), per question type, or per question.",
+        ),
     ] = CalibrationMethod.auto,
     bins: BinsOption = 15,
 ) -> None:
@@ -130,12 +141,14 @@ def calibrate(
         --checkpoint out.parquet.ckpt --calibration cal.json
     """
     from clef_cli.quality import jobs, tables
+    from clef_cli.quality.text_table import print_tables
 
     console = tables_console(output)
     inputs = jobs.read_inputs(scored, gold, gold_column)
     tables.print_problems(stderr, inputs.gold.problems)
-    run, _ = jobs.run_calibrate(inputs, method.value, bins)
-    console.print(tables.calibrate_table(run))
+    run, data = jobs.run_calibrate(inputs, method.value, bins)
+    tables.print_problems(stderr, (), data.warnings)
+    print_tables(console, [tables.calibrate_table(run)])
     if not run.improved:
         console.print(f"{method.value}: calibration does not improve the cross-fitted log loss", markup=False)
     console.print(tables.temperatures_line(run), markup=False)

@@ -109,7 +109,7 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
 
 def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position."""
-    rows = read_gold_rows(gold_path)
+    rows, found = read_gold_rows(gold_path)
     wanted = {record_id for record_id, _ in rows}
     stored = [record for record in reader.records(states=False, verify=False) if record.id in wanted]
     options = {
@@ -118,7 +118,7 @@ def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example],
         }
         for record in stored
     }
-    gold = match_gold(rows, options, sha256=file_sha256(gold_path))
+    gold = match_gold(rows, options, sha256=file_sha256(gold_path), found=found)
     examples = []
     for record in stored:
         labels = gold.labels.get(record.id)
