@@ -296,3 +296,13 @@ def test_train_head_refuses_an_unusable_output_before_any_work(kind, message, tm
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(f"error: --output/-o {target}")
     assert message.format(parent=parent) in result.stderr
+
+
+def test_a_symlink_loop_is_refused_before_any_work(tmp_path):
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(tmp_path / "other.json")
+    (tmp_path / "other.json").symlink_to(loop)
+    result = runner.invoke(app, ["eval", str(tmp_path / "nosuch.parquet"), "--gold", str(GOLD), "--json", str(loop)])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: --json {loop} is a symlink that points nowhere")
+    assert loop.is_symlink()
