@@ -23,14 +23,21 @@ from clef_cli.cli.options import (
 )
 from clef_cli.cli.progress import TrainHeadProgress
 from clef_cli.errors import UsageError
+from clef_cli.quality.gold_exports import GoldFormat
 from clef_cli.store.atomic import is_stdout
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
 GoldOption = Annotated[
     Path | None,
     typer.Option(
-        "--gold", help="Gold labels: JSONL, JSON list, CSV or Parquet; `id` plus a `labels` object or wide columns."
+        "--gold",
+        help="Gold labels: JSONL, JSON list, CSV or Parquet with `id` plus a `labels` object or wide columns; "
+        "or a Label Studio / Argilla export (recognised from its content).",
     ),
+]
+GoldFormatOption = Annotated[
+    GoldFormat,
+    typer.Option("--gold-format", help="Read --gold as this format instead of recognising it from the content."),
 ]
 GoldColumnOption = Annotated[
     str | None,
@@ -55,6 +62,7 @@ def evaluate(
     scored: ScoredArgument,
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
+    gold_format: GoldFormatOption = GoldFormat.auto,
     json_path: Annotated[
         Path | None,
         typer.Option(
@@ -98,7 +106,7 @@ def evaluate(
     if is_stdout(json_path or "") and is_stdout(report or ""):
         raise UsageError("--json and --report cannot both be - (stdout)")
     console = tables_console(json_path, report)
-    inputs = jobs.read_inputs(scored, gold, gold_column)
+    inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
     tables.print_problems(stderr, (), result.warnings)
@@ -121,6 +129,7 @@ def calibrate(
     ],
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
+    gold_format: GoldFormatOption = GoldFormat.auto,
     method: Annotated[
         CalibrationMethod,
         typer.Option(
@@ -144,7 +153,7 @@ def calibrate(
     from clef_cli.quality.text_table import print_tables
 
     console = tables_console(output)
-    inputs = jobs.read_inputs(scored, gold, gold_column)
+    inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     run, data = jobs.run_calibrate(inputs, method.value, bins)
     tables.print_problems(stderr, (), data.warnings)
@@ -162,6 +171,7 @@ def train_head(
         Path,
         typer.Option("--output", "-o", callback=writable_folder, help="Folder for the trained head (release layout)."),
     ],
+    gold_format: GoldFormatOption = GoldFormat.auto,
     model: Annotated[
         str | None,
         typer.Option("--model", "-m", help="Release the job was scored with (default: from the checkpoint)."),
@@ -206,7 +216,7 @@ def train_head(
     )
     settings = TrainHeadSettings(
         checkpoint=checkpoint, gold=gold, output=output, model=model, base_head=base_head, revision=revision,
-        fit=fit, folds=folds, seed=seed, device=device, force=force,
+        fit=fit, folds=folds, seed=seed, device=device, force=force, gold_format=gold_format.value,
     )  # fmt: skip
     progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
     try:
