@@ -64,6 +64,18 @@ def calibration_document(data: bytes) -> None:
     assert {"method", "temperatures"} <= set(json.loads(data))
 
 
+def compare_document(data: bytes) -> None:
+    assert json.loads(data)["flips"] == []  # a run compared with itself
+
+
+def review_tasks(data: bytes) -> None:
+    assert len(json.loads(data)) == RECORDS
+
+
+def label_config(data: bytes) -> None:
+    assert data.startswith(b"<View") and data.rstrip().endswith(b"</View>")
+
+
 @dataclass(frozen=True)
 class Writer:
     option: str
@@ -103,6 +115,23 @@ WRITERS = {
         lambda done, scratch, target: ["calibrate", str(done), "--gold", str(GOLD), "-o", target],
         calibration_document,
     ),
+    "compare --json": Writer(
+        "--json", ".json", True, lambda done, scratch, target: ["compare", str(done), str(done), "--json", target],
+        compare_document,
+    ),
+    "compare --report": Writer(
+        "--report", ".html", True, lambda done, scratch, target: ["compare", str(done), str(done), "--report", target],
+        html_page,
+    ),
+    "review -o": Writer(
+        "--output/-o", ".json", True, lambda done, scratch, target: ["review", str(done), "-o", target],
+        review_tasks,
+    ),
+    "review --config-out": Writer(
+        "--config-out", ".xml", False,
+        lambda done, scratch, target: ["review", str(done), "-o", str(scratch / "tasks.json"), "--config-out", target],
+        label_config,
+    ),
 }  # fmt: skip
 
 
@@ -110,7 +139,7 @@ def writers(all_quick: bool = False) -> list:
     """Every writer; the report renders plots for seconds, so only where `all_quick` is it in
     the quick loop (it writes through the same writer as eval --json)."""
     slow = () if all_quick else pytest.mark.slow
-    return [pytest.param(name, marks=slow if name == "eval --report" else ()) for name in WRITERS]
+    return [pytest.param(name, marks=slow if name.endswith("--report") else ()) for name in WRITERS]
 
 
 class PipeReader:
