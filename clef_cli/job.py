@@ -20,11 +20,12 @@ import pyarrow as pa
 from clef_cli import __version__
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
-from clef_cli.output import OutputSpec, remove_stale_temporaries, write_output
+from clef_cli.output import OutputSpec, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
@@ -181,13 +182,15 @@ def open_job(
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
         try:
+            damaged = sum(entry.records for entry in checkpoint.dropped)
             if checkpoint.dropped:
-                progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
+                shards = len(checkpoint.dropped)
+                progress.note(f"{shards} damaged checkpoint shard(s): their {damaged} records will be computed again")
             checkpoint.begin_run()
             progress.note("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"
             ledger = job_ledger(settings, release, checkpoint, needs_hidden)
-            summary = JobSummary(output=settings.output)
+            summary = JobSummary(output=settings.output, damaged=damaged)
             summary.take_counts(ledger.counts)
             yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started)
         finally:
