@@ -57,12 +57,12 @@ def as_reference(results: list) -> list[dict]:
 def family_parity(name: str, device: str, dtype: str, limit: int | None) -> dict:
     import torch
 
+    from clef_cli.encoding.prompt import PromptEncoder
     from clef_cli.families import family_of
-    from clef_cli.prompt import PromptEncoder
-    from clef_cli.readers import read_records
-    from clef_cli.records import Record
+    from clef_cli.inputs.readers import read_records
+    from clef_cli.inputs.records import Record
+    from clef_cli.model.scoring import load_scorer
     from clef_cli.release import load_processor, resolve_release
-    from clef_cli.scoring import load_scorer
 
     model, records_file, expected_file = FAMILIES[name]
     release = resolve_release(str(model))

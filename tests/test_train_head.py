@@ -57,7 +57,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """400 records scored once with hidden states kept; gold for the first 200 (training)."""
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     root = tmp_path_factory.mktemp("planted")
     records = planted_records(400)
@@ -155,14 +155,14 @@ def test_shuffled_labels_are_refused_and_nothing_is_written(planted, tmp_path):
 
 
 def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tmp_path):
-    from clef_cli.backbone import load_lexical_rows
-    from clef_cli.checkpoint import Checkpoint
-    from clef_cli.head import load_joint_head
-    from clef_cli.hidden_store import pad_states
+    from clef_cli.families import family_of
+    from clef_cli.model.head import load_joint_head
+    from clef_cli.model.scoring import head_logits
     from clef_cli.quality.head_training import FitSettings
     from clef_cli.quality.train_head import TrainHeadSettings, train_head
     from clef_cli.release import resolve_release
-    from clef_cli.scoring import head_logits
+    from clef_cli.store.checkpoint import Checkpoint
+    from clef_cli.store.hidden_store import pad_states
 
     def run(output: Path):
         fit = FitSettings(epochs=1, lr=1e-3, batch_tokens=8192)
@@ -186,7 +186,8 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
         for a, b in zip(x["labels"], y["labels"], strict=True)
     )
     assert moved > 1e-3  # the new head, not the release's, scored the rehead output
-    lexical = load_lexical_rows(resolve_release(str(TINY_MODEL)))
+    release = resolve_release(str(TINY_MODEL))
+    lexical = family_of(release).lexical_rows(release)
     compared = 0
     for _, stored in Checkpoint.open_existing(planted["checkpoint"]).hidden_reader().by_shard():
         stored = stored[:8]
@@ -205,8 +206,8 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
 
 
 def test_refusals_are_one_line(planted, tmp_path):
-    from clef_cli.head import HeadConfig, JointSchemaHead
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.model.head import HeadConfig, JointSchemaHead
 
     dropped = tmp_path / "dropped.parquet"
     few = [{k: v for k, v in r.items() if k != "keyword"} for r in planted["records"][:4]]

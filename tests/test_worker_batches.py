@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_cli.batch_prep import prepare_batch, preparing_crashed
-from clef_cli.batching import collate
 from clef_cli.choices import OverflowPolicy
-from clef_cli.media import MediaLimits
-from clef_cli.workers import EncodePool, EncoderSpec
+from clef_cli.encoding.batching import collate
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.engines.local.batch_prep import prepare_batch, preparing_crashed
+from clef_cli.engines.local.workers import EncodePool, EncoderSpec
 
 from .helpers import GOLDEN_MAX_LENGTH
 

@@ -23,15 +23,15 @@ import numpy as np
 import torch
 
 from clef_cli import __version__
-from clef_cli.atomic import write_atomically
-from clef_cli.checkpoint import MANIFEST, Checkpoint
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
-from clef_cli.head import JointSchemaHead, load_joint_head
-from clef_cli.hidden_store import HiddenReader, load_states
+from clef_cli.model.head import JointSchemaHead, load_joint_head
 from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
 from clef_cli.quality.head_training import Example, FitSettings, fit, predict
 from clef_cli.quality.metrics import percentile_interval
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
+from clef_cli.store.atomic import write_atomically
+from clef_cli.store.checkpoint import MANIFEST, Checkpoint
+from clef_cli.store.hidden_store import HiddenReader, load_states
 
 REPORT_FILE = "training_report.json"
 BOOTSTRAP_RESAMPLES = 2000
@@ -109,7 +109,7 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
 
 def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position."""
-    rows = read_gold_rows(gold_path)
+    rows, found = read_gold_rows(gold_path)
     wanted = {record_id for record_id, _ in rows}
     stored = [record for record in reader.records(states=False, verify=False) if record.id in wanted]
     options = {
@@ -118,7 +118,7 @@ def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example],
         }
         for record in stored
     }
-    gold = match_gold(rows, options, sha256=file_sha256(gold_path))
+    gold = match_gold(rows, options, sha256=file_sha256(gold_path), found=found)
     examples = []
     for record in stored:
         labels = gold.labels.get(record.id)
@@ -231,7 +231,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
 
     Raises `GateRefused` (with the report's numbers) when the gate fails and `force` is off. The
     checkpoint and HEAD_DIR are locked as a job's are, so no job writes them meanwhile."""
-    from clef_cli.locks import job_locks
+    from clef_cli.store.locks import job_locks
 
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
@@ -241,8 +241,50 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
         return _train_head(settings, progress or SilentTrainProgress())
 
 
+def _report(
+    settings: TrainHeadSettings,
+    checkpoint: Checkpoint,
+    release: Release,
+    base_dir: Path,
+    gold: GoldSet,
+    examples: Sequence[Example],
+    device: str,
+    fold_reports: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What the run was given and did, for training_report.json (the held-out part is added after)."""
+    return {
+        "clef_version": __version__,
+        "settings": {
+            **asdict(settings.fit),
+            "folds": settings.folds,
+            "seed": settings.seed,
+            "device": device,
+            "force": settings.force,
+            "bootstrap_resamples": settings.bootstrap_resamples,
+        },
+        "inputs": {
+            "checkpoint": str(settings.checkpoint),
+            "checkpoint_manifest_sha256": file_sha256(checkpoint.path / MANIFEST),
+            "gold": str(settings.gold),
+            "gold_sha256": gold.sha256,
+            "model": str(release.path),
+            "base_head": str(base_dir),
+            "base_head_sha256": file_sha256(base_dir / HEAD_WEIGHTS),
+            "base_head_config_sha256": file_sha256(base_dir / HEAD_CONFIG),
+        },
+        "gold": {
+            "records": len(examples),
+            "labels": gold.n_labels,
+            "problems": len(gold.problems),
+            "first_problems": [problem.message for problem in gold.problems[:20]],
+        },
+        "folds": fold_reports,
+    }
+
+
 def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHeadResult:
-    from clef_cli.backbone import load_lexical_rows, resolve_device
+    from clef_cli.families import family_of
+    from clef_cli.model.backbone import resolve_device
 
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
@@ -262,7 +304,7 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
     progress.stage(f"verifying {len(reader.shards)} hidden-state shards")
     reader.verify()
     device = resolve_device(settings.device)
-    lexical = load_lexical_rows(release).to(device)
+    lexical = family_of(release).lexical_rows(release).to(device)
     tokens = settings.fit.batch_tokens
     folds = assign_folds(examples, settings.folds, settings.seed)
     progress.stage(f"{len(examples)} gold records, {gold.n_labels} labels, {settings.folds} folds")
@@ -299,40 +341,13 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
     difference = after["log_loss"] - before["log_loss"]
     low, high = paired_bootstrap(difference, resamples, seed)
     passed = bool(difference.mean() < 0 and high < 0)
-    report: dict[str, Any] = {
-        "clef_version": __version__,
-        "settings": {
-            **asdict(settings.fit),
-            "folds": settings.folds,
-            "seed": settings.seed,
-            "device": str(device),
-            "force": settings.force,
-            "bootstrap_resamples": resamples,
-        },
-        "inputs": {
-            "checkpoint": str(settings.checkpoint),
-            "checkpoint_manifest_sha256": file_sha256(checkpoint.path / MANIFEST),
-            "gold": str(settings.gold),
-            "gold_sha256": gold.sha256,
-            "model": str(release.path),
-            "base_head": str(base_dir),
-            "base_head_sha256": file_sha256(base_dir / HEAD_WEIGHTS),
-            "base_head_config_sha256": file_sha256(base_dir / HEAD_CONFIG),
-        },
-        "gold": {
-            "records": len(examples),
-            "labels": gold.n_labels,
-            "problems": len(gold.problems),
-            "first_problems": [problem.message for problem in gold.problems[:20]],
-        },
-        "folds": fold_reports,
-        "held_out": {
-            "base": _summary(before, resamples, seed),
-            "trained": _summary(after, resamples, seed),
-            "log_loss_difference": {"mean": float(difference.mean()), "ci95": [low, high]},
-        },
-        "gate": {"passed": passed, "forced": settings.force and not passed, "rule": GATE_RULE},
+    report = _report(settings, checkpoint, release, base_dir, gold, examples, str(device), fold_reports)
+    report["held_out"] = {
+        "base": _summary(before, resamples, seed),
+        "trained": _summary(after, resamples, seed),
+        "log_loss_difference": {"mean": float(difference.mean()), "ci95": [low, high]},
     }
+    report["gate"] = {"passed": passed, "forced": settings.force and not passed, "rule": GATE_RULE}
     if not passed and not settings.force:
         raise GateRefused(report)
 

@@ -1,0 +1,181 @@
+"""The prompt contract (DESIGN §3–4): a `Record` becomes token ids, media tensors and spans.
+
+Every segment is tokenized on its own with `add_special_tokens=False` and the id lists are
+concatenated; tokenizing the joined text would merge tokens across the joins and break parity
+with the reference. Spans are half-open ranges into the final sequence, after media expansion.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from clef_cli.choices import OverflowPolicy
+from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.errors import RecordError
+from clef_cli.inputs.records import Question, Record
+
+if TYPE_CHECKING:
+
+    from clef_cli.families.base import Family
+
+SYSTEM_PROMPT = (
+    "Read the complete state and schema. Decide every field jointly. "
+    "Each answer must be exactly one of that field's allowed options."
+)
+PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
+SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
+OPTIONS_HEADER = "\nALLOWED OPTIONS:\n"
+FIELD_END = "END FIELD\n"
+SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
+"""Clef-Omni's; each family has its own (`Family.default_max_length`)."""
+
+
+def render(value: Any) -> str:
+    """A string as is; anything else compact JSON with sorted keys, non-ASCII kept."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def render_option(option_id: str, description: Any) -> str:
+    body: dict[str, Any] = {"option_id": option_id}
+    if description is not None:
+        body["description"] = description
+    return render(body)
+
+
+def render_instructions(question: Question) -> str:
+    instructions = question.instructions
+    if instructions is None or instructions == "":
+        return question.id
+    return render(instructions)
+
+
+class PromptEncoder:
+    """Encodes records with one release's tokenizer and processor (no weights needed).
+
+    The family (default Clef-Omni) decides how media enter the prompt and the default max length;
+    the rest of the prompt is the same for every family.
+    """
+
+    def __init__(
+        self,
+        processor: Any,
+        max_length: int | None = None,
+        overflow: OverflowPolicy | str = OverflowPolicy.truncate,
+        limits: MediaLimits | None = None,
+        family: Family | None = None,
+    ) -> None:
+        if family is None:
+            from clef_cli.families import family_named
+
+            family = family_named("omni")
+        self.family = family
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.max_length = max_length or family.default_max_length
+        self.overflow = OverflowPolicy(overflow)
+        self.limits = limits or MediaLimits()
+        self._prefix = self._tokens(PREFIX)
+        self._suffix = self._tokens(SUFFIX)
+        self._cached_tokens = lru_cache(maxsize=4096)(self._tokens)
+
+    def _tokens(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _many_tokens(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    # ------------------------------------------------------------------- text
+
+    def _schema(self, questions: tuple[Question, ...]) -> tuple[list[int], list[EncodedQuestion]]:
+        """Schema ids and spans counted from the schema's first token."""
+        texts: list[str] = []
+        for question in questions:
+            texts.append(render_instructions(question))
+            texts.extend(render_option(option_id, description) for option_id, description in question.options)
+        variable = iter(self._many_tokens(texts))
+
+        ids = list(self._cached_tokens(SCHEMA_HEADER))
+        encoded: list[EncodedQuestion] = []
+        for number, question in enumerate(questions, start=1):
+            header = f"\nFIELD {number}\nID: {question.id}\nTYPE: {question.type}\nINSTRUCTION: "
+            ids += self._tokens(header)
+            question_ids = next(variable)
+            question_span = (len(ids), len(ids) + len(question_ids))
+            ids += question_ids
+            ids += self._cached_tokens(OPTIONS_HEADER)
+            option_spans = []
+            for option_number in range(1, len(question.options) + 1):
+                ids += self._cached_tokens(f"OPTION {option_number}: ")
+                option_ids = next(variable)
+                option_spans.append((len(ids), len(ids) + len(option_ids)))
+                ids += option_ids
+                ids += self._cached_tokens("\n")
+            ids += self._cached_tokens(FIELD_END)
+            encoded.append(
+                EncodedQuestion(
+                    question_id=question.id,
+                    question_type=question.type_id,
+                    question_span=question_span,
+                    option_spans=tuple(option_spans),
+                    option_ids=question.option_ids,
+                )
+            )
+        return ids, encoded
+
+    # ------------------------------------------------------------------- record
+
+    def encode(self, record: Record) -> EncodedRecord:
+        """The record's token ids, spans and media tensors, or a `RecordError`."""
+        media = self.family.encode_media(self.processor, record, self.limits)
+        state_ids = self._tokens(render(record.state))
+        schema_ids, questions = self._schema(record.questions)
+        start = len(self._prefix) + len(media.input_ids)
+        fixed = start + len(schema_ids) + len(self._suffix)
+        if fixed > self.max_length:
+            raise RecordError(
+                record.id,
+                "questions",
+                f"schema requires {fixed} tokens before state; maximum is {self.max_length}",
+            )
+        room = self.max_length - fixed
+        cut = max(0, len(state_ids) - room)
+        if cut and self.overflow is OverflowPolicy.error:
+            raise RecordError(
+                record.id,
+                "state",
+                f"state is {len(state_ids)} tokens but only {room} fit in max length {self.max_length} "
+                "(--on-overflow error refuses instead of truncating)",
+            )
+        state_ids = state_ids[:room]
+        schema_start = start + len(state_ids)
+        return EncodedRecord(
+            record=record,
+            input_ids=self._prefix + media.input_ids + state_ids + schema_ids + self._suffix,
+            questions=tuple(_shifted(question, schema_start) for question in questions),
+            media=media.tensors,
+            use_audio_in_video=media.use_audio_in_video,
+            media_span=(len(self._prefix), start),
+            state_span=(start, schema_start),
+            state_tokens_cut=cut,
+            max_length=self.max_length,
+        )
+
+
+def _shifted(question: EncodedQuestion, offset: int) -> EncodedQuestion:
+    def move(span: tuple[int, int]) -> tuple[int, int]:
+        return (span[0] + offset, span[1] + offset)
+
+    return EncodedQuestion(
+        question_id=question.question_id,
+        question_type=question.question_type,
+        question_span=move(question.question_span),
+        option_spans=tuple(move(span) for span in question.option_spans),
+        option_ids=question.option_ids,
+    )

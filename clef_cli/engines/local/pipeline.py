@@ -1,0 +1,176 @@
+"""The local scoring engine: read -> plan -> encode -> forward -> head -> commit -> write.
+
+Records stream in windows (in input order). Each window is planned (exact prompt lengths, in
+background workers, while the previous window runs on the model), sorted longest first into
+token-budget batches, and run; every batch is committed to the checkpoint as soon as it is
+scored. Only small per-record plan data and one or two windows of records are ever in memory;
+media tensors exist only for the batches being encoded or run. The output is written at the end
+from the committed shards, in input order, atomically. The lifecycle around this (release,
+manifest, locks, checkpoint, output) is `job.open_job`, shared with the other engines.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from clef_cli.engines.local.committer import BackgroundCommitter
+from clef_cli.engines.local.executor import BatchExecutor
+from clef_cli.engines.local.plan_report import DryRunReport, plan_report
+from clef_cli.engines.local.planning import (
+    Window,
+    encode_pool,
+    hidden_bytes_per_token,
+    job_records,
+    planned_windows,
+    worker_count,
+)
+from clef_cli.errors import ClefError
+from clef_cli.inputs.readers import count_records
+from clef_cli.job import Job, open_job
+from clef_cli.model.scoring import Scorer
+from clef_cli.output import passthrough_types
+from clef_cli.progress import Progress
+from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.sizes import human_size
+from clef_cli.stats import modality
+
+__all__ = ["JobSummary", "ScoreJob", "ScoreSettings"]
+
+
+def compute_dtype(settings: ScoreSettings) -> str:
+    """The dtype this run computes in (part of the checkpoint's settings)."""
+    from clef_cli.model.backbone import resolve_device, resolve_dtype
+
+    return str(resolve_dtype(settings.dtype, resolve_device(settings.device))).removeprefix("torch.")
+
+
+class ScoreJob:
+    """One `clef score` run; `run()` returns its summary, `dry_run()` its plan."""
+
+    def __init__(
+        self,
+        settings: ScoreSettings,
+        progress: Progress | None = None,
+        stop: threading.Event | None = None,
+        scorer: Scorer | None = None,
+    ) -> None:
+        settings.validate()
+        self.settings = settings
+        self.progress = progress or Progress()
+        self.stop = stop or threading.Event()
+        self.scorer = scorer
+        self.batch_tokens = settings.max_batch_tokens
+        """The token budget per batch, lowered for the rest of the job when the GPU runs out of memory."""
+
+    def dry_run(self) -> DryRunReport:
+        """Validate and plan everything without loading weights."""
+        return plan_report(self.settings, self.progress)
+
+    def run(self) -> JobSummary:
+        with open_job(self.settings, self.progress, compute_dtype(self.settings)) as job:
+            settings = job.settings
+            passthrough = (
+                passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
+                if settings.keep_columns
+                else None
+            )
+            total = count_records(settings.inputs, settings.limit)
+            self.progress.start(total, job.checkpoint.done.count)
+            self._score(job, total)
+            if self.stop.is_set():
+                return job.interrupted()
+            with job.summary.stats.stage("output_write"):
+                return job.finish(job.checkpoint.results(), passthrough=passthrough)
+
+    def _score(self, job: Job, total: int | None) -> None:
+        stats = job.summary.stats
+        spool, spool_budget = _fresh_spool(job)
+        committer = BackgroundCommitter(job.checkpoint)
+        scoring = stats.scoring_started = time.perf_counter()
+        try:
+            workers = stats.workers = worker_count(job.settings)
+            dtype = compute_dtype(job.settings)
+            media_dtype = None if dtype == "float32" else dtype
+            with encode_pool(job.settings, job.release, workers, spool, media_dtype) as pool:
+                executor = BatchExecutor(
+                    job, pool, committer, lambda: self._load_scorer(job), self.stop, self._budget_lowered
+                )
+                self._run_windows(job, executor, total, spool_budget)
+                with stats.stage("commit_wait"):
+                    committer.drain()
+                stats.scoring_seconds = time.perf_counter() - scoring - stats.stages["load"]
+        finally:
+            committer.close()
+            shutil.rmtree(spool, ignore_errors=True)
+        job.stopped()
+
+    def _budget_lowered(self, tokens: int) -> None:
+        self.batch_tokens = tokens
+
+    def _load_scorer(self, job: Job) -> Scorer:
+        if self.scorer is None:
+            from clef_cli.model.scoring import load_scorer
+
+            self.progress.note("loading the model")
+            with job.summary.stats.stage("load"):
+                self.scorer = load_scorer(job.release, device=job.settings.device, dtype=job.settings.dtype)
+        return self.scorer
+
+    def _run_windows(self, job: Job, executor: BatchExecutor, total: int | None, spool_budget: int) -> None:
+        stats, checked_disk = job.summary.stats, False
+        records = job_records(job.settings)
+        done = job.checkpoint.done
+        windows = planned_windows(executor.pool, records, job.settings.window, skip=done, media_budget=spool_budget)
+        while True:
+            with stats.stage("encode_wait"):
+                window = next(windows, None)
+            if window is None:
+                return
+            for planned in window.planned:
+                record = planned.record
+                kind = modality(len(record.images), len(record.audio), len(record.videos))
+                stats.encoded(kind, planned.length or 0, planned.seconds)
+            executor.commit([], window.failures)
+            if self.stop.is_set():
+                return
+            if not window.planned:
+                continue
+            if not checked_disk:
+                _check_disk(job, window, total)
+                checked_disk = True
+            by_index = {planned.record.index: planned for planned in window.planned}
+            executor.run(executor.plan(window.planned), by_index)
+            if self.stop.is_set():
+                return
+
+
+def _fresh_spool(job: Job) -> tuple[Path, int]:
+    """A fresh spool folder in the checkpoint and its budget per window (two windows are planned
+    at once), so media decoded while planning are not decoded again when their batch runs."""
+    spool = job.checkpoint.path / "spool"
+    shutil.rmtree(spool, ignore_errors=True)  # left by a killed run
+    spool.mkdir()
+    budget = min(job.settings.media_spool_bytes, shutil.disk_usage(spool).free // 4)
+    return spool, budget // 2
+
+
+def _check_disk(job: Job, window: Window, total: int | None) -> None:
+    """Refuse to start when the hidden states would not fit (estimated from the first window)."""
+    settings, checkpoint = job.settings, job.checkpoint
+    if settings.hidden_states != "keep":
+        return
+    lengths = [p.length or 0 for p in window.planned]
+    remaining = max(len(lengths), (total or 0) - checkpoint.done.count)
+    per_token = hidden_bytes_per_token(settings, job.release.hidden_size)
+    needed = int(statistics.fmean(lengths) * remaining * per_token)
+    free = shutil.disk_usage(checkpoint.path).free
+    if needed > free:
+        raise ClefError(
+            f"the hidden states of this job need about {human_size(needed)} but only {human_size(free)} are free "
+            f"under {checkpoint.path}; use --hidden-states drop to keep only the results, or --checkpoint "
+            "on a larger disk"
+        )

@@ -1,0 +1,133 @@
+"""Planning: records stream in windows (in input order), each window's records are encoded in
+background workers to learn their exact prompt lengths, and the next window is planned while the
+current one runs. Shared by the scoring run and the dry run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
+from clef_cli.engines.local.workers import EncodePool, EncoderSpec, Planned, within_budget
+from clef_cli.inputs.readers import load_questions_file, read_records
+from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.model.dtypes import ITEM_SIZES
+from clef_cli.release import Release
+from clef_cli.results import FailedRecord
+from clef_cli.settings import ScoreSettings
+
+
+def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
+    """The job's records in input order (with the `--questions` schema for those without one)."""
+    schema = load_questions_file(settings.questions) if settings.questions else None
+    return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
+
+
+def worker_count(settings: ScoreSettings) -> int:
+    """Encoding processes: as asked; else none on the CPU (the model uses every core), and beside
+    a GPU every usable core but one, bounded by memory."""
+    if settings.workers is not None:
+        return settings.workers
+    from clef_cli.model.backbone import resolve_device
+
+    if resolve_device(settings.device).type == "cpu":
+        return 0
+    return default_workers(settings.limits)
+
+
+def encode_pool(
+    settings: ScoreSettings,
+    release: Release,
+    workers: int,
+    spool: Path | None = None,
+    media_dtype: str | None = None,
+) -> EncodePool:
+    """`media_dtype`: the model's compute dtype, when the workers should cast media to it."""
+    threads = decode_threads_per_worker(workers)
+    spec = EncoderSpec(
+        release.path,
+        settings.max_length,
+        settings.overflow,
+        settings.limits,
+        spool,
+        release.family,
+        threads,
+        media_dtype,
+    )
+    return EncodePool(spec, workers)
+
+
+def hidden_bytes_per_token(settings: ScoreSettings, hidden_size: int) -> int:
+    """Disk per prompt token with `--hidden-states keep`: the state plus its int32 input id."""
+    return hidden_size * ITEM_SIZES[settings.hidden_dtype] + 4
+
+
+@dataclass
+class Window:
+    """A slice of the input in order: planned records and records that failed before planning."""
+
+    planned: list[Planned]
+    failures: list[FailedRecord]
+
+
+FIRST_WINDOW = 64
+"""Records in the first window: the model starts after it is planned, so it is kept small (a
+window of 8192 videos would keep a GPU idle for most of an hour); each next window doubles, up
+to `--window`. Results do not depend on it: a record's scores never depend on its batch."""
+
+
+def window_sizes(window: int) -> Iterator[int]:
+    size = min(FIRST_WINDOW, window)
+    while True:
+        yield size
+        size = min(window, size * 2)
+
+
+def _chunks(items: Iterable[Any], sizes: Iterator[int]) -> Iterator[list[Any]]:
+    chunk: list[Any] = []
+    size = next(sizes)
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk, size = [], next(sizes)
+    if chunk:
+        yield chunk
+
+
+def planned_windows(
+    pool: EncodePool,
+    records: Iterable[Record | InvalidRecord],
+    window: int,
+    skip: Any = (),
+    media_budget: int = 0,
+) -> Iterator[Window]:
+    """Windows in input order; the next one is planned in the background while the caller runs
+    the current one. Each window keeps at most `media_budget` bytes of spooled media tensors
+    from planning; the rest are decoded again when their batch runs."""
+
+    def submit(chunk: list[Record | InvalidRecord]) -> tuple[list[FailedRecord], list[Future]]:
+        failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
+        futures = [pool.plan(item) for item in chunk if isinstance(item, Record)]
+        return failures, futures
+
+    pending = (record for record in records if record.index not in skip)
+    chunks = _chunks(pending, window_sizes(window))
+    current = next((submit(chunk) for chunk in chunks), None)
+    while current is not None:
+        upcoming = next((submit(chunk) for chunk in chunks), None)
+        failures, futures = current
+        planned: list[Planned] = []
+        budget = [media_budget]
+        for future in futures:
+            result: Planned = future.result()
+            if result.error is not None:
+                failures.append(FailedRecord(result.record.id, result.record.index, result.error))
+            else:
+                planned.append(within_budget(result, budget))
+        yield Window(planned, failures)
+        current = upcoming

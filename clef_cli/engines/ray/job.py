@@ -1,0 +1,292 @@
+"""`clef score --ray`: the same scorer on a Ray Data actor pool, across GPUs and machines.
+
+Ray Data reads the inputs in parallel tasks (Parquet row groups, JSONL byte ranges; local paths
+or URIs that pyarrow's filesystems understand), each row carrying its global record index. An
+actor pool (the model loaded once per actor) validates, encodes and scores each block in
+length-sorted token-budget batches, exactly as the single-process job does. The driver commits
+every returned block to the job's checkpoint, so a rerun skips what is done, and writes the same
+Parquet output as the single-process path, in input order.
+
+Nothing imports Ray unless this module is used (`pip install "clef-cli[ray]"`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from clef_cli import faults
+from clef_cli.encoding.batching import PlanEntry, plan_batches
+from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.engines.ray.hidden import check_every_node_sees, commit_block, tag, write_hidden
+from clef_cli.engines.ray.logs import RAY_LOG, ray_output_to
+from clef_cli.engines.ray.reading import Slice, plan_slices, read_slice
+from clef_cli.engines.ray.resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
+from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
+from clef_cli.errors import ClefError, RecordError
+from clef_cli.inputs.readers import count_records, load_questions_file
+from clef_cli.inputs.records import InvalidRecord, RecordBuilder
+from clef_cli.inputs.sources import expand_inputs
+from clef_cli.job import open_job
+from clef_cli.model.backbone import resolve_dtype
+from clef_cli.output import passthrough_types
+from clef_cli.progress import Progress
+from clef_cli.release import resolve_release
+from clef_cli.results import RESULT_SCHEMA, FailedRecord, results_table
+from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
+
+
+@dataclass
+class RaySettings:
+    address: str | None = None
+    """A Ray cluster address; None starts (or joins) a local one."""
+    num_workers: int = 1
+    gpus_per_worker: float = 0.0
+    cpus_per_worker: float | None = None
+    """None: share the CPUs that Ray Data's read tasks leave (at most one per actor)."""
+    block_records: int = 256
+    """Records handed to an actor at a time (each block is length-sorted into batches)."""
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
+    """Seconds without a block back from the actors before the job stops itself (exit 1)."""
+    quiet: bool = False
+    """Send Ray's own output to ray.log in the checkpoint folder instead of stderr."""
+
+
+# ----------------------------------------------------------------------------- scoring actor
+
+
+def _assigned_cpus() -> int:
+    """The CPUs Ray gave this actor (--cpus-per-worker), at least one."""
+    import ray
+
+    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+
+
+class ScoreActor:
+    """One model per actor; scores blocks of rows with the single-process job's own pieces."""
+
+    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None, hidden_dir: str | None) -> None:
+        from clef_cli.encoding.media import set_decode_threads
+        from clef_cli.encoding.prompt import PromptEncoder
+        from clef_cli.families import family_of
+        from clef_cli.model.scoring import BatchRunner, load_scorer
+        from clef_cli.release import load_processor
+
+        release = resolve_release(settings.model, revision=settings.revision)
+        settings = settings.for_release(release)
+        set_decode_threads(_assigned_cpus())  # video decoding uses the actor's CPUs (frame threading)
+        self.encoder = PromptEncoder(
+            load_processor(release), settings.max_length, settings.overflow, settings.limits, family_of(release)
+        )
+        self.runner = BatchRunner(
+            load_scorer(release, device=settings.device, dtype=settings.dtype), settings.max_batch_tokens
+        )
+        self.builder = RecordBuilder(default_questions=questions, check_duplicates=False)
+        self.max_batch_size = settings.max_batch_size
+        self.hidden_dir = Path(hidden_dir) if hidden_dir else None
+        self.hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
+
+    def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
+        index = row["record_index"]
+        if row["problem"] is not None:
+            return FailedRecord(str(index), index, row["problem"])
+        base_dir = Path(row["base_dir"]) if row["base_dir"] else None
+        record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, json_text=row["parquet"])
+        if isinstance(record, InvalidRecord):
+            return FailedRecord(record.id, record.index, record.error)
+        faults.in_ray_actor(record.id)
+        try:
+            return self.encoder.encode(record)
+        except RecordError as error:
+            return FailedRecord(record.id, record.index, str(error))
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        failures: list[FailedRecord] = []
+        encoded: dict[int, EncodedRecord] = {}
+        for row in block.to_pylist():
+            item = self._encode(row)
+            if isinstance(item, FailedRecord):
+                failures.append(item)
+            else:
+                encoded[item.record.index] = item
+        entries = [PlanEntry(index, item.length, item.use_audio_in_video) for index, item in encoded.items()]
+        pieces = [tag(results_table([], failures), None)]
+        for batch in plan_batches(entries, self.runner.max_batch_tokens, self.max_batch_size):
+            for outcome in self.runner.run([encoded[index] for index in batch.indices]):
+                described = None
+                if outcome.records and self.hidden_dir is not None:
+                    assert outcome.hidden_states is not None
+                    payload = hidden_payload(outcome.records, outcome.hidden_states, self.hidden_dtype)
+                    described = write_hidden(self.hidden_dir, payload)
+                pieces.append(tag(results_table(outcome.scored, outcome.failures), described))
+        return pa.concat_tables(pieces)
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+def _connect(address: str | None) -> bool:
+    """Join (or start) the cluster; True when this call started Ray, so the job shuts it down."""
+    import logging
+
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False  # clef draws its own progress; Ray's would interleave
+    context.enable_auto_log_stats = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise ClefError(f"cannot reach the Ray cluster {address or '(local)'}: {error}") from None
+    return True
+
+
+def mark_duplicates(results: pa.Table) -> pa.Table:
+    """Records whose id an earlier record already used become errors, as in a local run."""
+    ordered = results.sort_by("record_index")
+    first: dict[str, int] = {}
+    duplicates: dict[int, str] = {}
+    ids, indices = ordered.column("id").to_pylist(), ordered.column("record_index").to_pylist()
+    for record_id, index in zip(ids, indices, strict=True):
+        if record_id in first:
+            error = RecordError(record_id, "id", f"duplicate record id (first used by record {first[record_id]})")
+            duplicates[index] = str(error)
+        else:
+            first[record_id] = index
+    if not duplicates:
+        return results
+    rows = [
+        {
+            **row,
+            "prompt_tokens": None,
+            "state_tokens_cut": None,
+            "answers": None,
+            "error": duplicates[row["record_index"]],
+        }
+        if row["record_index"] in duplicates
+        else row
+        for row in results.to_pylist()
+    ]
+    return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
+
+
+class RayScoreJob:
+    """The driver of a `--ray` run: plan slices, stream blocks through the actors, commit, write."""
+
+    def __init__(
+        self,
+        settings: ScoreSettings,
+        ray_settings: RaySettings,
+        progress: Progress | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        settings.validate()
+        self.settings = settings
+        self.ray_settings = ray_settings
+        self.progress = progress or Progress()
+        self.stop = stop or threading.Event()
+        self.summary = JobSummary(output=settings.output)
+
+    def run(self) -> JobSummary:
+        device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
+        dtype = str(resolve_dtype(self.settings.dtype, device)).removeprefix("torch.")
+        with open_job(self.settings, self.progress, dtype) as job:
+            settings = self.settings = job.settings
+            self.summary = job.summary
+            passthrough = (
+                passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
+                if settings.keep_columns
+                else None
+            )
+            questions = load_questions_file(settings.questions) if settings.questions else None
+            self._on_cluster(job.checkpoint, questions)
+            if self.stop.is_set():
+                return job.interrupted()
+            return job.finish(mark_duplicates(job.checkpoint.results()), {"clef.engine": "ray"}, passthrough)
+
+    def _on_cluster(self, checkpoint: Checkpoint, questions: Any) -> None:
+        """Connect, fit the plan to the cluster, score; Ray's output in ray.log when quiet."""
+        import ray
+
+        settings, cluster = self.settings, self.ray_settings
+        log = checkpoint.path / RAY_LOG if cluster.quiet else None
+        with ray_output_to(log):
+            started_ray = _connect(cluster.address)
+            try:
+                actors = fit_actors(
+                    alive_nodes(), cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker
+                )
+                if settings.hidden_states == "keep":
+                    check_every_node_sees(checkpoint.shards_path)
+                slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
+                self.progress.start(count_records(settings.inputs, settings.limit), checkpoint.done.count)
+                self._stream(ray, slices, checkpoint, questions, actors)
+            except Stalled as error:
+                where = f" (Ray's log: {log})" if log else ""
+                raise Stalled(
+                    f"{error}; the {self.summary.committed} records committed this run are kept in "
+                    f"{checkpoint.path}; rerun the same command to continue{where}"
+                ) from None
+            finally:
+                if started_ray:
+                    ray.shutdown()
+
+    def _stream(
+        self, ray: Any, slices: list[Slice], checkpoint: Checkpoint, questions: Any, actors: ActorResources
+    ) -> None:
+        settings, cluster = self.settings, self.ray_settings
+        done = bytes(checkpoint.done.flags)  # one byte per record: small, sent with each read task
+        hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states == "keep" else None
+        dataset = (
+            ray.data.from_items([slice.__dict__ for slice in slices])
+            .flat_map(
+                read_slice,
+                fn_kwargs={"done": done, "limit": settings.limit, "struct_nulls": settings.struct_nulls},
+                num_cpus=DATA_TASK_CPUS,
+            )
+            .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
+            .map_batches(
+                ScoreActor,
+                fn_constructor_kwargs={"settings": settings, "questions": questions, "hidden_dir": hidden_dir},
+                batch_size=cluster.block_records,
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),
+                num_gpus=actors.gpus,
+                num_cpus=actors.cpus,
+                **({"runtime_env": {"env_vars": faults.ray_env()}} if faults.ray_env() else {}),
+            )
+        )
+        batches = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
+        blocks = Watched(batches, cluster.stall_timeout, waiting_for)
+        try:
+            self._commit_blocks(blocks, checkpoint)
+        finally:
+            blocks.close()
+
+    def _commit_blocks(self, blocks: Watched[pa.Table], checkpoint: Checkpoint) -> None:
+        for block in blocks:
+            if block.num_rows == 0:
+                continue
+            commit_block(checkpoint, block)
+            faults.after_commit()
+            self.summary.committed += block.num_rows
+            failed = block.num_rows - block.column("error").null_count
+            scored = block.num_rows - failed
+            self.summary.forwarded += scored
+            self.summary.failed += failed
+            tokens = sum(value or 0 for value in block.column("prompt_tokens").to_pylist())
+            self.summary.tokens += tokens
+            self.progress.advance(block.num_rows, tokens, failed)
+            if self.stop.is_set():
+                return

@@ -1,0 +1,131 @@
+"""Reading the inputs in Ray tasks: Parquet row groups and JSONL byte ranges, each row carrying
+its global record index, so that records keep their place in the output whoever reads them."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.readers import parse_jsonl_line, raw_rows
+from clef_cli.inputs.sources import InputFile
+
+JSONL_RANGE_BYTES = 64 << 20
+
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A piece of one input that a Ray task reads: a Parquet row group or a JSONL byte range."""
+
+    location: str
+    size: int
+    kind: str  # "parquet", "jsonl" or "json"
+    part: int  # row group, or byte offset of the range
+    stop: int  # byte end of a JSONL range
+    first_index: int
+    first_line: int = 1
+
+
+def _count_range(location: str, size: int, start: int, stop: int) -> tuple[int, int]:
+    """(records, lines) whose first byte lies in [start, stop) of a JSONL file."""
+    records = lines = 0
+    for _, line in _range_lines(InputFile(location, size), start, stop):
+        lines += 1
+        records += bool(line.strip())
+    return records, lines
+
+
+def _range_lines(source: InputFile, start: int, stop: int) -> Any:
+    with source.open_binary() as handle:
+        position = 0
+        if start > 0:
+            while position < start - 1:  # streams from remote filesystems cannot seek
+                position += len(handle.read(min(1 << 24, start - 1 - position)))
+            if handle.read(1) != b"\n":  # the line under way belongs to the previous range
+                position += 1 + len(handle.readline())
+            else:
+                position += 1
+        while position < stop:
+            line = handle.readline()
+            if not line:
+                return
+            yield position, line
+            position += len(line)
+
+
+def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
+    """Cut the inputs into slices and give each its first global record index."""
+    import ray
+
+    slices: list[Slice] = []
+    index = 0
+    for source in sources:
+        if source.is_parquet:
+            metadata = source.parquet().metadata
+            for group in range(metadata.num_row_groups):
+                slices.append(Slice(source.location, source.size, "parquet", group, 0, index))
+                index += metadata.row_group(group).num_rows
+        elif source.suffix == ".json":
+            slices.append(Slice(source.location, source.size, "json", 0, 0, index))
+            index += sum(1 for _ in raw_rows(source))
+        else:
+            bounds = [*range(0, max(source.size, 1), JSONL_RANGE_BYTES), source.size]
+            ranges = list(itertools.pairwise(bounds))
+            count = ray.remote(_count_range)
+            counts = ray.get([count.remote(source.location, source.size, a, b) for a, b in ranges])
+            line = 1
+            for (start, stop), (records, lines) in zip(ranges, counts, strict=True):
+                slices.append(Slice(source.location, source.size, "jsonl", start, stop, index, line))
+                index += records
+                line += lines
+        if limit is not None and index >= limit:
+            break
+    return slices
+
+
+def read_slice(
+    row: dict[str, Any], done: bytes, limit: int | None, struct_nulls: StructNulls = StructNulls.refuse
+) -> list[dict[str, Any]]:
+    """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
+    piece = Slice(**row)
+    source = InputFile(piece.location, piece.size)
+    base_dir = str(source.base_dir) if source.base_dir is not None else None
+    rows = []
+
+    def keep(index: int) -> bool:
+        return (limit is None or index < limit) and not (index < len(done) and done[index])
+
+    def add(index: int, raw: Any, problem: str | None) -> None:
+        if keep(index):
+            rows.append(
+                {
+                    "record_index": index,
+                    "payload": pickle.dumps(raw) if problem is None else None,
+                    "problem": problem,
+                    "base_dir": base_dir,
+                    "parquet": piece.kind == "parquet",
+                }
+            )
+
+    index = piece.first_index
+    if piece.kind == "parquet":
+        for record in parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls):
+            add(index, record, None)
+            index += 1
+    elif piece.kind == "json":
+        for raw, problem in raw_rows(source):
+            add(index, raw, problem)
+            index += 1
+    else:
+        line_number = piece.first_line
+        for _, line in _range_lines(source, piece.part, piece.stop):
+            if line.strip():
+                add(index, *parse_jsonl_line(line, source.name, line_number))
+                index += 1
+            line_number += 1
+    return rows
+
+

@@ -1,0 +1,269 @@
+"""Reading and validating input records (JSONL, JSON, Parquet) into `Record` objects.
+
+Readers stream: a Parquet file is read batch by batch and a JSONL file line by line, so a job
+over millions of records never holds them all. Every problem with one record becomes an
+`InvalidRecord` that names the record and the field; the other records are unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clef_cli.errors import RecordError
+from clef_cli.inputs.parquet_rows import AmbiguousNulls
+
+QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
+"""Question type names and the ids the head's type embedding uses."""
+QUESTION_TYPE_NAMES = tuple(QUESTION_TYPES)
+"""The names by type id."""
+
+NOUL_DEFAULTS: dict[str, str | None] = {
+    "true": "The proposition is true or the answer is yes.",
+    "false": "The proposition is false or the answer is no.",
+}
+MEDIA_FIELDS = ("images", "audio", "videos")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One validated question; `options` are in head (and prompt) order."""
+
+    id: str
+    type: str
+    instructions: Any
+    options: tuple[tuple[str, Any], ...]
+    criteria_order: tuple[str, ...]
+    """Option ids in the order the record wrote them (choice ties go to the first of these)."""
+    ignored_criteria: tuple[str, ...] = ()
+    """Criteria keys the model never reads (noul keys other than true/false), shown by inspect-spans."""
+
+    @property
+    def type_id(self) -> int:
+        return QUESTION_TYPES[self.type]
+
+    @property
+    def option_ids(self) -> tuple[str, ...]:
+        return tuple(option_id for option_id, _ in self.options)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A valid record: state, schema and media references (paths are resolved later)."""
+
+    id: str
+    index: int
+    state: Any
+    questions: tuple[Question, ...]
+    images: tuple[str, ...] = ()
+    audio: tuple[str, ...] = ()
+    videos: tuple[str, ...] = ()
+    base_dir: Path | None = None
+    """Where relative media paths resolve (the input file's folder); None for remote inputs."""
+
+    @property
+    def has_media(self) -> bool:
+        return bool(self.images or self.audio or self.videos)
+
+
+@dataclass(frozen=True)
+class InvalidRecord:
+    """A record that failed validation; it still takes its place in the output."""
+
+    id: str
+    index: int
+    error: str
+
+
+# --------------------------------------------------------------------------- schema validation
+
+
+def noul_descriptions(criteria: Any, record_id: str, where: str) -> dict[Any, Any]:
+    """The reference's rule: `descriptions = defaults; descriptions.update(criteria or {})`.
+
+    Falsy criteria (null, {}, [], "") mean the defaults, and keys other than true/false are
+    accepted and ignored (`ignored_noul_keys` names them for inspect-spans). Only criteria that
+    `dict.update` itself rejects are errors, since the reference cannot score those either.
+    """
+    descriptions: dict[Any, Any] = dict(NOUL_DEFAULTS)
+    try:
+        descriptions.update(criteria or {})
+    except (TypeError, ValueError):
+        raise RecordError(record_id, where, "noul criteria must be an object with keys true/false") from None
+    return descriptions
+
+
+def ignored_noul_keys(criteria: Any) -> tuple[str, ...]:
+    """Keys of noul criteria that the model never reads (typos such as `maybe` or `True`)."""
+    try:
+        keys = dict(criteria or {})
+    except (TypeError, ValueError):
+        return ()
+    return tuple(str(key) for key in keys if key not in NOUL_DEFAULTS)
+
+
+def question_options(
+    question_id: str, qtype: str, criteria: Any, record_id: str
+) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """The (option id, description) pairs in head order, and the ids in the record's order."""
+    where = f"questions.{question_id}.criteria"
+    if qtype == "noul":
+        descriptions = noul_descriptions(criteria, record_id, where)
+        options = tuple((key, descriptions[key]) for key in ("true", "false"))
+        return options, ("true", "false")
+    if qtype == "choice":
+        if not isinstance(criteria, Mapping) or not criteria:
+            raise RecordError(
+                record_id, where, "choice criteria must be a non-empty object of option id -> description"
+            )
+        if any(not isinstance(key, str) for key in criteria):
+            raise RecordError(record_id, where, "choice option ids must be strings")
+        return tuple((key, criteria[key]) for key in sorted(criteria)), tuple(criteria)
+    if not isinstance(criteria, list) or not criteria:
+        raise RecordError(record_id, where, "score criteria must be a non-empty list of level descriptions")
+    levels = tuple(str(level) for level in range(len(criteria)))
+    return tuple(zip(levels, criteria, strict=True)), levels
+
+
+def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
+    """Validate a question schema (question id -> question object), keeping the record's order."""
+    if questions is None:
+        raise RecordError(record_id, "questions", "no questions (give them in the record or with --questions)")
+    if not isinstance(questions, Mapping):
+        raise RecordError(record_id, "questions", "questions must be an object of question id -> question")
+    if not questions:
+        raise RecordError(record_id, "questions", "no questions: the schema is empty")
+    parsed = []
+    for question_id, spec in questions.items():
+        if not isinstance(question_id, str) or not question_id:
+            raise RecordError(record_id, "questions", f"question ids must be non-empty strings, got {question_id!r}")
+        if not isinstance(spec, Mapping):
+            raise RecordError(record_id, f"questions.{question_id}", "a question must be an object")
+        qtype = spec.get("type")
+        if qtype not in QUESTION_TYPES:
+            raise RecordError(
+                record_id,
+                f"questions.{question_id}.type",
+                f"unknown question type {qtype!r} (expected one of noul, choice, score)",
+            )
+        options, criteria_order = question_options(question_id, qtype, spec.get("criteria"), record_id)
+        parsed.append(
+            Question(
+                id=question_id,
+                type=qtype,
+                instructions=spec.get("instructions"),
+                options=options,
+                criteria_order=criteria_order,
+                ignored_criteria=ignored_noul_keys(spec.get("criteria")) if qtype == "noul" else (),
+            )
+        )
+    return tuple(parsed)
+
+
+def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[str, ...]:
+    value = raw.get(name)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        raise RecordError(record_id, name, "must be a list of strings (paths, data: URLs or http(s) URLs)")
+    if not isinstance(value, Sequence) and not hasattr(value, "tolist"):
+        raise RecordError(record_id, name, "must be a list of strings")
+    entries = list(value)
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, str):
+            raise RecordError(
+                record_id, f"{name}[{position}]", f"media entries must be strings, got {type(entry).__name__}"
+            )
+        if not entry:
+            raise RecordError(record_id, f"{name}[{position}]", "empty media entry")
+    return tuple(entries)
+
+
+def _decode_json_text(value: Any, record_id: str, name: str) -> Any:
+    """Parquet and CSV-like sources may carry nested values as JSON text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise RecordError(record_id, name, f"not valid JSON text: {error.msg} at position {error.pos}") from None
+
+
+# --------------------------------------------------------------------------- record assembly
+
+
+@dataclass
+class RecordBuilder:
+    """Turns raw mappings into `Record` / `InvalidRecord`, tracking ids across all inputs."""
+
+    default_questions: Mapping[str, Any] | None = None
+    check_duplicates: bool = True
+    """Off where records are built in parallel; the caller then checks ids across all records."""
+    _seen_ids: dict[str, int] = field(default_factory=dict)
+
+    def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
+        if not isinstance(raw, Mapping):
+            return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
+        record_id = self._record_id(raw, index)
+        try:
+            if self.check_duplicates:
+                if record_id in self._seen_ids:
+                    raise RecordError(
+                        record_id, "id", f"duplicate record id (first used by record {self._seen_ids[record_id]})"
+                    )
+                self._seen_ids[record_id] = index
+            return self._validate(raw, record_id, index, base_dir, json_text)
+        except RecordError as error:
+            return InvalidRecord(record_id, index, str(error))
+
+    @staticmethod
+    def _record_id(raw: Mapping[str, Any], index: int) -> str:
+        value = raw.get("id")
+        if value is None or value == "":
+            return str(index)
+        return str(value)
+
+    def _validate(
+        self,
+        raw: Mapping[str, Any],
+        record_id: str,
+        index: int,
+        base_dir: Path | None,
+        json_text: bool,
+    ) -> Record:
+        for name in ("state", "questions"):
+            if isinstance(raw.get(name), AmbiguousNulls):
+                raise raw[name].error(record_id)
+        if "state" not in raw or raw["state"] is None:
+            raise RecordError(record_id, "state", "missing state")
+        state = raw["state"]
+        questions = raw.get("questions")
+        if json_text:
+            state = _decode_json_container(state)
+            questions = _decode_json_text(questions, record_id, "questions")
+        if questions is None:
+            questions = self.default_questions
+        return Record(
+            id=record_id,
+            index=index,
+            state=state,
+            questions=parse_questions(questions, record_id),
+            images=parse_media(raw, "images", record_id),
+            audio=parse_media(raw, "audio", record_id),
+            videos=parse_media(raw, "videos", record_id),
+            base_dir=base_dir,
+        )
+
+
+def _decode_json_container(value: Any) -> Any:
+    """A Parquet text state holding a JSON object or array is that value; other text stays text."""
+    if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
+        return value
+    try:
+        decoded = json.loads(value)
+    except json.JSONDecodeError:
+        return value
+    return decoded if isinstance(decoded, (dict, list)) else value
