@@ -60,7 +60,7 @@ step environment 45 "$PY" "$ROOT/benchmarks/gpu_env.py" report "$OUT/environment
 if [[ $SMOKE -eq 1 ]]; then
   DEVICE=cpu
   PARITY=(--dtypes float32,bfloat16 --limit 1)
-  GPU=(--cpu-smoke)
+  GPU=(--cpu-smoke --min-seconds 0.01)
   SCORE=(--records 6 --media-records 2 --workers 0)
   FEED=(--sets text --workers 0 --scale 0.02 --windows 1)
 else
