@@ -69,7 +69,7 @@ else
   PARITY=(--dtypes float32,bfloat16)
   GPU=(--layers 4 --budgets 16384,65536,131072 --lengths 1024,4096,8192,16384 --min-seconds 1.0)
   DENSE=(--budgets 16384,65536 --lengths 1024,8192)  # without its kernels the delta rule is slow
-  SCORE=(--records 2000 --media-records 120)
+  SCORE=(--records 1000 --media-records 80)
   FEED=(--sets text,image --workers "1,$(($(nproc) - 1))" --scale 1 --windows 4)
 fi
 
