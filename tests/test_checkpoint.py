@@ -229,6 +229,37 @@ def test_sigint_commits_and_exits_130(job, uninterrupted, workers):
     assert_same_rows(rows(output), uninterrupted)
 
 
+@pytest.mark.slow  # a real process stopped at a chosen instant, then resumed
+@pytest.mark.parametrize("workers", [0, 1])
+def test_sigterm_commits_and_exits_130(job, uninterrupted, workers):
+    """SIGTERM, as a supervisor (systemd, Kubernetes, timeout) sends it to the main process only:
+    the batch under way is committed, the encoding workers go, the exit status is 130."""
+    inputs, output = job
+    checkpoint = Path(str(output) + ".ckpt")
+    workers_seen: list[int] = []
+    pid: list[int] = []
+
+    def ready() -> bool:
+        if journal_records(checkpoint) < 4:
+            return False
+        workers_seen.extend(children(pid[0]))
+        return True
+
+    process = start_and_kill(
+        inputs, output, ready, {"CLEF_TEST_SLOW_COMMIT": "0.3"}, sig=signal.SIGTERM, workers=workers, started=pid.append
+    )
+    assert process.returncode == 130
+    _, stderr = process.communicate()
+    assert "interrupted" in stderr and "rerun the same command to continue" in stderr
+    assert wait_gone(workers_seen), "encoding workers outlived their stopped job"
+    committed = journal_records(checkpoint)
+    assert committed >= 4 and not output.exists()
+    assert f"interrupted: {committed} records committed this run" in stderr  # what it says is on disk
+    done = run(inputs, output)
+    assert forwards(done) == (24 - committed, committed)
+    assert_same_rows(rows(output), uninterrupted)
+
+
 def in_process(inputs: Path, output: Path, *extra: str):
     return runner.invoke(
         app, ["score", str(inputs), "-o", str(output), "--model", str(TINY_MODEL), "--workers", "0", "--quiet", *extra]
