@@ -100,7 +100,11 @@ def run(task: str, seed: int, checkpoint: Path, gold: list[dict], train: int, fo
         "trained_over_probe": round(trained / probe, 3),
         "gate": report["gate"]["passed"],
         "difference": report["held_out"]["log_loss_difference"],
-        "cross_fitted": {k: v["accuracy"] for k, v in report["by_question"][question].items() if isinstance(v, dict) and "accuracy" in v},
+        "cross_fitted": {
+            k: v["accuracy"]
+            for k, v in report["by_question"][question].items()
+            if isinstance(v, dict) and "accuracy" in v
+        },
         "epochs": len(epochs),
         "seconds_per_epoch": round(float(np.median(np.diff(epochs))), 2),
         "seconds_total": round(time.perf_counter() - start, 1),

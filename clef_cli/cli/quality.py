@@ -152,7 +152,7 @@ def train_head(
     Examples:
       clef score records.jsonl -o out.parquet
       clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
-      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 1e-3 --folds 10
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 5e-4 --folds 10
       clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
     from clef_cli.quality.head_training import FitSettings
