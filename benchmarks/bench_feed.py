@@ -159,8 +159,8 @@ def encode_rate(path: Path) -> dict[str, float]:
     """One process, one thread: prompt tokens per second of encoding (wall and CPU time)."""
     import torch
 
-    from clef_cli.prompt import PromptEncoder
-    from clef_cli.readers import read_records
+    from clef_cli.encoding.prompt import PromptEncoder
+    from clef_cli.inputs.readers import read_records
     from clef_cli.release import load_processor, resolve_release
 
     torch.set_num_threads(1)
@@ -182,7 +182,7 @@ class SimulatedDevice:
         self.device_seconds = 0.0
         """The time a real device at `rate` would have been busy (padded tokens / rate)."""
 
-    def __call__(self, batch) -> object:  # a clef_cli.batching.ModelBatch
+    def __call__(self, batch) -> object:  # a clef_cli.encoding.batching.ModelBatch
         import torch
 
         rows, length = batch.input_ids.shape
@@ -192,7 +192,7 @@ class SimulatedDevice:
 
 
 def simulated_scorer(rate: float):
-    from clef_cli.scoring import load_scorer
+    from clef_cli.model.scoring import load_scorer
 
     scorer = load_scorer(str(MODEL), device="cpu")
     scorer.backbone.hidden_states = SimulatedDevice(scorer.backbone.hidden_size, rate)
@@ -201,7 +201,7 @@ def simulated_scorer(rate: float):
 
 def run_job(path: Path, folder: Path, workers: int, window: int, scorer) -> dict[str, float]:
     """The real pipeline (background commits with hidden states, Parquet output) around the stand-in."""
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     out = folder / f"out-{workers}.parquet"
     settings = ScoreSettings(inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=True)

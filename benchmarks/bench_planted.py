@@ -28,7 +28,7 @@ MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"
 
 
 def score_task(task: str, count: int, folder: Path) -> tuple[Path, list[dict]]:
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
     from tests.planted import planted_task
 
     inputs, gold = planted_task(task, count, folder)
@@ -62,11 +62,11 @@ def probe_accuracy(train, held) -> float:
 def run(task: str, seed: int, checkpoint: Path, gold: list[dict], train: int, folder: Path) -> dict:
     import numpy as np
 
-    from clef_cli.backbone import load_lexical_rows
-    from clef_cli.checkpoint import Checkpoint
-    from clef_cli.head import load_joint_head
+    from clef_cli.families import family_of
+    from clef_cli.model.head import load_joint_head
     from clef_cli.quality.train_head import TrainHeadSettings, gold_examples, train_head
     from clef_cli.release import resolve_release
+    from clef_cli.store.checkpoint import Checkpoint
     from tests.planted import write_jsonl
 
     all_gold = write_jsonl(folder / "all-gold.jsonl", gold)
@@ -87,7 +87,8 @@ def run(task: str, seed: int, checkpoint: Path, gold: list[dict], train: int, fo
     start = time.perf_counter()
     settings = TrainHeadSettings(checkpoint, gold_file, folder / f"head-{seed}", seed=seed, device="cpu", force=True)
     result = train_head(settings, Timer())
-    lexical = load_lexical_rows(resolve_release(str(MODEL)))
+    release = resolve_release(str(MODEL))
+    lexical = family_of(release).lexical_rows(release)
     report = result.report
     question = next(iter(report["by_question"]))
     trained, probe = accuracy(result.head, lexical, held), probe_accuracy(train_examples, held)

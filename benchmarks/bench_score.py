@@ -84,7 +84,7 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> Path:
 
 
 def run_pipeline(path: Path, out: Path, workers: int | None, device: str) -> dict:
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     settings = ScoreSettings(
         inputs=[path],
@@ -111,10 +111,10 @@ def run_pipeline(path: Path, out: Path, workers: int | None, device: str) -> dic
 
 def run_sequential(path: Path, device: str) -> dict:
     """The reference's way: encode, forward alone, head, one record at a time (nothing written)."""
-    from clef_cli.prompt import PromptEncoder
-    from clef_cli.readers import read_records
+    from clef_cli.encoding.prompt import PromptEncoder
+    from clef_cli.inputs.readers import read_records
+    from clef_cli.model.scoring import load_scorer
     from clef_cli.release import load_processor, resolve_release
-    from clef_cli.scoring import load_scorer
 
     started = time.perf_counter()  # start-up included, as it is for the pipeline
     release = resolve_release(str(MODEL))
@@ -145,7 +145,7 @@ def peak_rss_kib() -> int:
 
 def plan_child(count: int) -> None:
     """Runs in a fresh process: a dry run (planning only) over `count` text records."""
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     with tempfile.TemporaryDirectory() as folder:
         path = write_jsonl(Path(folder) / "records.jsonl", iter_text_records(count, seed=3))

@@ -30,13 +30,14 @@ MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"
 
 
 def measure(records: int, epochs: int, batch_tokens: int, device: str, folder: Path) -> dict:
-    from clef_cli.backbone import load_lexical_rows, resolve_device
-    from clef_cli.checkpoint import Checkpoint
-    from clef_cli.head import load_joint_head
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.families import family_of
+    from clef_cli.model.backbone import resolve_device
+    from clef_cli.model.head import load_joint_head
     from clef_cli.quality.head_training import FitSettings, fit
     from clef_cli.quality.train_head import gold_examples
     from clef_cli.release import resolve_release
+    from clef_cli.store.checkpoint import Checkpoint
 
     rows = text_records(records)
     inputs = folder / f"in-{records}.jsonl"
@@ -55,7 +56,7 @@ def measure(records: int, epochs: int, batch_tokens: int, device: str, folder: P
     examples, _ = gold_examples(reader, gold)
     release = resolve_release(str(MODEL))
     torch_device = resolve_device(device)
-    lexical = load_lexical_rows(release).to(torch_device)
+    lexical = family_of(release).lexical_rows(release).to(torch_device)
     head = load_joint_head(release.path)
     stamps = [time.perf_counter()]
     fit(

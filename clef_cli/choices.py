@@ -1,9 +1,13 @@
-"""Fixed choices the library takes and the CLI offers, kept free of heavy imports so `clef --help`
-can list them without loading torch."""
+"""Fixed choices and defaults the library takes and the CLI offers, kept free of heavy imports so
+`clef --help` can list them without loading torch."""
 
 from __future__ import annotations
 
 from enum import Enum
+
+DEFAULT_MAX_BATCH_TOKENS = 32768
+"""Padded tokens per forward (batch size x longest) unless --max-batch-tokens says otherwise."""
+DEFAULT_MAX_BATCH_SIZE = 64
 
 
 class OverflowPolicy(str, Enum):

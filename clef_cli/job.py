@@ -16,13 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clef_cli import __version__
-from clef_cli.checkpoint import Checkpoint
-from clef_cli.locks import job_locks
-from clef_cli.output import OutputCounts, OutputSpec, remove_stale_temporaries, write_output
+from clef_cli.inputs.sources import expand_inputs, input_fingerprint
+from clef_cli.output import OutputSpec, remove_stale_temporaries, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
+from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
-from clef_cli.sources import expand_inputs, input_fingerprint
+from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.locks import job_locks
 
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:

@@ -19,11 +19,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clef_cli import faults
-from clef_cli.atomic import write_atomically
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.readers import iter_column_values, parquet_only
-from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, long_rows
-from clef_cli.sources import expand_inputs
+from clef_cli.inputs.readers import iter_column_values, parquet_only
+from clef_cli.inputs.sources import expand_inputs
+from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, long_rows
+from clef_cli.store.atomic import write_atomically
 
 if TYPE_CHECKING:
     from clef_cli.quality.calibrate import Calibration
@@ -40,12 +40,6 @@ class OutputSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     calibration: Calibration | None = None
     """Temperature scaling applied as rows are written (never stored in the checkpoint)."""
-
-
-@dataclass(frozen=True)
-class OutputCounts:
-    records: int
-    failed: int
 
 
 def check_keep_columns(columns: Sequence[str]) -> None:

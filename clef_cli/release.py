@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import ModelLoadError
-from clef_cli.families import FAMILY_BY_MODEL_TYPE
 
 DEFAULT_MODEL = "Cloudflare/clef-omni"
 HEAD_CONFIG = "joint_head_config.json"
@@ -22,6 +21,9 @@ HEAD_WEIGHTS = "joint_head.safetensors"
 HEAD_FILES = (HEAD_CONFIG, HEAD_WEIGHTS)
 TEXT_FILE_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 WEIGHT_INDEX = "model.safetensors.index.json"
+FAMILY_BY_MODEL_TYPE = {"qwen3_omni_moe": "omni", "qwen3_5": "dense", "qwen3_5_moe": "dense"}
+"""Family names by `config.json` model_type, as plain strings: finding a release never imports a
+family (or torch); `clef_cli.families` turns the name into one."""
 
 
 @dataclass(frozen=True)

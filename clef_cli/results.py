@@ -7,12 +7,38 @@ shards (plus pass-through columns), never a recomputation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from clef_cli.scoring import FailedRecord, ScoredRecord
+    from clef_cli.model.answers import QuestionResult
+
+@dataclass(frozen=True)
+class ScoredRecord:
+    record_id: str
+    index: int
+    prompt_tokens: int
+    state_tokens_cut: int
+    questions: tuple[QuestionResult, ...]
+
+
+@dataclass(frozen=True)
+class FailedRecord:
+    """A record that produced no scores: its place in the output and why."""
+
+    record_id: str
+    index: int
+    error: str
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputCounts:
+    records: int
+    failed: int
+
 
 LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])
 ANSWER_TYPE = pa.struct(

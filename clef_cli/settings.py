@@ -10,19 +10,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clef_cli.choices import HiddenDtype, HiddenStates, Layout, OverflowPolicy
+from clef_cli.choices import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_BATCH_TOKENS,
+    HiddenDtype,
+    HiddenStates,
+    Layout,
+    OverflowPolicy,
+)
+from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
-from clef_cli.media import MediaLimits
-from clef_cli.parquet_rows import StructNulls
+from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.inputs.sources import local_path
 from clef_cli.release import DEFAULT_MODEL, Release
-from clef_cli.sources import local_path
 from clef_cli.stats import JobStats
 
 if TYPE_CHECKING:
-    from clef_cli.output import OutputCounts
+    from clef_cli.results import OutputCounts
 
-DEFAULT_MAX_BATCH_TOKENS = 32768
-DEFAULT_MAX_BATCH_SIZE = 64
 
 
 @dataclass

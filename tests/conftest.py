@@ -25,14 +25,14 @@ def processor(release):
 
 @pytest.fixture(scope="session")
 def encoder(processor):
-    from clef_cli.prompt import PromptEncoder
+    from clef_cli.encoding.prompt import PromptEncoder
 
     return PromptEncoder(processor, max_length=GOLDEN_MAX_LENGTH)
 
 
 @pytest.fixture(scope="session")
 def golden_records():
-    from clef_cli.readers import read_records
+    from clef_cli.inputs.readers import read_records
 
     return list(read_records([GOLDEN_RECORDS]))
 
@@ -51,7 +51,7 @@ def golden_encoded(encoder, golden_records):
 def scorer(release):
     import torch
 
-    from clef_cli.scoring import load_scorer
+    from clef_cli.model.scoring import load_scorer
 
     torch.manual_seed(0)
     return load_scorer(release, device="cpu", dtype="float32")

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from clef_cli.head import JointSchemaHead
+from clef_cli.model.head import JointSchemaHead
 
 MAX_LOGIT_SCALE = math.log(100.0)
 """DESIGN §5's cap on the logit scales, written here, not imported from the code under test."""

@@ -72,7 +72,7 @@ def assert_same_rows(got: list[dict], want: list[dict], probability_tolerance: f
 def settings_for(folder: Path, inputs: list | None = None, name: str = "out.parquet", **overrides):
     """ScoreSettings for the tiny model on the CPU, inline encoding, output `folder/name`;
     default input: sample_data/records.jsonl."""
-    from clef_cli.pipeline import ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreSettings
 
     values = dict(
         inputs=inputs or [SAMPLE_DATA / "records.jsonl"],

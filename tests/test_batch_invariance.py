@@ -128,8 +128,8 @@ def variant_records(files: dict[str, str]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory, processor):
-    from clef_cli.prompt import PromptEncoder
-    from clef_cli.readers import read_records
+    from clef_cli.encoding.prompt import PromptEncoder
+    from clef_cli.inputs.readers import read_records
 
     encoder = PromptEncoder(processor, max_length=4096)
     folder = tmp_path_factory.mktemp("invariance")

@@ -11,12 +11,12 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from clef_cli.answers import question_result
 from clef_cli.errors import UsageError
+from clef_cli.inputs.records import Question
+from clef_cli.model.answers import question_result
 from clef_cli.quality import metrics
 from clef_cli.quality.calibrate import Calibration, calibrate, calibrate_results, fit, fit_temperature, load_calibration
 from clef_cli.quality.scored import QuestionData, softmax
-from clef_cli.records import Question
 from clef_cli.results import RESULT_SCHEMA
 
 

@@ -340,7 +340,7 @@ def test_disk_guard_refuses_a_job_that_cannot_fit(job, monkeypatch):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from clef_cli.locks import JobLock
+from clef_cli.store.locks import JobLock
 with JobLock(Path(sys.argv[1]), "test"):
     print("held", flush=True)
     time.sleep(60)

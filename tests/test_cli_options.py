@@ -129,7 +129,7 @@ class Captured(Exception):
 
 def test_ray_address_comes_from_the_environment_and_is_ignored_without_ray(tmp_path, monkeypatch):
     pytest.importorskip("ray")
-    import clef_cli.ray_job
+    import clef_cli.engines.ray.job
 
     seen = {}
 
@@ -140,7 +140,7 @@ def test_ray_address_comes_from_the_environment_and_is_ignored_without_ray(tmp_p
         def run(self):
             raise ClefError("captured")
 
-    monkeypatch.setattr(clef_cli.ray_job, "RayScoreJob", Capturing)
+    monkeypatch.setattr(clef_cli.engines.ray.job, "RayScoreJob", Capturing)
     base = ["score", RECORDS, "-o", str(tmp_path / "o.parquet"), "-m", str(TINY_MODEL), "--device", "cpu"]
     environment = {"RAY_ADDRESS": "ray://head-node:10001"}
     result = runner.invoke(app, [*base, "--ray", "--ray-actors", "3"], env=environment)
@@ -181,7 +181,7 @@ def test_quiet_train_head_prints_no_stage_lines(tmp_path):
     loud = runner.invoke(app, [*command, "-o", str(tmp_path / "loud")])
     quiet = runner.invoke(app, [*command, "-o", str(tmp_path / "quiet"), "-q"])
     assert loud.exit_code == quiet.exit_code and loud.exit_code in (0, 4), loud.output
-    stages = ("verifying 1 hidden-state shards", "training on every gold record")
+    stages = ("verifying 1 hidden-state shards", "labels, 2 folds")
     assert all(stage in loud.stderr for stage in stages)
     assert not any(stage in quiet.stderr for stage in stages) and "final training loss" not in quiet.stderr
     assert "gate" in quiet.stderr
@@ -192,7 +192,7 @@ def boom(*args, **kwargs):
 
 
 def test_unexpected_errors_are_one_line_and_show_the_traceback_only_with_v(tmp_path, monkeypatch):
-    from clef_cli.checkpoint import Checkpoint
+    from clef_cli.store.checkpoint import Checkpoint
 
     monkeypatch.setattr(Checkpoint, "open_existing", boom)
     plain = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])
@@ -204,7 +204,7 @@ def test_unexpected_errors_are_one_line_and_show_the_traceback_only_with_v(tmp_p
 
 
 def test_job_errors_exit_1_usage_errors_2_and_an_interrupt_130(tmp_path, monkeypatch):
-    from clef_cli.checkpoint import Checkpoint
+    from clef_cli.store.checkpoint import Checkpoint
 
     missing = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])
     assert missing.exit_code == 1 and missing.stderr.startswith("error: ") and len(missing.stderr.splitlines()) == 1

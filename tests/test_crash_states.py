@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from clef_cli import checkpoint as checkpoint_module
 from clef_cli.cli import app
+from clef_cli.store import checkpoint as checkpoint_module
 
 from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
 

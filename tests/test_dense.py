@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.errors import ModelLoadError
-from clef_cli.readers import read_records
-from clef_cli.records import InvalidRecord
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.records import InvalidRecord
 
 from .helpers import FIXTURES, MEDIA, write_jsonl
 
@@ -40,8 +40,8 @@ def dense_release():
 
 @pytest.fixture(scope="module")
 def dense_encoder(dense_release):
+    from clef_cli.encoding.prompt import PromptEncoder
     from clef_cli.families import family_of
-    from clef_cli.prompt import PromptEncoder
     from clef_cli.release import load_processor
 
     return PromptEncoder(load_processor(dense_release), DENSE_MAX_LENGTH, family=family_of(dense_release))
@@ -49,7 +49,7 @@ def dense_encoder(dense_release):
 
 @pytest.fixture(scope="module")
 def dense_scorer(dense_release):
-    from clef_cli.scoring import load_scorer
+    from clef_cli.model.scoring import load_scorer
 
     return load_scorer(dense_release, device="cpu", dtype="float32")
 
@@ -192,7 +192,7 @@ def _release_copy(tmp_path: Path) -> Path:
 
 
 def test_a_dense_release_with_a_missing_key_is_one_error(tmp_path):
-    from clef_cli.scoring import load_scorer
+    from clef_cli.model.scoring import load_scorer
 
     folder = _release_copy(tmp_path)
     weights = load_file(folder / "model.safetensors")
@@ -203,8 +203,8 @@ def test_a_dense_release_with_a_missing_key_is_one_error(tmp_path):
 
 
 def test_a_head_for_another_hidden_size_is_refused(tmp_path):
-    from clef_cli.head import HeadConfig, JointSchemaHead
-    from clef_cli.scoring import load_scorer
+    from clef_cli.model.head import HeadConfig, JointSchemaHead
+    from clef_cli.model.scoring import load_scorer
 
     folder = _release_copy(tmp_path)
     config = {**json.loads((folder / "joint_head_config.json").read_text()), "hidden_size": 128}

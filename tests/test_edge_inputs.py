@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
+from clef_cli.encoding.prompt import OverflowPolicy, PromptEncoder
 from clef_cli.errors import RecordError
-from clef_cli.prompt import OverflowPolicy, PromptEncoder
-from clef_cli.readers import read_records
-from clef_cli.records import Record
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.records import Record
 from clef_cli.results import RESULT_SCHEMA
 
 from .helpers import TINY_MODEL, write_jsonl

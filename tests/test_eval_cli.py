@@ -110,13 +110,13 @@ def test_calibrate_then_score_from_the_checkpoint_without_the_model(scored, tmp_
     assert set(calibration["cross_fitted"]) == {"before", "after"}
     temperature = calibration["default"]
 
-    import clef_cli.scoring
+    import clef_cli.model.scoring
 
     def no_model(*args, **kwargs):
         raise AssertionError("the thinker must not run to recalibrate a finished job")
 
-    monkeypatch.setattr(clef_cli.scoring, "load_scorer", no_model)
-    monkeypatch.setattr(clef_cli.scoring.Scorer, "hidden_states", no_model)
+    monkeypatch.setattr(clef_cli.model.scoring, "load_scorer", no_model)
+    monkeypatch.setattr(clef_cli.model.scoring.Scorer, "hidden_states", no_model)
     calibrated = tmp_path / "calibrated.parquet"
     result = score(calibrated, "--checkpoint", f"{scored}.ckpt", "--calibration", str(cal))
     assert result.exit_code == 0, result.output
@@ -172,7 +172,7 @@ def test_long_layout_gold_column_and_by(scored, tmp_path):
         documents[name] = json.loads(out.read_text())
     assert documents["long"]["questions"] == documents["wide"]["questions"]
     assert documents["column"]["questions"] == documents["wide"]["questions"]
-    groups = documents["column"]["by"]["groups"]
+    groups = {group["value"]: group for group in documents["column"]["by"]["groups"]}
     assert set(groups) == {"a", "b"} and groups["a"]["records"] == 3 and groups["b"]["records"] == 2
     for value, records in (("a", ids[:3]), ("b", ids[3:])):
         rows = [r for r in wide.to_pylist() if r["id"] in records]

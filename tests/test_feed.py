@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clef_cli import media
-from clef_cli.media import MediaLimits
-from clef_cli.pool_size import decode_threads_per_worker, default_workers, worker_peak_bytes
+from clef_cli.encoding import media
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers, worker_peak_bytes
 
 from .helpers import FIXTURES
 

@@ -9,7 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from clef_cli.errors import ClefError
-from clef_cli.quality.gold import GoldFileError, column_gold_rows, load_gold, match_gold, read_gold_rows
+from clef_cli.quality.gold import (
+    GoldFileError,
+    GoldProblem,
+    column_gold_rows,
+    load_gold,
+    match_gold,
+    read_gold_rows,
+)
 from clef_cli.release import file_sha256
 
 OPTIONS = {
@@ -125,3 +132,75 @@ def test_gold_column_cells():
     assert rows == [("r1", {"spam": True}), ("r2", {"spam": False})]
     assert [p.message for p in problems] == ["record 'r3': column 'gold' is not a labels object"]
     assert match_gold(rows, OPTIONS).labels == {"r1": {"spam": "true"}, "r2": {"spam": "false"}}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "csv-labels"])
+def test_a_utf8_byte_order_mark_is_read_as_utf8_sig(tmp_path, fmt):
+    """Spreadsheet programs start text files with a BOM; it is not part of the first key or row."""
+    path = write(tmp_path, fmt)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    gold = load_gold(path, OPTIONS)
+    assert gold.labels == EXPECTED and gold.problems == []
+
+
+def test_integral_floats_are_score_levels_in_every_format(tmp_path):
+    """`2.0` (how pandas writes an integer column with a missing value) is level "2" whether it
+    comes as CSV text, a JSON number or string, a Parquet double or decimal; 2.5 stays wrong."""
+    from decimal import Decimal
+
+    csv_path = tmp_path / "gold.csv"
+    csv_path.write_text("id,spam,level\nr1,true,2.0\nr2,false,\n")
+    json_path = tmp_path / "gold.jsonl"
+    json_path.write_text('{"id": "r1", "labels": {"level": 2.0}}\n{"id": "r2", "labels": {"spam": false}}\n')
+    text_path = tmp_path / "gold.json"
+    text_path.write_text('[{"id": "r1", "level": "2.0"}, {"id": "r2", "spam": "false"}]')
+    double_path, decimal_path = tmp_path / "gold.parquet", tmp_path / "gold.pq"
+    pq.write_table(pa.table({"id": ["r1", "r2"], "level": pa.array([2.0, None], pa.float64())}), double_path)
+    decimals = pa.array([Decimal("2.00"), None], pa.decimal128(5, 2))
+    pq.write_table(pa.table({"id": ["r1", "r2"], "level": decimals}), decimal_path)
+    for path in (csv_path, json_path, text_path, double_path, decimal_path):
+        gold = load_gold(path, OPTIONS)
+        assert gold.labels["r1"]["level"] == "2", path.name
+        assert gold.problems == [], (path.name, gold.problems)
+    for value in ("2.5", "-0.5", "nan", "1e999999999"):
+        half = match_gold([("r1", {"level": value})], OPTIONS)
+        assert half.labels == {} and "is not an allowed option (0, 1, 2, 3)" in half.problems[0].message
+    choice = match_gold([("r1", {"team": "2.0"})], {"r1": {"team": ("choice", ("2", "2.0"))}})
+    assert choice.labels == {"r1": {"team": "2.0"}}  # a choice id is text, never a number
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv", "parquet"])
+def test_an_empty_gold_file_says_so(tmp_path, fmt):
+    path = tmp_path / f"gold.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"id": pa.array([], pa.string()), "spam": pa.array([], pa.bool_())}), path)
+    else:
+        path.write_text({"jsonl": "\n\n", "json": "[]", "csv": "id,spam\n"}[fmt])
+    with pytest.raises(GoldFileError, match="holds no rows"):
+        read_gold_rows(path)
+
+
+def test_wide_columns_next_to_a_labels_object_are_named_as_ignored(tmp_path):
+    path = tmp_path / "gold.jsonl"
+    rows = [
+        {"id": "r1", "labels": {"spam": True}, "team": "tech", "note": ""},
+        {"id": "r2", "labels": {"spam": False}, "team": "billing", "note": None},
+        {"id": "r3", "spam": True},
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    gold = load_gold(path, OPTIONS)
+    assert gold.labels == {"r1": {"spam": "true"}, "r2": {"spam": "false"}, "r3": {"spam": "true"}}
+    assert [problem.message for problem in gold.problems] == [
+        "column 'team' is ignored in 2 row(s) that hold a `labels` object (first: record 'r1'); "
+        "give either `labels` or one column per question"
+    ]
+
+
+def test_problems_of_the_whole_file_come_first():
+    """A summary line (an unknown question in every row) must not hide behind "... and N more"."""
+    rows = [(f"x{number}", {"spam": True}) for number in range(30)] + [("r1", {"": "a", "spam": "maybe"})]
+    rows += [("r2", {"": "b"})]
+    gold = match_gold(rows, OPTIONS, found=[GoldProblem(None, None, "read")])
+    messages = [problem.message for problem in gold.problems]
+    assert messages[:2] == ["read", "question '' is not a question of any scored record (2 gold rows)"]
+    assert len(messages) == 33 and all(problem.record_id is not None for problem in gold.problems[2:])

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from clef_cli.encoding.encoded import EncodedQuestion
 from clef_cli.errors import ModelLoadError
-from clef_cli.head import HeadConfig, JointSchemaHead, build_layout, load_joint_head
-from clef_cli.prompt import EncodedQuestion
+from clef_cli.model.head import HeadConfig, JointSchemaHead, build_layout, load_joint_head
 
 from .head_oracle import oracle_logits
 from .helpers import LOGIT_TOLERANCE, TINY_MODEL

@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from clef_cli.hidden_store import (
+from clef_cli.store.hidden_store import (
     HIDDEN_FORMAT_VERSION,
     HiddenPayload,
     HiddenReader,

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clef_cli.encoding.media import AUDIO_SAMPLE_RATE, MediaLimits, capped_frame_size, decode_audio, decode_video
+from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
-from clef_cli.media import AUDIO_SAMPLE_RATE, MediaLimits, capped_frame_size, decode_audio, decode_video
-from clef_cli.prompt import PromptEncoder
-from clef_cli.readers import read_records
-from clef_cli.records import InvalidRecord
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.records import InvalidRecord
 
 from .helpers import MEDIA, write_jsonl
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import torch
 
-from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.pipeline import ScoreJob
+from clef_cli.encoding.batching import PlanEntry, plan_batches
+from clef_cli.engines.local.pipeline import ScoreJob
 
 from .helpers import assert_same_rows, settings_for
 

@@ -10,8 +10,8 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.readers import read_records
-from clef_cli.scoring import load_scorer
+from clef_cli.inputs.readers import read_records
+from clef_cli.model.scoring import load_scorer
 
 from .helpers import MEDIA, TINY_MODEL, write_jsonl
 from .test_checkpoint import records as checkpoint_records

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_cli.prompt import render
+from clef_cli.encoding.prompt import render
 
 from .helpers import GOLDEN_MAX_LENGTH
 
@@ -85,8 +85,8 @@ def test_render_spells_values_like_the_reference():
 
 
 def test_overflow_error_policy_refuses_instead_of_cutting(processor, golden_records):
+    from clef_cli.encoding.prompt import PromptEncoder
     from clef_cli.errors import RecordError
-    from clef_cli.prompt import PromptEncoder
 
     strict = PromptEncoder(processor, max_length=GOLDEN_MAX_LENGTH, overflow="error")
     record = next(r for r in golden_records if r.id == "a11-truncated-state")
@@ -97,8 +97,8 @@ def test_overflow_error_policy_refuses_instead_of_cutting(processor, golden_reco
 
 
 def test_schema_longer_than_max_length_is_that_records_error(processor, golden_encoded, expected):
+    from clef_cli.encoding.prompt import PromptEncoder
     from clef_cli.errors import RecordError
-    from clef_cli.prompt import PromptEncoder
 
     tight = PromptEncoder(processor, max_length=200)
     fixed = expected[0]["num_tokens"] - golden_encoded[0].state_tokens
@@ -129,7 +129,7 @@ def test_noul_criteria_follow_the_reference_update_rule(
 ):
     import dataclasses
 
-    from clef_cli.records import RecordBuilder
+    from clef_cli.inputs.records import RecordBuilder
 
     record = next(record for record in golden_records if record.id == record_id)
     raw = {

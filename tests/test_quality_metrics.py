@@ -117,7 +117,7 @@ def threshold_loop(p: np.ndarray, gold: np.ndarray, target: float):
     for c in sorted(set(conf.tolist())):
         keep = conf >= c
         if np.mean(np.argmax(p[keep], axis=1) == gold[keep]) >= target:
-            return c, keep.mean()
+            return c, keep.mean(), int(keep.sum())
     return None
 
 
@@ -129,7 +129,7 @@ def test_threshold_is_the_smallest_confidence_reaching_the_target(target):
         if expected is None:
             assert found is None
         else:
-            assert found == {"confidence": expected[0], "coverage": expected[1]}
+            assert found == {"confidence": expected[0], "coverage": expected[1], "records": expected[2]}
 
 
 def test_bootstrap_is_seeded_and_brackets_the_estimate():
@@ -166,7 +166,23 @@ def test_evaluate_overall_and_names():
     assert document["joint_exact_match"] == 0.75  # r3 wrong on a; r2 right on both; r1, r4 right
     assert list(document["questions"]["a"]) == [
         "type", "n", "accuracy", "accuracy_ci", "macro_f1", "log_loss", "brier", "ece", "ece_ci",
-        "confusion", "threshold", "coverage",
+        "confusion", "threshold", "coverage", "threshold_records",
     ]  # fmt: skip
     assert {"rps", "mae", "within_one"} <= set(document["questions"]["b"])
     assert document["questions"]["a"]["threshold"] == 0.8 and document["questions"]["a"]["coverage"] == 2 / 3
+
+
+def test_a_one_level_score_question_has_a_null_rps_with_its_reason():
+    """RPS divides by K - 1: undefined for one level. It is null with a reason, never NaN, so
+    the document is strict JSON; the other metrics of that question stay defined."""
+    import json
+
+    p = np.ones((4, 1))
+    document = metrics.evaluate({"s": data("s", "score", ["r1", "r2", "r3", "r4"], p, np.zeros(4, dtype=int))})
+    found = document["questions"]["s"]
+    assert found["rps"] is None
+    assert "one level" in found["undefined"]["rps"]
+    assert found["accuracy"] == 1.0 and found["log_loss"] == 0.0 and found["brier"] == 0.0 and found["mae"] == 0.0
+    json.dumps(document, allow_nan=False)  # raises on NaN
+    two = metrics.evaluate({"s": data("s", "score", ["r1"], np.array([[0.3, 0.7]]), np.array([1]))})
+    assert "undefined" not in two["questions"]["s"] and two["questions"]["s"]["rps"] == pytest.approx(0.09)

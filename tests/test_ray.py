@@ -8,7 +8,7 @@ import threading
 import pyarrow.parquet as pq
 import pytest
 
-from clef_cli.pipeline import ScoreJob, ScoreSettings
+from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
 from .helpers import SAMPLE_DATA, SMALL_JOB, assert_same_rows, require_ray, settings_for, write_jsonl
 
@@ -37,7 +37,7 @@ def synthetic(count: int = 300) -> list[dict]:
 
 
 def ray_job(settings: ScoreSettings, stop: threading.Event | None = None, progress=None):
-    from clef_cli.ray_job import RayScoreJob, RaySettings
+    from clef_cli.engines.ray.job import RayScoreJob, RaySettings
 
     cluster = RaySettings(num_workers=2, cpus_per_worker=0.5, block_records=40)
     return RayScoreJob(settings, cluster, progress=progress, stop=stop)

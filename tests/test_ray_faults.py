@@ -18,10 +18,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from clef_cli.checkpoint import Checkpoint
+from clef_cli.engines.local.pipeline import ScoreJob
+from clef_cli.engines.ray.resources import fit_actors
 from clef_cli.errors import UsageError
-from clef_cli.pipeline import ScoreJob
-from clef_cli.ray_resources import fit_actors
+from clef_cli.store.checkpoint import Checkpoint
 
 from .helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, settings_for, write_jsonl
 
@@ -195,7 +195,7 @@ def test_killing_the_whole_job_then_rerunning_repeats_nothing(cluster, clean_inp
 def test_an_actor_killed_mid_block_is_replaced_and_nothing_is_lost_or_repeated(
     cluster, clean_input, local_rows, tmp_path, monkeypatch
 ):
-    from clef_cli.ray_job import RayScoreJob, RaySettings
+    from clef_cli.engines.ray.job import RayScoreJob, RaySettings
 
     marker = tmp_path / "killed"
     monkeypatch.setenv("CLEF_TEST_KILL_ACTOR_ON", f"s37:{marker}")
@@ -212,7 +212,7 @@ def test_quiet_output_goes_to_the_log_file(tmp_path):
     log = tmp_path / "ray.log"
     script = (
         "import os, sys, logging\n"
-        "from clef_cli.ray_logs import ray_output_to\n"
+        "from clef_cli.engines.ray.logs import ray_output_to\n"
         "from pathlib import Path\n"
         f"with ray_output_to(Path({str(log)!r})):\n"
         "    logging.getLogger('ray').warning('python warning')\n"
@@ -228,8 +228,8 @@ def test_quiet_output_goes_to_the_log_file(tmp_path):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_hidden_states_kept_by_ray_feed_rehead_like_a_local_run(cluster, clean_input, tmp_path):
-    from clef_cli.ray_job import RayScoreJob, RaySettings
-    from clef_cli.rehead import rehead
+    from clef_cli.engines.ray.job import RayScoreJob, RaySettings
+    from clef_cli.engines.rehead import rehead
 
     from .test_checkpoint import second_head_release
 

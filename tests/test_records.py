@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from clef_cli.errors import UsageError
-from clef_cli.readers import load_questions_file, read_records
-from clef_cli.records import InvalidRecord, Record
+from clef_cli.inputs.readers import load_questions_file, read_records
+from clef_cli.inputs.records import InvalidRecord, Record
 
 from .helpers import GOLDEN_RECORDS, write_jsonl
 

@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.prompt import PromptEncoder
-from clef_cli.readers import read_records
-from clef_cli.records import Record
+from clef_cli.encoding.prompt import PromptEncoder
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.records import Record
 
 from .helpers import (
     LOGIT_TOLERANCE,
@@ -186,7 +186,7 @@ def expected_dry_run(records: list, processor, max_batch_tokens: int, max_batch_
     """The plan printed by --dry-run, from each record's own encoding: nearest-rank percentiles,
     batches of the length-sorted planner, padded tokens / real tokens - 1, 132 bytes a token
     (64 bf16 values and a 4-byte id)."""
-    from clef_cli.batching import PlanEntry, plan_batches
+    from clef_cli.encoding.batching import PlanEntry, plan_batches
 
     encoder = PromptEncoder(processor, max_length=64000)
     encoded = [encoder.encode(record) for record in records]

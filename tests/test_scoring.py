@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from clef_cli.answers import systemone_answer
-from clef_cli.batching import collate
+from clef_cli.encoding.batching import collate
 from clef_cli.errors import ModelLoadError
+from clef_cli.model.answers import systemone_answer
+from clef_cli.model.scoring import load_scorer
 from clef_cli.release import resolve_release
-from clef_cli.scoring import load_scorer
 
 from .helpers import LOGIT_TOLERANCE, PROBABILITY_TOLERANCE, TINY_MODEL
 
@@ -208,7 +208,7 @@ def test_lm_head_kept_as_lexical_table_only(scorer):
 
 
 def test_cpu_defaults_to_fp32_and_bad_device_or_dtype_are_clear(release):
-    from clef_cli.backbone import resolve_device, resolve_dtype
+    from clef_cli.model.backbone import resolve_device, resolve_dtype
 
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
     assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16

@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.parquet_rows import StructNulls
-from clef_cli.readers import read_records
-from clef_cli.records import InvalidRecord, Record
+from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.records import InvalidRecord, Record
 
 from .helpers import TINY_MODEL, write_jsonl
 
@@ -259,8 +259,8 @@ def test_readme_snippet_writes_records_losslessly(tmp_path):
 
 
 def test_the_choice_is_checked_in_the_library_and_the_cli(tmp_path):
+    from clef_cli.engines.local.pipeline import ScoreSettings
     from clef_cli.errors import UsageError
-    from clef_cli.pipeline import ScoreSettings
 
     settings = ScoreSettings(inputs=["r.jsonl"], output=tmp_path / "o.parquet", struct_nulls="absent")
     settings.validate()

@@ -24,7 +24,7 @@ TRAIN = 90  # labelled records of the quick planted task; the rest of `planted` 
 
 
 def score_planted(task: str, count: int, folder: Path) -> dict:
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     inputs, gold = planted_task(task, count, folder)
     output = folder / "out.parquet"
@@ -74,7 +74,7 @@ def sklearn_probe_accuracy(checkpoint: Path, train_answers: list[dict], held_ans
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from clef_cli.checkpoint import Checkpoint
+    from clef_cli.store.checkpoint import Checkpoint
 
     stored = {r.id: r for r in Checkpoint.open_existing(checkpoint).hidden_reader().records()}
 
@@ -122,9 +122,9 @@ def test_report_probe_matches_scikit_learn_on_the_same_folds(planted, trained_sm
     from sklearn.metrics import log_loss
     from sklearn.preprocessing import StandardScaler
 
-    from clef_cli.checkpoint import Checkpoint
     from clef_cli.quality.folds import assign_folds
     from clef_cli.quality.train_head import gold_examples
+    from clef_cli.store.checkpoint import Checkpoint
 
     report = json.loads((trained_small["head"] / "training_report.json").read_text())
     examples, _ = gold_examples(Checkpoint.open_existing(planted["checkpoint"]).hidden_reader(), planted["gold"])
@@ -186,14 +186,14 @@ def test_shuffled_labels_from_the_release_head_are_refused(planted, tmp_path):
 
 
 def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tmp_path):
-    from clef_cli.backbone import load_lexical_rows
-    from clef_cli.checkpoint import Checkpoint
-    from clef_cli.head import load_joint_head
-    from clef_cli.hidden_store import pad_states
+    from clef_cli.families import family_of
+    from clef_cli.model.head import load_joint_head
+    from clef_cli.model.scoring import head_logits
     from clef_cli.quality.head_training import FitSettings
     from clef_cli.quality.train_head import TrainHeadSettings, train_head
     from clef_cli.release import resolve_release
-    from clef_cli.scoring import head_logits
+    from clef_cli.store.checkpoint import Checkpoint
+    from clef_cli.store.hidden_store import pad_states
 
     def run(output: Path):
         fit = FitSettings(epochs=1, lr=1e-3, batch_tokens=8192)
@@ -217,7 +217,8 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
         for a, b in zip(x["labels"], y["labels"], strict=True)
     )
     assert moved > 1e-3  # the new head, not the release's, scored the rehead output
-    lexical = load_lexical_rows(resolve_release(str(TINY_MODEL)))
+    release = resolve_release(str(TINY_MODEL))
+    lexical = family_of(release).lexical_rows(release)
     compared = 0
     for _, stored in Checkpoint.open_existing(planted["checkpoint"]).hidden_reader().by_shard():
         stored = stored[:8]
@@ -236,8 +237,8 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
 
 
 def test_refusals_are_one_line(planted, tmp_path):
-    from clef_cli.head import HeadConfig, JointSchemaHead
-    from clef_cli.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.model.head import HeadConfig, JointSchemaHead
 
     dropped = tmp_path / "dropped.parquet"
     few = planted["inputs"].read_text().splitlines()[:4]

@@ -1,4 +1,4 @@
-"""Inputs given as URIs: resolved in one place (`clef_cli.sources`), the same from the command line
+"""Inputs given as URIs: resolved in one place (`clef_cli.inputs.sources`), the same from the command line
 as from the library, locally and on Ray."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.errors import UsageError
-from clef_cli.readers import read_records
-from clef_cli.sources import expand_inputs, is_uri, local_path
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.sources import expand_inputs, is_uri, local_path
 
 from .helpers import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
 from .test_struct_nulls import write_struct_parquet

@@ -14,6 +14,7 @@ from clef_cli import __version__
 from clef_cli.cli import checkpoint, inspect, quality, score
 from clef_cli.cli.console import stdout
 from clef_cli.cli.errors import ClefGroup
+from clef_cli.cli.usage import ClefCommand
 
 app = typer.Typer(
     name="clef",
@@ -46,11 +47,11 @@ def main_callback(
     """Score records with Cloudflare's Clef-Omni decision model."""
 
 
-app.command("score")(score.command)
-app.command("inspect-spans")(inspect.command)
-app.command("eval")(quality.evaluate)
-app.command("calibrate")(quality.calibrate)
-app.command("train-head")(quality.train_head)
+app.command("score", cls=ClefCommand)(score.command)
+app.command("inspect-spans", cls=ClefCommand)(inspect.command)
+app.command("eval", cls=ClefCommand)(quality.evaluate)
+app.command("calibrate", cls=ClefCommand)(quality.calibrate)
+app.command("train-head", cls=ClefCommand)(quality.train_head)
 app.add_typer(checkpoint.app, name="checkpoint")
 
 

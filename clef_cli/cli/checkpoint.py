@@ -10,12 +10,13 @@ from typing import Annotated
 import typer
 
 from clef_cli.cli.console import stdout
+from clef_cli.cli.usage import ClefCommand
 from clef_cli.sizes import human_size
 
 app = typer.Typer(help="Inspect job checkpoints.", no_args_is_help=True, rich_markup_mode=None)
 
 
-@app.command("info")
+@app.command("info", cls=ClefCommand)
 def checkpoint_info(
     directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -27,7 +28,7 @@ def checkpoint_info(
       clef checkpoint info out.parquet.ckpt
       clef checkpoint info out.parquet.ckpt --json
     """
-    from clef_cli.checkpoint import Checkpoint
+    from clef_cli.store.checkpoint import Checkpoint
 
     info = Checkpoint.open_existing(directory).info()
     if as_json:

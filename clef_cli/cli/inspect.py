@@ -21,9 +21,9 @@ from clef_cli.cli.options import (
     StructNullsOption,
     with_media_limits,
 )
+from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import ClefError, RecordError, UsageError
-from clef_cli.media import MediaLimits
-from clef_cli.parquet_rows import StructNulls
+from clef_cli.inputs.parquet_rows import StructNulls
 
 QUESTION_STYLES = ("bold magenta", "bold cyan", "bold yellow", "bold blue")
 OPTION_STYLES = ("black on green", "black on bright_yellow", "black on bright_cyan", "black on bright_magenta")
@@ -54,12 +54,12 @@ def inspect_spans(
       clef inspect-spans sample_data/records.jsonl --id ticket-002 --json
       clef inspect-spans sample_data/posts.jsonl --questions sample_data/questions.json --max-length 512
     """
+    from clef_cli.encoding.prompt import PromptEncoder
+    from clef_cli.encoding.spans import span_report
     from clef_cli.families import family_of
-    from clef_cli.prompt import PromptEncoder
-    from clef_cli.readers import load_questions_file
-    from clef_cli.records import InvalidRecord
+    from clef_cli.inputs.readers import load_questions_file
+    from clef_cli.inputs.records import InvalidRecord
     from clef_cli.release import load_processor, resolve_release
-    from clef_cli.spans import span_report
 
     if index is not None and record_id is not None:
         raise UsageError("give --index or --id, not both")
@@ -85,7 +85,7 @@ def inspect_spans(
 
 
 def select_record(path: str, schema: Any, index: int | None, record_id: str | None, struct_nulls: StructNulls) -> Any:
-    from clef_cli.readers import read_records
+    from clef_cli.inputs.readers import read_records
 
     wanted_index = 0 if index is None and record_id is None else index
     for record in read_records([path], questions=schema, struct_nulls=struct_nulls):
@@ -99,7 +99,7 @@ def select_record(path: str, schema: Any, index: int | None, record_id: str | No
 
 
 def print_span_view(encoded: Any, tokenizer: Any, report: dict[str, Any]) -> None:
-    from clef_cli.spans import prompt_pieces
+    from clef_cli.encoding.spans import prompt_pieces
 
     prompt = Text()
     for piece in prompt_pieces(encoded, tokenizer):

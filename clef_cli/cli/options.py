@@ -16,8 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from clef_cli.choices import OverflowPolicy
-from clef_cli.media import MediaLimits
-from clef_cli.parquet_rows import StructNulls
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.sizes import parse_size
 
 
@@ -26,6 +26,12 @@ class Dtype(str, Enum):
     bfloat16 = "bfloat16"
     float16 = "float16"
     float32 = "float32"
+
+
+class TableFormat(str, Enum):
+    table = "table"
+    tsv = "tsv"
+    markdown = "markdown"
 
 
 class CalibrationMethod(str, Enum):

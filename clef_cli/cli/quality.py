@@ -11,7 +11,7 @@ import typer
 
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_GATE_REFUSED
-from clef_cli.cli.options import CalibrationMethod, DeviceOption, QuietOption, RevisionOption
+from clef_cli.cli.options import CalibrationMethod, DeviceOption, QuietOption, RevisionOption, TableFormat
 from clef_cli.cli.progress import TrainHeadProgress
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
@@ -29,9 +29,9 @@ BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width conf
 
 
 def write_json(path: Path, document: Any) -> None:
-    from clef_cli.atomic import write_atomically
+    from clef_cli.store.atomic import write_atomically
 
-    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # strict JSON: no NaN
     write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
@@ -51,6 +51,14 @@ def evaluate(
     by: Annotated[
         str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
     ] = None,
+    form: Annotated[
+        TableFormat,
+        typer.Option(
+            "--format",
+            help="table: rich on a terminal, plain aligned text in a pipe or file; tsv: one value per cell, "
+            "full precision; markdown.",
+        ),
+    ] = TableFormat.table,
 ) -> None:
     """Accuracy, calibration and an accept-without-review threshold per question, against gold labels.
 
@@ -65,9 +73,7 @@ def evaluate(
     tables.print_problems(stderr, inputs.gold.problems)
     result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
     tables.print_problems(stderr, (), result.warnings)
-    stdout.print(tables.eval_table(result.metrics))
-    for value, group in result.metrics.get("by", {}).get("groups", {}).items():
-        stdout.print(tables.eval_table(group, title=f"{by} = {value}"))
+    tables.print_eval(stdout, result.metrics, form.value, by)
     if json_path is not None:
         write_json(json_path, result.metrics)
     if report is not None:
@@ -83,8 +89,11 @@ def calibrate(
     gold_column: GoldColumnOption = None,
     method: Annotated[
         CalibrationMethod,
-        typer.Option("--method", help="auto picks by 5-fold cross-fitted log loss; else one temperature per "
-                     "model (global), per question type, or per question."),
+        typer.Option(
+            "--method",
+            help="auto picks by cross-fitted log loss (5 folds of records, one per record when fewer); else one "
+            "temperature per model (global), per question type, or per question.",
+        ),
     ] = CalibrationMethod.auto,
     bins: BinsOption = 15,
 ) -> None:
@@ -98,11 +107,13 @@ def calibrate(
         --checkpoint out.parquet.ckpt --calibration cal.json
     """
     from clef_cli.quality import jobs, tables
+    from clef_cli.quality.text_table import print_tables
 
     inputs = jobs.read_inputs(scored, gold, gold_column)
     tables.print_problems(stderr, inputs.gold.problems)
-    run, _ = jobs.run_calibrate(inputs, method.value, bins)
-    stdout.print(tables.calibrate_table(run))
+    run, data = jobs.run_calibrate(inputs, method.value, bins)
+    tables.print_problems(stderr, (), data.warnings)
+    print_tables(stdout, [tables.calibrate_table(run)])
     if not run.improved:
         stdout.print(f"{method.value}: calibration does not improve the cross-fitted log loss", markup=False)
     stdout.print(tables.temperatures_line(run), markup=False)

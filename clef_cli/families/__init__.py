@@ -8,10 +8,6 @@ if TYPE_CHECKING:
     from clef_cli.families.base import Family
     from clef_cli.release import Release
 
-FAMILY_BY_MODEL_TYPE = {"qwen3_omni_moe": "omni", "qwen3_5": "dense", "qwen3_5_moe": "dense"}
-"""Kept here as plain names so that finding a release never imports torch."""
-
-
 def family_named(name: str) -> Family:
     if name == "omni":
         from clef_cli.families.omni import OmniFamily

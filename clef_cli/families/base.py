@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from clef_cli.encoding.media import MediaError, MediaLimits, open_source
 from clef_cli.errors import RecordError
-from clef_cli.media import MediaError, MediaLimits, open_source
-from clef_cli.records import Record
+from clef_cli.inputs.records import Record
 
 if TYPE_CHECKING:
-    from clef_cli.backbone import Backbone
+    from clef_cli.model.backbone import Backbone
     from clef_cli.release import Release
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -82,6 +82,12 @@ class Family(ABC):
     @abstractmethod
     def encode_media(self, processor: Any, record: Record, limits: MediaLimits) -> MediaSegment:
         """The record's media segment (empty for a record without media)."""
+
+    def lexical_rows(self, release: Release) -> torch.Tensor:
+        """The lm_head rows alone (for re-scoring stored hidden states without the backbone)."""
+        from clef_cli.model.backbone import load_lexical_rows
+
+        return load_lexical_rows(release, self.lexical_key)
 
     @abstractmethod
     def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> Backbone:

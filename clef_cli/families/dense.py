@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
-from clef_cli.backbone import Backbone, load_strictly, without_lm_head
-from clef_cli.batching import ModelBatch
+from clef_cli.encoding.batching import ModelBatch
+from clef_cli.encoding.media import MediaLimits, decode_image
 from clef_cli.errors import RecordError
 from clef_cli.families.base import IMAGE_PLACEHOLDER, Family, MediaSegment, decode_entries, processor_tensors
-from clef_cli.media import MediaLimits, decode_image
-from clef_cli.records import Record
+from clef_cli.inputs.records import Record
+from clef_cli.model.backbone import Backbone, load_strictly, without_lm_head
 from clef_cli.release import Release
 
 MODEL_CLASSES = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from clef_cli.backbone import Backbone, load_strictly, quiet_transformers, without_lm_head
-from clef_cli.batching import ModelBatch
+from clef_cli.encoding.batching import ModelBatch
+from clef_cli.encoding.media import MediaLimits, decode_audio, decode_image, decode_video
 from clef_cli.errors import ModelLoadError
 from clef_cli.families.base import (
     AUDIO_PLACEHOLDER,
@@ -24,8 +24,8 @@ from clef_cli.families.base import (
     decode_entries,
     processor_tensors,
 )
-from clef_cli.media import MediaLimits, decode_audio, decode_image, decode_video
-from clef_cli.records import Record
+from clef_cli.inputs.records import Record
+from clef_cli.model.backbone import Backbone, load_strictly, quiet_transformers, without_lm_head
 from clef_cli.release import Release
 
 IMAGE_SIZE = {"shortest_edge": 65536, "longest_edge": 1048576}

@@ -159,7 +159,7 @@ def pooled(probabilities: Sequence[np.ndarray], gold: Sequence[np.ndarray], bins
 
 
 def cross_fitted(method: str, questions: Mapping[str, QuestionData], bins: int = 15) -> dict[str, float]:
-    """Metrics of `method` fitted on 4 folds of records and applied to the fifth, for every fold."""
+    """Metrics of `method` fitted on all folds of records but one and applied to that one, for every fold."""
     fold = folds_of(questions)
     held: dict[str, np.ndarray] = {qid: np.empty_like(data.probabilities) for qid, data in questions.items()}
     for current in sorted(set(fold.values())):
@@ -182,6 +182,8 @@ class CalibrationRun:
     candidates: dict[str, dict[str, float]]
     """Cross-fitted metrics of every method tried (always "none", the uncalibrated baseline)."""
     improved: bool
+    folds: int
+    """Folds the cross-fitting used: 5, or one per record when fewer records are labelled."""
 
 
 def calibrate(
@@ -200,7 +202,7 @@ def calibrate(
     calibration = fit(chosen, questions)
     calibration.fitted_on = fitted_on or {}
     calibration.cross_fitted = {"before": candidates["none"], "after": candidates[chosen]}
-    return CalibrationRun(calibration, candidates, improved)
+    return CalibrationRun(calibration, candidates, improved, folds=len(set(folds_of(questions).values())))
 
 
 # ----------------------------------------------------------------------------- applying to an output
@@ -212,7 +214,7 @@ def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
 
     A choice tie keeps the answer first written (the record's criteria order decided it, and a
     positive T keeps ties tied)."""
-    from clef_cli.answers import derive_answer
+    from clef_cli.model.answers import derive_answer
 
     if calibration.method == "none":
         return results

@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from clef_cli.errors import UsageError
@@ -55,10 +56,12 @@ class GoldSet:
         return sum(len(questions) for questions in self.labels.values())
 
 
-def read_gold_rows(path: Path) -> list[GoldRow]:
-    """(record id, {question_id: raw value}) per row, in file order.
+def read_gold_rows(path: Path) -> tuple[list[GoldRow], list[GoldProblem]]:
+    """(record id, {question_id: raw value}) per row, in file order, and the problems of the
+    file as a whole (columns ignored because rows hold a `labels` object).
 
-    A row holds either a `labels` object (or its JSON text) or one column per question id.
+    A row holds either a `labels` object (or its JSON text) or one column per question id. Text
+    formats may start with a UTF-8 byte order mark (as spreadsheet programs write them).
     """
     path = Path(path)
     kind = SUFFIXES.get(path.suffix.lower())
@@ -70,13 +73,26 @@ def read_gold_rows(path: Path) -> list[GoldRow]:
         raise
     except (OSError, ValueError, UnicodeDecodeError) as exc:  # pyarrow errors subclass these
         raise GoldFileError(f"gold file {str(path)!r} could not be read: {exc}") from exc
-    return [_gold_row(path, number, row) for number, row in enumerate(raw, start=1)]
+    if not raw:
+        raise GoldFileError(f"gold file {str(path)!r} holds no rows (it is empty, or a header only)")
+    ignored: dict[str, list[str]] = {}
+    rows = [_gold_row(path, number, row, ignored) for number, row in enumerate(raw, start=1)]
+    problems = [
+        GoldProblem(
+            None,
+            None,
+            f"column {column!r} is ignored in {len(ids)} row(s) that hold a `labels` object "
+            f"(first: record {ids[0]!r}); give either `labels` or one column per question",
+        )
+        for column, ids in ignored.items()
+    ]
+    return rows, problems
 
 
 def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
     if kind == "jsonl":
         rows = []
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -87,14 +103,14 @@ def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
         return _objects(path, rows)
     if kind == "json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as exc:
             raise GoldFileError(f"gold file {str(path)!r}: not JSON ({exc.msg} at line {exc.lineno})") from exc
         if not isinstance(data, list):
             raise GoldFileError(f"gold file {str(path)!r}: a .json gold file holds a list of rows")
         return _objects(path, data)
     if kind == "csv":
-        with path.open(encoding="utf-8", newline="") as handle:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
             return [
                 {key: (value if value != "" else None) for key, value in row.items()} for row in csv.DictReader(handle)
             ]
@@ -110,7 +126,9 @@ def _objects(path: Path, rows: list[object]) -> list[dict[str, object]]:
     return rows  # type: ignore[return-value]
 
 
-def _gold_row(path: Path, number: int, row: dict[str, object]) -> GoldRow:
+def _gold_row(path: Path, number: int, row: dict[str, object], ignored: dict[str, list[str]]) -> GoldRow:
+    """One row as a GoldRow; the filled wide columns of a row with a `labels` object go to `ignored`
+    (column -> record ids)."""
     record_id = row.get("id")
     if record_id is None or record_id == "":
         raise GoldFileError(f"gold file {str(path)!r} row {number}: no `id`")
@@ -120,6 +138,9 @@ def _gold_row(path: Path, number: int, row: dict[str, object]) -> GoldRow:
             raise GoldFileError(
                 f"gold file {str(path)!r} row {number} (id {str(record_id)!r}): `labels` is not an object"
             )
+        for column, value in row.items():
+            if column not in ("id", "labels") and normalise(value, "") is not None:
+                ignored.setdefault(column, []).append(str(record_id))
     else:
         labels = {key: value for key, value in row.items() if key != "id"}
     return str(record_id), labels
@@ -142,21 +163,38 @@ def parse_labels(value: object) -> dict[str, object] | None:
 
 
 def normalise(value: object, qtype: str) -> str | None:
-    """A raw gold value as an option id string; None means "no label" (empty cell)."""
+    """A raw gold value as an option id string; None means "no label" (empty cell).
+
+    Score levels may be written as integral floats in every format (`4.0`: how pandas writes an
+    integer column with a missing value), as numbers or as text."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    if isinstance(value, (float, Decimal)):
+        return _integral(value) or str(value)
     if isinstance(value, str):
         text = value.strip()
         if text == "":
             return None
         if qtype == "noul" and text.lower() in ("true", "false"):
             return text.lower()
+        if qtype == "score":
+            return _integral(text) or text
         return text
     return str(value)
+
+
+def _integral(value: float | Decimal | str) -> str | None:
+    """`4.0`, `Decimal("4.00")` or the text "4.0" as "4"; None for anything that is not a whole
+    number of a sane size (score levels are small)."""
+    try:
+        number = Decimal(value)
+    except ArithmeticError:  # text that is not a number
+        return None
+    if not number.is_finite() or number.adjusted() > 9 or number != number.to_integral_value():
+        return None
+    return str(int(number))
 
 
 def match_gold(
@@ -164,16 +202,19 @@ def match_gold(
     options: Mapping[str, QuestionOptions],
     sha256: str | None = None,
     failed_ids: Iterable[str] = (),
+    found: Sequence[GoldProblem] = (),
 ) -> GoldSet:
     """Gold labels of the scored records; every mismatch becomes a `GoldProblem`, never an exception.
 
     `options` maps each scored record id to its questions; `failed_ids` are records that are in
-    the scored file without answers (named as such instead of "absent").
+    the scored file without answers (named as such instead of "absent"); `found` are problems
+    met while reading the rows. Problems of the file as a whole come first, so that a list cut
+    after 20 still shows them.
     """
     failed = set(failed_ids)
     known_questions = {qid for questions in options.values() for qid in questions}
     labels: dict[str, dict[str, str]] = {}
-    problems: list[GoldProblem] = []
+    problems: list[GoldProblem] = list(found)
     seen: set[str] = set()
     unknown_everywhere: dict[str, int] = {}
     for record_id, raw in rows:
@@ -227,13 +268,15 @@ def match_gold(
                 f"question {question_id!r} is not a question of any scored record ({count} gold rows)",
             )
         )
+    problems.sort(key=lambda problem: problem.record_id is not None)  # stable: file-wide ones first
     return GoldSet(labels=labels, problems=problems, sha256=sha256)
 
 
 def load_gold(path: Path, options: Mapping[str, QuestionOptions], failed_ids: Iterable[str] = ()) -> GoldSet:
     """Read, match and fingerprint a gold file."""
     path = Path(path)
-    return match_gold(read_gold_rows(path), options, sha256=file_sha256(path), failed_ids=failed_ids)
+    rows, found = read_gold_rows(path)
+    return match_gold(rows, options, sha256=file_sha256(path), failed_ids=failed_ids, found=found)
 
 
 def column_gold_rows(

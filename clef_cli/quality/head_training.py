@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.head import JointSchemaHead, SchemaLayout, build_layout
-from clef_cli.hidden_store import StoredRecord, load_states, pad_states
-from clef_cli.records import QUESTION_TYPES
+from clef_cli.encoding.batching import PlanEntry, plan_batches
+from clef_cli.inputs.records import QUESTION_TYPES
+from clef_cli.model.head import JointSchemaHead, SchemaLayout, build_layout
+from clef_cli.store.hidden_store import StoredRecord, load_states, pad_states
 
 SCORE_TYPE = QUESTION_TYPES["score"]
 MAX_BATCH_SIZE = 64

@@ -4,6 +4,7 @@ return plain results for the CLI (or a notebook) to print and save."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,7 @@ def read_inputs(scored_path: Path, gold_path: Path | None, gold_column: str | No
     assert gold_column is not None
     column = _column(scored, gold_column, "--gold-column")
     rows, problems = column_gold_rows(scored.ids, column, gold_column)
-    gold = match_gold(rows, scored.options, failed_ids=scored.failed)
-    gold.problems[:0] = problems
-    return Inputs(scored, gold)
+    return Inputs(scored, match_gold(rows, scored.options, failed_ids=scored.failed, found=problems))
 
 
 def _column(scored: ScoredFile, name: str, option: str) -> list[Any]:
@@ -70,34 +69,48 @@ def run_eval(
     temperature = calibration.temperature if calibration is not None else None
     overall = labelled(inputs.scored, inputs.gold, temperature)
     if not overall.questions:
-        raise UsageError("no scored record has a usable gold label; see the problems above")
+        raise no_usable_gold(inputs.gold)
     document = metrics.evaluate(overall.questions, bins, target)
     if calibration is not None:
         document["calibration"] = {"method": calibration.method, "sha256": calibration.sha256}
     if by is not None:
-        values = _column(inputs.scored, by, "--by")
-        groups: dict[str, list[str]] = {}
-        for record_id, value in zip(inputs.scored.ids, values, strict=True):
-            key = value if isinstance(value, str) else json.dumps(value)
-            groups.setdefault(key, []).append(record_id)
-        document["by"] = {"column": by, "groups": {}}
-        for key, record_ids in groups.items():
+        document["by"] = {"column": by, "groups": []}
+        for value, record_ids in group_records(inputs.scored.ids, _column(inputs.scored, by, "--by")):
             subset = labelled(inputs.scored, inputs.gold, temperature, records=record_ids)
             if subset.questions:
-                document["by"]["groups"][key] = metrics.evaluate(subset.questions, bins, target)
+                document["by"]["groups"].append({"value": value, **metrics.evaluate(subset.questions, bins, target)})
     return EvalResult(document, overall, overall.warnings)
+
+
+def group_records(ids: Sequence[str], values: Sequence[Any]) -> list[tuple[Any, list[str]]]:
+    """(value, its record ids) per distinct value of a `--by` column, in order of first appearance.
+
+    Values are told apart by their JSON text, so null and the string "null" are two groups; the
+    value is returned as strict JSON can hold it (a date, a byte string or NaN as its text)."""
+    groups: dict[str, tuple[Any, list[str]]] = {}
+    for record_id, value in zip(ids, values, strict=True):
+        key = json.dumps(value, default=str, sort_keys=True)
+        groups.setdefault(key, (json.loads(key, parse_constant=str), []))[1].append(record_id)
+    return list(groups.values())
 
 
 def run_calibrate(inputs: Inputs, method: str = "auto", bins: int = 15) -> tuple[CalibrationRun, Labelled]:
     data = labelled(inputs.scored, inputs.gold)
     if not data.questions:
-        raise UsageError("no scored record has a usable gold label; see the problems above")
+        raise no_usable_gold(inputs.gold)
     fitted_on = {
         "scored_sha256": inputs.scored.sha256,
         "gold_sha256": inputs.gold.sha256,
         "n": sum(question.n for question in data.questions.values()),
     }
     return calibrate(data.questions, method, bins, fitted_on), data
+
+
+def no_usable_gold(gold: GoldSet) -> UsageError:
+    """Why nothing can be measured: the problems listed above, or a gold with no label at all."""
+    if gold.problems:
+        return UsageError(f"no scored record has a usable gold label; see the {len(gold.problems)} problem(s) above")
+    return UsageError("no scored record has a usable gold label: the gold holds no label for any scored record")
 
 
 def read_calibration(path: Path | None) -> Calibration | None:

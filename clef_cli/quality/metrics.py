@@ -17,6 +17,8 @@ from clef_cli.quality.scored import QuestionData
 LOG_LOSS_FLOOR = 1e-15
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
+FEW_RECORDS = 30
+"""A threshold whose accepted records number fewer than this is marked as resting on few records."""
 
 
 def predicted(probabilities: np.ndarray) -> np.ndarray:
@@ -83,9 +85,12 @@ def ece(probabilities: np.ndarray, gold: np.ndarray, bins: int) -> float:
     return float(np.sum(table.counts[used] / len(gold) * gaps))
 
 
-def rps(probabilities: np.ndarray, gold: np.ndarray) -> float:
-    """Ranked probability score: (1/(K-1)) sum over the first K-1 levels of (CDF_p - CDF_gold)^2."""
+def rps(probabilities: np.ndarray, gold: np.ndarray) -> float | None:
+    """Ranked probability score: (1/(K-1)) sum over the first K-1 levels of (CDF_p - CDF_gold)^2;
+    None (undefined) for a question with one level, where K - 1 = 0."""
     levels = probabilities.shape[1]
+    if levels < 2:
+        return None
     cdf = np.cumsum(probabilities, axis=1)[:, :-1]
     gold_cdf = (np.arange(levels - 1)[None, :] >= gold[:, None]).astype(float)
     return float(np.mean(np.sum((cdf - gold_cdf) ** 2, axis=1) / (levels - 1)))
@@ -123,13 +128,20 @@ def coverage_curve(probabilities: np.ndarray, gold: np.ndarray) -> tuple[np.ndar
 
 
 def threshold(probabilities: np.ndarray, gold: np.ndarray, target: float) -> dict[str, float] | None:
-    """The smallest confidence c whose records (confidence >= c) reach `target` accuracy."""
+    """The smallest confidence c whose records (confidence >= c) reach `target` accuracy, their
+    share (`coverage`) and their number (`records`, what the accuracy estimate rests on)."""
     cuts, coverage, acc = coverage_curve(probabilities, gold)
     reached = np.flatnonzero(acc >= target)
     if not len(reached):
         return None
     best = reached[-1]  # cuts descend, so the last one reached is the smallest c
-    return {"confidence": float(cuts[best]), "coverage": float(coverage[best])}
+    records = int(np.sum(confidence(probabilities) >= cuts[best]))
+    return {"confidence": float(cuts[best]), "coverage": float(coverage[best]), "records": records}
+
+
+def few_records(found: Mapping[str, Any]) -> bool:
+    """A question's threshold (from `question_metrics`) rests on fewer than FEW_RECORDS records."""
+    return found.get("threshold_records") is not None and found["threshold_records"] < FEW_RECORDS
 
 
 def bootstrap_ci(probabilities: np.ndarray, gold: np.ndarray, bins: int) -> tuple[list[float], list[float]]:
@@ -174,7 +186,24 @@ def question_metrics(data: QuestionData, bins: int, target: float) -> dict[str, 
     result["confusion"] = confusion(p, y, data.option_ids)
     result["threshold"] = found["confidence"] if found else None
     result["coverage"] = found["coverage"] if found else None
+    result["threshold_records"] = found["records"] if found else None
+    undefined = undefined_reasons(result, levels=len(data.option_ids))
+    if undefined:
+        result["undefined"] = undefined
     return result
+
+
+def undefined_reasons(result: dict[str, Any], levels: int) -> dict[str, str]:
+    """Why each null metric is null, for the table and the JSON; a non-finite number (from a
+    scored file holding one) becomes null too, so the JSON stays strict."""
+    reasons: dict[str, str] = {}
+    if result.get("type") == "score" and levels < 2:
+        reasons["rps"] = "a score question with one level: RPS divides by K - 1 = 0"
+    for name, value in result.items():
+        if isinstance(value, float) and not np.isfinite(value):
+            result[name] = None
+            reasons[name] = "not a finite number (the scored file holds non-finite probabilities)"
+    return reasons
 
 
 def evaluate(questions: Mapping[str, QuestionData], bins: int = 15, target: float = 0.95) -> dict[str, Any]:

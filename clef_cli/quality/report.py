@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.atomic import write_atomically
 from clef_cli.quality import metrics
 from clef_cli.quality.scored import QuestionData
+from clef_cli.store.atomic import write_atomically
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -29,32 +29,40 @@ th { text-align: left; background: #f4f4f4; } td.num { text-align: right; font-v
 """
 
 
-def _figure():
+def _figure() -> tuple[Any, Any]:
+    """A figure with one axes and room below it for the legend (constrained layout)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(4.2, 3.6), dpi=90)
-    return plt, figure, axes
+    figure, axes = plt.subplots(figsize=(4.2, 4.2), dpi=90, layout="constrained")
+    return figure, axes
 
 
-def _png(plt: Any, figure: Any) -> str:
+def _legend(figure: Any, axes: Any) -> None:
+    """Below the axes, outside them: a legend never covers the data it explains."""
+    handles, labels = axes.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=1, fontsize=8, frameon=False)
+
+
+def _png(figure: Any) -> str:
+    import matplotlib.pyplot as plt
+
     buffer = io.BytesIO()
-    figure.tight_layout()
     figure.savefig(buffer, format="png")
     plt.close(figure)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def reliability_png(data: QuestionData, bins: int) -> str:
+def reliability_figure(data: QuestionData, bins: int) -> Any:
     table = metrics.reliability(data.probabilities, data.gold, bins)
-    plt, figure, axes = _figure()
+    figure, axes = _figure()
     edges = np.linspace(0, 1, bins + 1)
     centres = (edges[:-1] + edges[1:]) / 2
     counts = axes.twinx()
     counts.bar(centres, table.counts, width=1 / bins, color="#dddddd", zorder=0)
-    counts.set_ylabel("records per bin", color="#888888")
+    counts.set_ylabel("records per bin (grey bars)", color="#888888")
     axes.set_zorder(counts.get_zorder() + 1)
     axes.patch.set_visible(False)
     axes.plot([0, 1], [0, 1], "--", color="#999999", label="perfect calibration")
@@ -62,13 +70,13 @@ def reliability_png(data: QuestionData, bins: int) -> str:
     axes.plot(table.confidence[used], table.accuracy[used], "o-", color="#1f6fb4", label="accuracy per bin")
     axes.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (max probability)", ylabel="accuracy")
     axes.set_title("Reliability")
-    axes.legend(loc="upper left", fontsize=8)
-    return _png(plt, figure)
+    _legend(figure, axes)
+    return figure
 
 
-def confusion_png(data: QuestionData) -> str:
+def confusion_figure(data: QuestionData) -> Any:
     matrix = np.array(metrics.confusion(data.probabilities, data.gold, data.option_ids)["matrix"])
-    plt, figure, axes = _figure()
+    figure, axes = _figure()
     axes.imshow(matrix, cmap="Blues")
     ticks = range(len(data.option_ids))
     axes.set_xticks(ticks, data.option_ids, rotation=45, ha="right", fontsize=8)
@@ -80,37 +88,51 @@ def confusion_png(data: QuestionData) -> str:
                 column, row, str(matrix[row, column]), ha="center", va="center", color="white" if dark else "black"
             )
     axes.set(xlabel="predicted", ylabel="gold", title="Confusion")
-    return _png(plt, figure)
+    return figure
 
 
-def coverage_png(data: QuestionData, target: float, found: Mapping[str, Any]) -> str:
+def coverage_figure(data: QuestionData, target: float, found: Mapping[str, Any]) -> Any:
+    """Accuracy against coverage; the threshold a filled diamond, or a hollow one (and said so)
+    when it rests on fewer than FEW_RECORDS records."""
     cuts, coverage, accuracy = metrics.coverage_curve(data.probabilities, data.gold)
-    plt, figure, axes = _figure()
+    figure, axes = _figure()
     axes.plot(coverage, accuracy, "o-", markersize=3, color="#1f6fb4", label="accept if confidence ≥ c")
     axes.axhline(target, linestyle=":", color="#c0392b", label=f"target {target:g}")
     if found.get("threshold") is not None:
         at = int(np.flatnonzero(cuts == found["threshold"])[0])
         label = f"threshold c = {found['threshold']:.3f}"
-        axes.plot([coverage[at]], [accuracy[at]], "D", markersize=8, color="#c0392b", label=label)
+        few = metrics.few_records(found)
+        if few:
+            label += f": rests on {found['threshold_records']} records (fewer than {metrics.FEW_RECORDS})"
+        face = "none" if few else "#c0392b"
+        axes.plot([coverage[at]], [accuracy[at]], "D", markersize=8, color="#c0392b", markerfacecolor=face, label=label)
         axes.axvline(coverage[at], linestyle=":", color="#c0392b")
     axes.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="coverage (share accepted)", ylabel="accuracy of accepted")
     axes.set_title("Accuracy vs coverage")
-    axes.legend(loc="lower left", fontsize=8)
-    return _png(plt, figure)
+    _legend(figure, axes)
+    return figure
 
 
-def levels_png(data: QuestionData) -> str:
+def levels_figure(data: QuestionData) -> Any:
     levels = len(data.option_ids)
     gold = np.bincount(data.gold, minlength=levels)
     guess = np.bincount(metrics.predicted(data.probabilities), minlength=levels)
-    plt, figure, axes = _figure()
+    figure, axes = _figure()
     positions = np.arange(levels)
     axes.bar(positions - 0.2, gold, width=0.4, label="gold", color="#7f8c8d")
     axes.bar(positions + 0.2, guess, width=0.4, label="predicted (argmax)", color="#1f6fb4")
     axes.set_xticks(positions, data.option_ids)
     axes.set(xlabel="level", ylabel="records", title="Score levels")
-    axes.legend(fontsize=8)
-    return _png(plt, figure)
+    _legend(figure, axes)
+    return figure
+
+
+def figures(data: QuestionData, bins: int, target: float, found: Mapping[str, Any]) -> list[Any]:
+    """The plots of one question, in page order."""
+    shown = [reliability_figure(data, bins), confusion_figure(data), coverage_figure(data, target, found)]
+    if data.type == "score":
+        shown.append(levels_figure(data))
+    return shown
 
 
 def _number(value: Any) -> str:
@@ -121,7 +143,34 @@ def _number(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-SUMMARY = ("n", "accuracy", "accuracy_ci", "macro_f1", "log_loss", "brier", "ece", "ece_ci", "threshold", "coverage")
+SUMMARY = (
+    "n", "accuracy", "accuracy_ci", "macro_f1", "log_loss", "brier", "ece", "ece_ci", "threshold", "threshold_records",
+    "coverage",
+)  # fmt: skip
+FEW_MARK = "*"
+
+
+def _summary_row(qid: str, found: Mapping[str, Any]) -> str:
+    cells = []
+    for name in SUMMARY:
+        mark = FEW_MARK if name == "threshold" and metrics.few_records(found) else ""
+        cells.append(f"<td class='num'>{_number(found.get(name))}{mark}</td>")
+    link = f"<a href='#q-{html.escape(qid)}'>{html.escape(qid)}</a>"
+    return f"<tr><td>{link}</td><td>{html.escape(found['type'])}</td>{''.join(cells)}</tr>"
+
+
+def _notes(document: Mapping[str, Any]) -> list[str]:
+    """What the summary table's marks and dashes mean."""
+    notes = []
+    few = [qid for qid, found in document["questions"].items() if metrics.few_records(found)]
+    if few:
+        notes.append(
+            f"{FEW_MARK} the threshold rests on fewer than {metrics.FEW_RECORDS} records (the records at or above "
+            f"it; see threshold_records): {', '.join(few)}."
+        )
+    for qid, found in document["questions"].items():
+        notes += [f"{qid}: {name} is undefined: {reason}." for name, reason in found.get("undefined", {}).items()]
+    return [f"<p class='note'>{html.escape(note)}</p>" for note in notes]
 
 
 def render(document: Mapping[str, Any], questions: Mapping[str, QuestionData], bins: int, target: float) -> str:
@@ -136,12 +185,9 @@ def render(document: Mapping[str, Any], questions: Mapping[str, QuestionData], b
         parts.append(f"<p class='note'>Evaluated with calibration {html.escape(str(document['calibration']))}.</p>")
     header = "".join(f"<th>{name}</th>" for name in ("question", "type", *SUMMARY))
     parts.append(f"<table><tr>{header}</tr>")
-    for qid, found in document["questions"].items():
-        cells = "".join(f"<td class='num'>{_number(found.get(name))}</td>" for name in SUMMARY)
-        parts.append(
-            f"<tr><td><a href='#q-{html.escape(qid)}'>{html.escape(qid)}</a></td><td>{found['type']}</td>{cells}</tr>"
-        )
+    parts += [_summary_row(qid, found) for qid, found in document["questions"].items()]
     parts.append("</table>")
+    parts += _notes(document)
     for qid, found in document["questions"].items():
         data = questions[qid]
         extra = "".join(
@@ -149,9 +195,7 @@ def render(document: Mapping[str, Any], questions: Mapping[str, QuestionData], b
             for name in ("rps", "mae", "within_one")
             if name in found
         )
-        images = [reliability_png(data, bins), confusion_png(data), coverage_png(data, target, found)]
-        if data.type == "score":
-            images.append(levels_png(data))
+        images = [_png(figure) for figure in figures(data, bins, target, found)]
         parts.append(
             f"<h2 id='q-{html.escape(qid)}'>{html.escape(qid)} <small>({data.type}, n = {data.n})</small></h2>"
         )

@@ -1,21 +1,30 @@
-"""Rich tables and warning lines for `clef eval` and `clef calibrate` (presentation only)."""
+"""What `clef eval` and `clef calibrate` print: their tables as text cells, and the warning lines
+(presentation only; `text_table` renders the cells)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from clef_cli.quality.calibrate import CalibrationRun
 from clef_cli.quality.gold import GoldProblem
+from clef_cli.quality.metrics import FEW_RECORDS, few_records
+from clef_cli.quality.text_table import TextTable, print_tables, tsv, write
 
 SHOWN_PROBLEMS = 20
+FEW_MARK = "*"
+EVAL_HEADERS = ["question", "type", "n", "accuracy (95% CI)", "log loss", "Brier", "ECE", "threshold", "coverage"]
+TSV_HEADERS = [
+    "question", "type", "n", "accuracy", "accuracy_ci_low", "accuracy_ci_high", "log_loss", "brier", "ece",
+    "threshold", "threshold_records", "coverage",
+]  # fmt: skip
 
 
 def print_problems(console: Console, problems: Sequence[GoldProblem], warnings: Sequence[str] = ()) -> None:
-    """Gold problems are warnings: counted, the first 20 listed, never a failure."""
+    """Gold problems are warnings: counted, the first 20 listed (file-wide ones first), never a failure."""
     if problems:
         console.print(f"warning: {len(problems)} gold problem(s); the labels concerned are skipped", markup=False)
         for problem in problems[:SHOWN_PROBLEMS]:
@@ -30,39 +39,89 @@ def _f(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def eval_table(document: Mapping[str, Any], title: str = "clef eval") -> Table:
-    caption = f"{document['records']} records with gold · joint exact match {_f(document['joint_exact_match'])}"
-    table = Table(title=title, caption=caption)
-    longest = max((len(qid) for qid in document["questions"]), default=8)
-    table.add_column("question", min_width=min(longest, 40), overflow="fold")
-    for name in ("type", "n", "accuracy (95% CI)", "log loss", "Brier", "ECE", "threshold", "coverage"):
-        table.add_column(name, justify="left" if name == "type" else "right")
+def group_title(column: str, value: Any) -> str:
+    """`source = "web"`, `source = null`: JSON spelling keeps a null and the string "null" apart."""
+    return f"{column} = {json.dumps(value, ensure_ascii=False)}"
+
+
+def eval_table(document: Mapping[str, Any], title: str = "clef eval") -> TextTable:
+    rows, few, notes = [], [], []
     for qid, found in document["questions"].items():
         low, high = found["accuracy_ci"]
-        table.add_row(
-            qid,
-            found["type"],
-            str(found["n"]),
-            f"{_f(found['accuracy'])} [{_f(low)}, {_f(high)}]",
-            _f(found["log_loss"]),
-            _f(found["brier"]),
-            _f(found["ece"]),
-            _f(found["threshold"]),
-            _f(found["coverage"]),
+        mark = FEW_MARK if few_records(found) else ""
+        if mark:
+            few.append(f"{qid} {found['threshold_records']}")
+        rows.append(
+            [
+                qid,
+                found["type"],
+                str(found["n"]),
+                f"{_f(found['accuracy'])} [{_f(low)}, {_f(high)}]",
+                _f(found["log_loss"]),
+                _f(found["brier"]),
+                _f(found["ece"]),
+                _f(found["threshold"]) + mark,
+                _f(found["coverage"]),
+            ]
         )
-    return table
+        for name, reason in found.get("undefined", {}).items():
+            notes.append(f"{qid}: {name} is undefined (null in --json): {reason}")
+    caption = f"{document['records']} records with gold · joint exact match {_f(document['joint_exact_match'])}"
+    if few:
+        notes.insert(
+            0,
+            f"{FEW_MARK} the threshold rests on fewer than {FEW_RECORDS} records (records at or above "
+            f"it: {', '.join(few)})",
+        )
+    right = [False, False] + [True] * (len(EVAL_HEADERS) - 2)
+    return TextTable(title, list(EVAL_HEADERS), rows, right, [caption, *notes])
 
 
-def calibrate_table(run: CalibrationRun) -> Table:
+def _cell(value: Any) -> str:
+    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
+
+
+def eval_tsv(document: Mapping[str, Any], by: str | None = None) -> str:
+    """Every question's numbers at full precision, one per cell (empty for null); with `--by`, a
+    first column holds the group's value as JSON text (empty on the overall rows)."""
+
+    def rows(part: Mapping[str, Any]) -> list[list[str]]:
+        found_rows = []
+        for qid, found in part["questions"].items():
+            numbers = [found["accuracy"], *found["accuracy_ci"], found["log_loss"], found["brier"], found["ece"]]
+            rest = [found["threshold"], found["threshold_records"], found["coverage"]]
+            found_rows.append([qid, found["type"], str(found["n"]), *map(_cell, numbers), *map(_cell, rest)])
+        return found_rows
+
+    if by is None:
+        return tsv(TSV_HEADERS, rows(document))
+    lines = [["", *row] for row in rows(document)]
+    for group in document["by"]["groups"]:
+        value = json.dumps(group["value"], ensure_ascii=False)
+        lines += [[value, *row] for row in rows(group)]
+    return tsv([by, *TSV_HEADERS], lines)
+
+
+def print_eval(console: Console, document: Mapping[str, Any], form: str = "table", by: str | None = None) -> None:
+    """The overall table, then one per `--by` group (`form`: table, markdown, or tsv as one table)."""
+    if form == "tsv":
+        write(console, eval_tsv(document, by))
+        return
+    tables = [eval_table(document)]
+    for group in document.get("by", {}).get("groups", []):
+        tables.append(eval_table(group, title=group_title(document["by"]["column"], group["value"])))
+    print_tables(console, tables, form)
+
+
+def calibrate_table(run: CalibrationRun) -> TextTable:
     """Cross-fitted metrics of each method tried, the chosen one marked."""
-    table = Table(title="clef calibrate: cross-fitted (5 folds of records)")
-    for name in ("method", "log loss", "Brier", "ECE", ""):
-        table.add_column(name, justify="left" if name in ("method", "") else "right")
+    rows = []
     for method, found in run.candidates.items():
         mark = "chosen" if method == run.calibration.method else ""
         label = "none (uncalibrated)" if method == "none" else method
-        table.add_row(label, _f(found["log_loss"], 4), _f(found["brier"], 4), _f(found["ece"], 4), mark)
-    return table
+        rows.append([label, _f(found["log_loss"], 4), _f(found["brier"], 4), _f(found["ece"], 4), mark])
+    title = f"clef calibrate: cross-fitted ({run.folds} folds of records)"
+    return TextTable(title, ["method", "log loss", "Brier", "ECE", ""], rows, [False, True, True, True, False])
 
 
 def temperatures_line(run: CalibrationRun) -> str:

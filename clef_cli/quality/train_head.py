@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,17 +22,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from clef_cli import __version__
-from clef_cli.atomic import write_atomically
-from clef_cli.checkpoint import MANIFEST, Checkpoint
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
-from clef_cli.head import JointSchemaHead, load_joint_head
-from clef_cli.hidden_store import HiddenReader, load_states
+from clef_cli.model.head import JointSchemaHead, load_joint_head
 from clef_cli.quality.cross_fit import cross_fit
 from clef_cli.quality.folds import assign_folds
 from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
 from clef_cli.quality.head_training import Example, FitSettings, fit
 from clef_cli.quality.train_report import held_out_report
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
+from clef_cli.store.atomic import write_atomically
+from clef_cli.store.checkpoint import MANIFEST, Checkpoint
+from clef_cli.store.hidden_store import HiddenReader, load_states
 
 REPORT_FILE = "training_report.json"
 BOOTSTRAP_RESAMPLES = 2000
@@ -110,7 +111,7 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
 
 def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position."""
-    rows = read_gold_rows(gold_path)
+    rows, found = read_gold_rows(gold_path)
     wanted = {record_id for record_id, _ in rows}
     stored = [record for record in reader.records(states=False, verify=False) if record.id in wanted]
     options = {
@@ -119,7 +120,7 @@ def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example],
         }
         for record in stored
     }
-    gold = match_gold(rows, options, sha256=file_sha256(gold_path))
+    gold = match_gold(rows, options, sha256=file_sha256(gold_path), found=found)
     examples = []
     for record in stored:
         labels = gold.labels.get(record.id)
@@ -159,7 +160,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
 
     Raises `GateRefused` (with the report's numbers) when the gate fails and `force` is off. The
     checkpoint and HEAD_DIR are locked as a job's are, so no job writes them meanwhile."""
-    from clef_cli.locks import job_locks
+    from clef_cli.store.locks import job_locks
 
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
@@ -167,6 +168,45 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
         raise UsageError(f"-o {settings.output}: folder {settings.output.absolute().parent} does not exist")
     with job_locks(settings.output, settings.checkpoint):
         return _train_head(settings, progress or SilentTrainProgress())
+
+
+def _report(
+    settings: TrainHeadSettings,
+    checkpoint: Checkpoint,
+    release: Release,
+    base_dir: Path,
+    gold: GoldSet,
+    examples: Sequence[Example],
+    device: str,
+) -> dict[str, Any]:
+    """What the run was given and did, for training_report.json (the held-out part is added after)."""
+    return {
+        "clef_version": __version__,
+        "settings": {
+            **asdict(settings.fit),
+            "folds": settings.folds,
+            "seed": settings.seed,
+            "device": device,
+            "force": settings.force,
+            "bootstrap_resamples": settings.bootstrap_resamples,
+        },
+        "inputs": {
+            "checkpoint": str(settings.checkpoint),
+            "checkpoint_manifest_sha256": file_sha256(checkpoint.path / MANIFEST),
+            "gold": str(settings.gold),
+            "gold_sha256": gold.sha256,
+            "model": str(release.path),
+            "base_head": str(base_dir),
+            "base_head_sha256": file_sha256(base_dir / HEAD_WEIGHTS),
+            "base_head_config_sha256": file_sha256(base_dir / HEAD_CONFIG),
+        },
+        "gold": {
+            "records": len(examples),
+            "labels": gold.n_labels,
+            "problems": len(gold.problems),
+            "first_problems": [problem.message for problem in gold.problems[:20]],
+        },
+    }
 
 
 def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
@@ -192,47 +232,22 @@ def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
 
 
 def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHeadResult:
-    from clef_cli.backbone import load_lexical_rows, resolve_device
+    from clef_cli.families import family_of
+    from clef_cli.model.backbone import resolve_device
 
     checkpoint, release, base_dir, base, examples, gold = _prepare(settings, progress)
     device = resolve_device(settings.device)
-    lexical = load_lexical_rows(release).to(device)
+    lexical = family_of(release).lexical_rows(release).to(device)
     folds = assign_folds(examples, settings.folds, settings.seed)
     progress.stage(f"{len(examples)} gold records, {gold.n_labels} labels, {settings.folds} folds")
     crossed = cross_fit(
         base, lexical, examples, folds, settings.fit, settings.seed, device,
         lambda run, epoch, loss: progress.epoch(run, epoch, settings.fit.epochs, loss),
     )  # fmt: skip
-    report: dict[str, Any] = {
-        "clef_version": __version__,
-        "settings": {
-            **asdict(settings.fit),
-            "folds": settings.folds,
-            "seed": settings.seed,
-            "device": str(device),
-            "force": settings.force,
-            "bootstrap_resamples": settings.bootstrap_resamples,
-        },
-        "folds": crossed.folds,
-        **held_out_report(examples, crossed, settings.bootstrap_resamples, settings.seed),
-    }
+    report = _report(settings, checkpoint, release, base_dir, gold, examples, str(device))
+    report["folds"] = crossed.folds
+    report.update(held_out_report(examples, crossed, settings.bootstrap_resamples, settings.seed))
     report["gate"]["forced"] = settings.force and not report["gate"]["passed"]
-    report["inputs"] = {
-        "checkpoint": str(settings.checkpoint),
-        "checkpoint_manifest_sha256": file_sha256(checkpoint.path / MANIFEST),
-        "gold": str(settings.gold),
-        "gold_sha256": gold.sha256,
-        "model": str(release.path),
-        "base_head": str(base_dir),
-        "base_head_sha256": file_sha256(base_dir / HEAD_WEIGHTS),
-        "base_head_config_sha256": file_sha256(base_dir / HEAD_CONFIG),
-    }
-    report["gold"] = {
-        "records": len(examples),
-        "labels": gold.n_labels,
-        "problems": len(gold.problems),
-        "first_problems": [problem.message for problem in gold.problems[:20]],
-    }
     if not report["gate"]["passed"] and not settings.force:
         raise GateRefused(report)
 

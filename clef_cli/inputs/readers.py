@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
-from clef_cli.parquet_rows import StructNulls, parquet_rows
-from clef_cli.records import InvalidRecord, Record, RecordBuilder, parse_questions
-from clef_cli.sources import InputFile, expand_inputs
+from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
+from clef_cli.inputs.sources import InputFile, expand_inputs
 
 
 def load_questions_file(path: str | Path) -> dict[str, Any]:

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from clef_cli.batching import ModelBatch
-from clef_cli.dtypes import torch_dtype
+from clef_cli.encoding.batching import ModelBatch
 from clef_cli.errors import ModelLoadError
+from clef_cli.model.dtypes import torch_dtype
 from clef_cli.release import HEAD_FILES, Release
 
 SPEECH_OUTPUT_KEYS = re.compile(r"^(talker|code2wav)\.")
@@ -133,16 +133,14 @@ class Backbone(ABC):
         tokens get exactly the states they get when the record runs alone."""
 
 
-def load_lexical_rows(release: Release) -> torch.Tensor:
-    """Only the thinker's lm_head weight, read from its shard: re-scoring stored hidden states
-    with another head needs these rows and nothing else of the backbone."""
+def load_lexical_rows(release: Release, key: str) -> torch.Tensor:
+    """Only the lm_head weight `key`, read from its shard: re-scoring stored hidden states with
+    another head needs these rows and nothing else of the backbone. (`Family.lexical_rows` knows
+    the key.)"""
     import json
 
     from safetensors import safe_open
 
-    from clef_cli.families import family_of
-
-    key = family_of(release).lexical_key
     index = release.path / "model.safetensors.index.json"
     if index.is_file():
         shard_name = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).get(key)

@@ -11,36 +11,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from clef_cli.answers import QuestionResult, question_result
-from clef_cli.backbone import Backbone, resolve_device, resolve_dtype
-from clef_cli.batching import PlanEntry, collate, plan_batches
+from clef_cli.choices import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
+from clef_cli.encoding.batching import PlanEntry, collate, plan_batches
+from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.families import family_of
-from clef_cli.head import JointSchemaHead, build_layout, load_joint_head
-from clef_cli.prompt import EncodedRecord
+from clef_cli.model.answers import question_result
+from clef_cli.model.backbone import Backbone, resolve_device, resolve_dtype
+from clef_cli.model.head import JointSchemaHead, build_layout, load_joint_head
 from clef_cli.release import Release, resolve_release
-from clef_cli.settings import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
+from clef_cli.results import FailedRecord, ScoredRecord
 from clef_cli.stats import JobStats, timed
 
 MIN_BATCH_TOKENS = 256
-
-
-@dataclass(frozen=True)
-class ScoredRecord:
-    record_id: str
-    index: int
-    prompt_tokens: int
-    state_tokens_cut: int
-    questions: tuple[QuestionResult, ...]
-
-
-@dataclass(frozen=True)
-class FailedRecord:
-    """A record that produced no scores: its place in the output and why."""
-
-    record_id: str
-    index: int
-    error: str
-    prompt_tokens: int | None = None
 
 
 def head_logits(

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_cli.dtypes import ITEM_SIZES
-from clef_cli.pool_size import decode_threads_per_worker, default_workers
-from clef_cli.readers import load_questions_file, read_records
-from clef_cli.records import InvalidRecord, Record
+from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
+from clef_cli.engines.local.workers import EncodePool, EncoderSpec, Planned, within_budget
+from clef_cli.inputs.readers import load_questions_file, read_records
+from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.model.dtypes import ITEM_SIZES
 from clef_cli.release import Release
-from clef_cli.scoring import FailedRecord
+from clef_cli.results import FailedRecord
 from clef_cli.settings import ScoreSettings
-from clef_cli.workers import EncodePool, EncoderSpec, Planned, within_budget
 
 
 def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
@@ -32,7 +32,7 @@ def worker_count(settings: ScoreSettings) -> int:
     a GPU every usable core but one, bounded by memory."""
     if settings.workers is not None:
         return settings.workers
-    from clef_cli.backbone import resolve_device
+    from clef_cli.model.backbone import resolve_device
 
     if resolve_device(settings.device).type == "cpu":
         return 0

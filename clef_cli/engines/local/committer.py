@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from clef_cli.checkpoint import Checkpoint
+from clef_cli.store.checkpoint import Checkpoint
 
 
 class BackgroundCommitter:

@@ -22,27 +22,26 @@ import pyarrow as pa
 import torch
 
 from clef_cli import faults
-from clef_cli.backbone import resolve_dtype
-from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.checkpoint import Checkpoint
+from clef_cli.encoding.batching import PlanEntry, plan_batches
+from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.engines.ray.hidden import check_every_node_sees, commit_block, tag, write_hidden
+from clef_cli.engines.ray.logs import RAY_LOG, ray_output_to
+from clef_cli.engines.ray.reading import Slice, plan_slices, read_slice
+from clef_cli.engines.ray.resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
+from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.errors import ClefError, RecordError
-from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
+from clef_cli.inputs.readers import count_records, load_questions_file
+from clef_cli.inputs.records import InvalidRecord, RecordBuilder
+from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job import open_job
+from clef_cli.model.backbone import resolve_dtype
 from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
-from clef_cli.prompt import EncodedRecord
-from clef_cli.ray_hidden import check_every_node_sees, commit_block, tag, write_hidden
-from clef_cli.ray_logs import RAY_LOG, ray_output_to
-from clef_cli.ray_reading import Slice, plan_slices, read_slice
-from clef_cli.ray_resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
-from clef_cli.ray_watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
-from clef_cli.readers import count_records, load_questions_file
-from clef_cli.records import InvalidRecord, RecordBuilder
 from clef_cli.release import resolve_release
-from clef_cli.results import RESULT_SCHEMA, results_table
-from clef_cli.scoring import FailedRecord
+from clef_cli.results import RESULT_SCHEMA, FailedRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
-from clef_cli.sources import expand_inputs
+from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 
 @dataclass
@@ -75,11 +74,11 @@ class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
     def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None, hidden_dir: str | None) -> None:
+        from clef_cli.encoding.media import set_decode_threads
+        from clef_cli.encoding.prompt import PromptEncoder
         from clef_cli.families import family_of
-        from clef_cli.media import set_decode_threads
-        from clef_cli.prompt import PromptEncoder
+        from clef_cli.model.scoring import BatchRunner, load_scorer
         from clef_cli.release import load_processor
-        from clef_cli.scoring import BatchRunner, load_scorer
 
         release = resolve_release(settings.model, revision=settings.revision)
         settings = settings.for_release(release)

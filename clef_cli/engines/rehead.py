@@ -12,18 +12,19 @@ from typing import Any
 
 import torch
 
-from clef_cli.backbone import load_lexical_rows, resolve_device
-from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.checkpoint import MANIFEST, Checkpoint, describe_differences
+from clef_cli.encoding.batching import PlanEntry, plan_batches
 from clef_cli.errors import ClefError, ModelLoadError
-from clef_cli.head import JointSchemaHead, load_joint_head
-from clef_cli.hidden_store import StoredRecord, pad_states
+from clef_cli.families import family_of
+from clef_cli.inputs.readers import count_records
 from clef_cli.job import Job, open_job
+from clef_cli.model.backbone import resolve_device
+from clef_cli.model.head import JointSchemaHead, load_joint_head
+from clef_cli.model.scoring import head_logits, scored_record
 from clef_cli.progress import Progress
-from clef_cli.readers import count_records
-from clef_cli.results import results_table
-from clef_cli.scoring import FailedRecord, head_logits, scored_record
+from clef_cli.results import FailedRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.store.checkpoint import MANIFEST, Checkpoint, describe_differences
+from clef_cli.store.hidden_store import StoredRecord, pad_states
 
 REHEAD_BATCH_TOKENS = 65536
 
@@ -87,7 +88,7 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
         shutil.rmtree(workdir, ignore_errors=True)
         target = Checkpoint.open(workdir, job.manifest)
         try:
-            _rescore(job, head.to(device), load_lexical_rows(release).to(device), target, device)
+            _rescore(job, head.to(device), family_of(release).lexical_rows(release).to(device), target, device)
             manifest = job.manifest | {"settings": source.manifest["settings"]}
             summary = job.finish(target.results(), {"clef.rehead_from": str(source.path)}, manifest=manifest)
         finally:

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from clef_cli.atomic import write_atomically
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, UsageError
 from clef_cli.release import file_sha256
 from clef_cli.results import RESULT_SCHEMA
+from clef_cli.store.atomic import write_atomically
 
 if TYPE_CHECKING:
-    from clef_cli.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
+    from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -124,6 +124,19 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def require_folder(path: Path) -> None:
+    """A missing path or a file (often the scored Parquet itself) is the user's slip: exit 2,
+    pointing at where `clef score -o OUT.parquet` keeps its checkpoint."""
+    if path.is_dir():
+        return
+    where = "`clef score -o OUT.parquet` keeps its checkpoint in the folder OUT.parquet.ckpt"
+    sibling = path.with_name(path.name + ".ckpt")
+    if sibling.is_dir():
+        where += f"; did you mean {sibling}?"
+    what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+    raise UsageError(f"checkpoint {path} {what}: {where}")
+
+
 class Checkpoint:
     """A checkpoint folder opened for one job (the caller holds its lock)."""
 
@@ -168,6 +181,7 @@ class Checkpoint:
     @classmethod
     def open_existing(cls, path: Path) -> Checkpoint:
         """For reading (info, rehead): the checkpoint must exist; nothing in it is changed."""
+        require_folder(path)
         manifest = read_manifest(path)
         if manifest is None:
             raise ClefError(f"{path} is not a clef checkpoint (no {MANIFEST})")
@@ -290,7 +304,7 @@ class Checkpoint:
         return pa.concat_tables(tables) if tables else RESULT_SCHEMA.empty_table()
 
     def hidden_shards(self) -> list[HiddenShardFile]:
-        from clef_cli.hidden_store import HiddenShardFile
+        from clef_cli.store.hidden_store import HiddenShardFile
 
         """The committed hidden-state shards, in commit order (read them with `hidden_reader`)."""
         shards = []
@@ -301,7 +315,7 @@ class Checkpoint:
         return shards
 
     def hidden_reader(self) -> HiddenReader:
-        from clef_cli.hidden_store import HiddenReader
+        from clef_cli.store.hidden_store import HiddenReader
 
         return HiddenReader(self.hidden_shards())
 

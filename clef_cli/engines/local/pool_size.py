@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from clef_cli.media import MAX_FRAME_PIXELS, VIDEO_FPS, MediaLimits
+from clef_cli.encoding.media import MAX_FRAME_PIXELS, VIDEO_FPS, MediaLimits
 
 WORKER_BASE_BYTES = 1 << 30
 """A worker's resident memory before it decodes anything: Python, torch, the processor (measured

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from clef_cli.dtypes import HIDDEN_DTYPES as HIDDEN_DTYPE_NAMES
-from clef_cli.dtypes import torch_dtype
+from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.errors import ClefError
-from clef_cli.prompt import EncodedQuestion, EncodedRecord
-from clef_cli.records import Question, Record
+from clef_cli.inputs.records import Question, Record
+from clef_cli.model.dtypes import HIDDEN_DTYPES as HIDDEN_DTYPE_NAMES
+from clef_cli.model.dtypes import torch_dtype
 
 HIDDEN_FORMAT_VERSION = 1
 FORMAT_KEY = "clef.hidden_format"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError
-from clef_cli.parquet_rows import AmbiguousNulls
+from clef_cli.inputs.parquet_rows import AmbiguousNulls
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
 """Question type names and the ids the head's type embedding uses."""

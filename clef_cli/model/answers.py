@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clef_cli.records import Question
+from clef_cli.inputs.records import Question
 
 if TYPE_CHECKING:  # torch is imported where logits are turned into probabilities, not to derive answers
     import torch

@@ -12,14 +12,14 @@ from functools import cached_property
 from typing import Any
 
 from clef_cli import faults
-from clef_cli.batching import PlanEntry, PlannedBatch, plan_batches
-from clef_cli.committer import BackgroundCommitter
-from clef_cli.hidden_store import HIDDEN_DTYPES, hidden_payload
+from clef_cli.encoding.batching import PlanEntry, PlannedBatch, plan_batches
+from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.engines.local.committer import BackgroundCommitter
+from clef_cli.engines.local.workers import EncodePool, Planned
 from clef_cli.job import Job
-from clef_cli.prompt import EncodedRecord
-from clef_cli.results import results_table
-from clef_cli.scoring import BatchRunner, FailedRecord, ScoredRecord, Scorer
-from clef_cli.workers import EncodePool, Planned
+from clef_cli.model.scoring import BatchRunner, Scorer
+from clef_cli.results import FailedRecord, ScoredRecord, results_table
+from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 PREFETCH_BATCHES = 3
 

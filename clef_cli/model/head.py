@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clef_cli.encoding.encoded import EncodedQuestion
 from clef_cli.errors import ModelLoadError
-from clef_cli.prompt import EncodedQuestion
-from clef_cli.records import QUESTION_TYPES
+from clef_cli.inputs.records import QUESTION_TYPES
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS
 
 MAX_LOGIT_SCALE = math.log(100.0)

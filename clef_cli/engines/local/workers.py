@@ -25,10 +25,11 @@ import numpy as np
 
 from clef_cli import faults
 from clef_cli.choices import OverflowPolicy
+from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.encoding.media import MediaLimits, set_decode_threads
+from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
-from clef_cli.media import MediaLimits, set_decode_threads
-from clef_cli.prompt import EncodedRecord, PromptEncoder
-from clef_cli.records import Record
+from clef_cli.inputs.records import Record
 
 URGENT, BACKGROUND = 0, 1
 

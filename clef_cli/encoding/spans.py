@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from clef_cli.prompt import EncodedRecord
-from clef_cli.records import QUESTION_TYPE_NAMES
+from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.inputs.records import QUESTION_TYPE_NAMES
 
 MEDIA_TOKENS = {"image": "<|image_pad|>", "audio": "<|audio_pad|>", "video": "<|video_pad|>"}
 

@@ -17,13 +17,10 @@ import threading
 import time
 from pathlib import Path
 
-from clef_cli.committer import BackgroundCommitter
-from clef_cli.errors import ClefError
-from clef_cli.executor import BatchExecutor
-from clef_cli.job import Job, open_job
-from clef_cli.output import passthrough_types
-from clef_cli.plan_report import DryRunReport, plan_report
-from clef_cli.planning import (
+from clef_cli.engines.local.committer import BackgroundCommitter
+from clef_cli.engines.local.executor import BatchExecutor
+from clef_cli.engines.local.plan_report import DryRunReport, plan_report
+from clef_cli.engines.local.planning import (
     Window,
     encode_pool,
     hidden_bytes_per_token,
@@ -31,9 +28,12 @@ from clef_cli.planning import (
     planned_windows,
     worker_count,
 )
+from clef_cli.errors import ClefError
+from clef_cli.inputs.readers import count_records
+from clef_cli.job import Job, open_job
+from clef_cli.model.scoring import Scorer
+from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
-from clef_cli.readers import count_records
-from clef_cli.scoring import Scorer
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import human_size
 from clef_cli.stats import modality
@@ -43,7 +43,7 @@ __all__ = ["JobSummary", "ScoreJob", "ScoreSettings"]
 
 def compute_dtype(settings: ScoreSettings) -> str:
     """The dtype this run computes in (part of the checkpoint's settings)."""
-    from clef_cli.backbone import resolve_device, resolve_dtype
+    from clef_cli.model.backbone import resolve_device, resolve_dtype
 
     return str(resolve_dtype(settings.dtype, resolve_device(settings.device))).removeprefix("torch.")
 
@@ -111,7 +111,7 @@ class ScoreJob:
 
     def _load_scorer(self, job: Job) -> Scorer:
         if self.scorer is None:
-            from clef_cli.scoring import load_scorer
+            from clef_cli.model.scoring import load_scorer
 
             self.progress.note("loading the model")
             with job.summary.stats.stage("load"):

@@ -6,14 +6,20 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
-from clef_cli.batching import PlanEntry, plan_batches
-from clef_cli.checkpoint import MANIFEST, Checkpoint, DoneSet
+from clef_cli.encoding.batching import PlanEntry, plan_batches
+from clef_cli.engines.local.planning import (
+    encode_pool,
+    hidden_bytes_per_token,
+    job_records,
+    planned_windows,
+    worker_count,
+)
 from clef_cli.errors import ClefError
-from clef_cli.planning import encode_pool, hidden_bytes_per_token, job_records, planned_windows, worker_count
+from clef_cli.inputs.readers import count_records
 from clef_cli.progress import Progress
-from clef_cli.readers import count_records
 from clef_cli.release import resolve_release
 from clef_cli.settings import ScoreSettings
+from clef_cli.store.checkpoint import MANIFEST, Checkpoint, DoneSet
 
 
 @dataclass

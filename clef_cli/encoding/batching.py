@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from clef_cli.prompt import EncodedRecord
+from clef_cli.encoding.encoded import EncodedRecord
 
 CONCATENATED_MEDIA = (
     "pixel_values",

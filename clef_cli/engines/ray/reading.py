@@ -8,9 +8,9 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-from clef_cli.parquet_rows import StructNulls, parquet_rows
-from clef_cli.readers import parse_jsonl_line, raw_rows
-from clef_cli.sources import InputFile
+from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.readers import parse_jsonl_line, raw_rows
+from clef_cli.inputs.sources import InputFile
 
 JSONL_RANGE_BYTES = 64 << 20
 

@@ -8,17 +8,16 @@ with the reference. Spans are half-open ranges into the final sequence, after me
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from clef_cli.choices import OverflowPolicy
+from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
+from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import RecordError
-from clef_cli.media import MediaLimits
-from clef_cli.records import Question, Record
+from clef_cli.inputs.records import Question, Record
 
 if TYPE_CHECKING:
-    import torch
 
     from clef_cli.families.base import Family
 
@@ -31,7 +30,6 @@ SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
 OPTIONS_HEADER = "\nALLOWED OPTIONS:\n"
 FIELD_END = "END FIELD\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
-DEFAULT_MAX_LENGTH = 64000
 """Clef-Omni's; each family has its own (`Family.default_max_length`)."""
 
 
@@ -54,42 +52,6 @@ def render_instructions(question: Question) -> str:
     if instructions is None or instructions == "":
         return question.id
     return render(instructions)
-
-
-@dataclass(frozen=True)
-class EncodedQuestion:
-    """Where one question and its options sit in the token sequence (end exclusive)."""
-
-    question_id: str
-    question_type: int
-    question_span: tuple[int, int]
-    option_spans: tuple[tuple[int, int], ...]
-    option_ids: tuple[str, ...]
-
-
-@dataclass
-class EncodedRecord:
-    """Everything the backbone and the head need for one record."""
-
-    record: Record
-    input_ids: list[int]
-    questions: tuple[EncodedQuestion, ...]
-    media: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The processor's tensors: pixel_values, image_grid_thw, pixel_values_videos,
-    video_grid_thw, video_second_per_grid, input_features, feature_attention_mask."""
-    use_audio_in_video: bool = False
-    media_span: tuple[int, int] = (0, 0)
-    state_span: tuple[int, int] = (0, 0)
-    state_tokens_cut: int = 0
-    max_length: int = DEFAULT_MAX_LENGTH
-
-    @property
-    def length(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def state_tokens(self) -> int:
-        return self.state_span[1] - self.state_span[0]
 
 
 class PromptEncoder:

@@ -1,0 +1,183 @@
+"""`clef score`'s own options, written once as `Annotated` aliases in groups (what to read and
+write, how to batch, the checkpoint, Ray), and the builders that turn the parsed values into the
+library's settings. The command itself only lists the aliases and calls the engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from clef_cli.choices import HiddenDtype, HiddenStates, Layout
+from clef_cli.cli.options import Dtype
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.errors import UsageError
+from clef_cli.settings import ScoreSettings
+
+# What to read and write
+InputsArgument = Annotated[
+    list[str],
+    typer.Argument(
+        help="JSONL, JSON or Parquet files, or folders of Parquet parts: local paths or URIs "
+        "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open)."
+    ),
+]
+OutputOption = Annotated[Path, typer.Option("--output", "-o", help="Output Parquet file (written atomically).")]
+LayoutOption = Annotated[
+    Layout, typer.Option("--layout", help="wide: one row per record; long: one row per record, question, label.")
+]
+KeepColumnsOption = Annotated[
+    str | None, typer.Option("--keep-columns", help="Input columns to pass through, comma-separated.")
+]
+LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Score only the first N records.")]
+CalibrationOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--calibration",
+        help="A `clef calibrate` file: probabilities, answers and confidences are written temperature-scaled "
+        "(logits stay raw). Applied to the output only, so rerunning a finished job with another -o recalibrates "
+        "it from the checkpoint without the model.",
+    ),
+]
+StatsJsonOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--stats-json",
+        help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
+        "encode rates per modality) to this JSON file.",
+    ),
+]
+
+# How to batch and run
+MaxBatchTokensOption = Annotated[
+    int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward (batch size x longest).")
+]
+MaxBatchSizeOption = Annotated[int, typer.Option("--max-batch-size", min=1, help="Records per forward.")]
+ScoreDtypeOption = Annotated[Dtype, typer.Option("--dtype", help="auto: bf16 on a GPU, fp32 on the CPU.")]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=0,
+        help="Background processes that decode media and encode prompts for the model (0: inline). Default: "
+        "none on the CPU; beside a GPU, every usable core but one, bounded by memory (see README). "
+        "Not Ray's scoring actors: see --ray-actors.",
+    ),
+]
+WindowOption = Annotated[int, typer.Option("--window", min=1, help="Records planned and length-sorted together.")]
+DryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
+]
+ScoreQuietOption = Annotated[
+    bool,
+    typer.Option("--quiet", "-q", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
+]
+
+# The checkpoint
+CheckpointOption = Annotated[
+    Path | None, typer.Option("--checkpoint", help="Checkpoint folder (default: OUTPUT.ckpt beside the output).")
+]
+HiddenStatesOption = Annotated[
+    HiddenStates,
+    typer.Option("--hidden-states", help="keep: store final hidden states (for --rehead); drop: results only."),
+]
+HiddenDtypeOption = Annotated[HiddenDtype, typer.Option("--hidden-dtype", help="Stored hidden-state precision.")]
+RestartOption = Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")]
+ReheadOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--rehead",
+        help="Re-score the checkpoint's hidden states with the joint head in this folder (no thinker; not "
+        "with --ray).",
+    ),
+]
+
+# Ray (each needs --ray: RAY_ONLY)
+RayOption = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Run on Ray Data across GPUs and machines (needs clef-cli[ray]): joins the cluster at "
+        "--ray-address, or starts a local one. The options below marked --ray need it.",
+    ),
+]
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        envvar="RAY_ADDRESS",
+        help="--ray: the cluster to join (ray://head:10001, auto, or local for a new local cluster).",
+    ),
+]
+RayActorsOption = Annotated[
+    int, typer.Option("--ray-actors", min=1, help="--ray: scoring actors, each with its own model copy.")
+]
+GpusPerWorkerOption = Annotated[
+    float | None, typer.Option("--gpus-per-worker", min=0, help="--ray: GPUs per actor (default 1 with CUDA).")
+]
+CpusPerWorkerOption = Annotated[
+    float | None,
+    typer.Option(
+        "--cpus-per-worker",
+        min=0,
+        help="--ray: CPUs per actor (default: share what Ray Data's read tasks leave, at most 1 each).",
+    ),
+]
+BlockRecordsOption = Annotated[
+    int, typer.Option("--block-records", min=1, help="--ray: records handed to an actor at a time.")
+]
+StallTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--stall-timeout",
+        min=1,
+        help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
+    ),
+]
+RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "block_records", "stall_timeout")
+
+
+def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> ScoreSettings:
+    """The library's settings from the parsed options (Typer's `ctx.params`)."""
+    from clef_cli.output import check_keep_columns
+
+    columns = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
+    check_keep_columns(columns)
+    same = ("inputs", "output", "model", "revision", "questions", "max_length", "struct_nulls", "max_batch_tokens")
+    same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
+    return ScoreSettings(
+        **{name: options[name] for name in same},
+        overflow=options["on_overflow"],
+        limits=limits,
+        dtype=None if options["dtype"] is Dtype.auto else options["dtype"].value,
+        layout=options["layout"].value,
+        keep_columns=columns,
+        hidden_states=options["hidden_states"].value,
+        hidden_dtype=options["hidden_dtype"].value,
+    )
+
+
+def ray_settings(options: dict[str, Any], device: str, quiet: bool) -> object:
+    """The Ray engine's settings; refuses at once when Ray is not installed."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UsageError('--ray needs Ray: pip install "clef-cli[ray]"') from None
+    import torch
+
+    from clef_cli.engines.ray.job import RaySettings
+
+    gpus_per_worker = options["gpus_per_worker"]
+    if gpus_per_worker is None:
+        gpus_per_worker = 1.0 if device != "cpu" and torch.cuda.is_available() else 0.0
+    address = options["ray_address"]
+    return RaySettings(
+        address=None if address in (None, "local") else address,
+        num_workers=options["ray_actors"],
+        gpus_per_worker=gpus_per_worker,
+        cpus_per_worker=options["cpus_per_worker"],
+        block_records=options["block_records"],
+        stall_timeout=options["stall_timeout"],
+        quiet=quiet,
+    )

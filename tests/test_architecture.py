@@ -1,0 +1,115 @@
+"""The house rules the folders promise: imports point one way (no cycles, type-only imports
+included), a small package root, no giant functions or modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "clef_cli"
+MAX_ROOT_MODULES = 15
+MAX_FUNCTION_LINES = 100
+MAX_MODULE_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _resolve(name: str) -> str | None:
+    """The module an import names: `a.b.c` is module `a.b` when `c` is a name inside it."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imported(node: ast.Import | ast.ImportFrom, name: str, path: Path) -> set[str]:
+    if isinstance(node, ast.Import):
+        return {_resolve(alias.name) for alias in node.names if alias.name.startswith("clef_cli")} - {None}
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    if node.level:
+        for _ in range(node.level - 1):
+            base = base.rpartition(".")[0]
+        source = f"{base}.{node.module}" if node.module else base
+    else:
+        source = node.module or ""
+    if not source.startswith("clef_cli"):
+        return set()
+    found = {_resolve(f"{source}.{alias.name}") for alias in node.names}
+    return found - {None}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every import of every module: at module level, inside functions, under TYPE_CHECKING."""
+    graph = {}
+    for name, path in MODULES.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                edges |= _imported(node, name, path)
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None (depth-first search, three colours)."""
+    state: dict[str, int] = {}
+    trail: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        trail.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*trail[trail.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[node] = 2
+        trail.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_type_only_and_function_level_imports() -> None:
+    graph = import_graph()
+    assert "clef_cli.families" in graph["clef_cli.encoding.prompt"]  # a lazy import inside __init__
+    assert "clef_cli.model.answers" in graph["clef_cli.results"]  # under TYPE_CHECKING
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_small_package_root() -> None:
+    root = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_no_giant_functions_or_modules() -> None:
+    too_long = []
+    for name, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {lines} lines")
+    assert not too_long, too_long
