@@ -20,7 +20,7 @@ from tests.planted import planted_task, write_jsonl
 
 runner = CliRunner()
 QUICK = ["--folds", "3", "--device", "cpu"]
-TRAIN = 90  # labelled records of the quick planted task; the rest of `planted` is never seen
+TRAIN = 45  # labelled records of the quick planted task; the rest of `planted` is never seen
 
 
 def score_planted(task: str, count: int, folder: Path) -> dict:
@@ -37,10 +37,11 @@ def score_planted(task: str, count: int, folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """The keyword task (one keyword once among 15-50 words), 150 records scored once with hidden
-    states kept; gold for the first 90."""
+    """The image task (the colour of a square is the answer), 70 records scored once with hidden
+    states kept; gold for the first 45. The keyword task needs more records than the quick loop
+    can afford (90 labelled: trained 0.52, probe 0.68 cross-fitted); it runs at full size below."""
     root = tmp_path_factory.mktemp("planted")
-    task = score_planted("keyword", 150, root)
+    task = score_planted("image", 70, root)
     task["gold"] = write_jsonl(root / "gold.jsonl", task["answers"][:TRAIN])
     return task
 
@@ -93,20 +94,21 @@ def sklearn_probe_accuracy(checkpoint: Path, train_answers: list[dict], held_ans
 
 @pytest.fixture(scope="module")
 def trained_small(planted, tmp_path_factory):
-    """The quick loop's planted task: default recipe, 90 labelled records, 3 folds."""
+    """The quick loop's planted task: default recipe, 45 labelled records, 3 folds."""
     head = tmp_path_factory.mktemp("small") / "head"
     result = train(planted["checkpoint"], planted["gold"], head, *QUICK)
     return {"result": result, "head": head}
 
 
-def test_planted_keyword_is_learned_up_to_the_probe_and_the_gate_passes(planted, trained_small, tmp_path):
+def test_planted_image_cue_is_learned_up_to_the_probe_and_the_gate_passes(planted, trained_small, tmp_path):
     result, head = trained_small["result"], trained_small["head"]
     assert result.exit_code == 0, result.output
     report = json.loads((head / "training_report.json").read_text())
     assert report["gate"]["passed"] and not report["gate"]["forced"]
-    desk = report["by_question"]["desk"]
-    print({name: desk[name] for name in ("base", "calibrated_base", "trained", "probe")})
-    assert desk["trained"]["accuracy"] >= 0.8 * desk["probe"]["accuracy"]
+    assert report["gate"]["few_labels"] == ["colour"] and "fewer than 50 labels" in result.stderr
+    colour = report["by_question"]["colour"]
+    print({name: colour[name] for name in ("base", "calibrated_base", "trained", "probe")})
+    assert colour["trained"]["accuracy"] >= 0.8 * colour["probe"]["accuracy"]
     assert rehead(planted, head, tmp_path / "re.parquet").exit_code == 0
     before = unseen_accuracy(planted["output"], planted["answers"], TRAIN)
     after = unseen_accuracy(tmp_path / "re.parquet", planted["answers"], TRAIN)
@@ -143,7 +145,7 @@ def test_report_probe_matches_scikit_learn_on_the_same_folds(planted, trained_sm
         scaler = StandardScaler().fit(x[train])
         model = LogisticRegression(C=1.0, max_iter=10000, tol=1e-10).fit(scaler.transform(x[train]), y[train])
         probabilities[held] = model.predict_proba(scaler.transform(x[held]))
-    probe = report["by_question"]["desk"]["probe"]
+    probe = report["by_question"]["colour"]["probe"]
     assert probe["labels"] == len(y)
     assert probe["accuracy"] == pytest.approx(np.mean(probabilities.argmax(axis=1) == y), abs=1.5 / len(y))
     assert probe["log_loss"] == pytest.approx(log_loss(y, probabilities, labels=[0, 1, 2]), rel=1e-3)
@@ -173,11 +175,10 @@ def test_shuffled_labels_from_the_release_head_are_refused(planted, tmp_path):
     """Shuffled labels carry no signal: the recalibrated release head (label frequencies and
     confidence fitted on the training folds) is as good as a head can be, so the gate refuses."""
     answers = planted["answers"][:TRAIN]
-    desks = [row["desk"] for row in answers]
-    random.Random(3).shuffle(desks)
-    gold = write_jsonl(
-        tmp_path / "shuffled.jsonl", [{"id": r["id"], "desk": d} for r, d in zip(answers, desks, strict=True)]
-    )
+    colours = [row["colour"] for row in answers]
+    random.Random(3).shuffle(colours)
+    rows = [{"id": r["id"], "colour": c} for r, c in zip(answers, colours, strict=True)]
+    gold = write_jsonl(tmp_path / "shuffled.jsonl", rows)
     head = tmp_path / "head"
     result = train(planted["checkpoint"], gold, head, *QUICK)
     print(result.stderr.strip().splitlines()[-1])
@@ -241,14 +242,13 @@ def test_refusals_are_one_line(planted, tmp_path):
     from clef_cli.model.head import HeadConfig, JointSchemaHead
 
     dropped = tmp_path / "dropped.parquet"
-    few = planted["inputs"].read_text().splitlines()[:4]
-    inputs = write_jsonl(tmp_path / "few.jsonl", [json.loads(line) for line in few])
+    inputs, _ = planted_task("keyword", 4, tmp_path)
     settings = ScoreSettings([inputs], dropped, model=str(TINY_MODEL), device="cpu", hidden_states="drop", workers=0)
     ScoreJob(settings).run()
     result = train(Path(str(dropped) + ".ckpt"), planted["gold"], tmp_path / "h1")
     assert result.exit_code == 1 and "--hidden-states keep" in result.stderr
 
-    stranger = write_jsonl(tmp_path / "stranger.jsonl", [{"id": "nobody", "desk": "money"}])
+    stranger = write_jsonl(tmp_path / "stranger.jsonl", [{"id": "nobody", "colour": "red"}])
     result = train(planted["checkpoint"], stranger, tmp_path / "h2")
     assert result.exit_code == 2 and "matches no stored record" in result.stderr
 
