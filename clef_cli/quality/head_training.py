@@ -193,7 +193,7 @@ def fit(
     head.float().to(device).train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(settings, len(plan)))
-    result, best_loss, best_state = FitResult([]), math.inf, None
+    result, best_loss, best_state, best_epoch = FitResult([]), math.inf, None, 0
     for epoch in range(min(settings.epochs, stop_after or settings.epochs)):
         loss_sum = 0.0
         for batch_number in torch.randperm(len(plan), generator=generator).tolist():
@@ -212,12 +212,13 @@ def fit(
         if validation:
             result.validation_curve.append(held_out_log_loss(head, lexical, validation, settings.batch_tokens, device))
             if result.validation_curve[-1] < best_loss:
-                best_loss, best_state = result.validation_curve[-1], copy.deepcopy(head.state_dict())
-            elif epoch + 1 - (1 + result.validation_curve.index(best_loss)) >= settings.patience:
+                best_loss, best_epoch = result.validation_curve[-1], epoch + 1
+                best_state = copy.deepcopy(head.state_dict())
+            elif epoch + 1 - best_epoch >= settings.patience:
                 break
     if best_state is not None:
         head.load_state_dict(best_state)
-        result.best_epoch = 1 + result.validation_curve.index(best_loss)
+        result.best_epoch = best_epoch
     return result
 
 
