@@ -186,9 +186,10 @@ def fit(
 
     AdamW; the learning rate follows `_schedule` over `settings.epochs` epochs. With `validation`
     records, their log loss is measured after every epoch, training stops `patience` epochs after
-    the best one (never before `min_epochs`), and the best epoch's weights are kept. `stop_after` ends the run after that many
-    epochs on the same schedule (the final head repeats the folds' stopping point). Batch order is
-    shuffled per epoch with `seed`, so a seed fixes every number on one CPU.
+    the best one (never before `min_epochs`), and the best epoch's weights are kept. `stop_after`
+    ends the run after that many epochs on the same schedule (the final head repeats the folds'
+    stopping point). Batch order is shuffled per epoch with `seed`, so a seed fixes every number
+    on one CPU.
     """
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
