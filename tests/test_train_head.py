@@ -222,7 +222,7 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
     lexical = family_of(release).lexical_rows(release)
     compared = 0
     for _, stored in Checkpoint.open_existing(planted["checkpoint"]).hidden_reader().by_shard():
-        stored = stored[:8]
+        stored = stored[:16]
         padded = pad_states([s.hidden for s in stored], max(s.length for s in stored))
         logits = head_logits(first.head, padded, lexical, [s.encoded for s in stored])
         for record, per_question in zip(stored, logits, strict=True):
