@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from clef_cli import faults
 from clef_cli.errors import ClefError, UsageError
+from clef_cli.inputs.json_values import without_lone_surrogates
 from clef_cli.inputs.readers import iter_column_values, parquet_only
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, long_rows
@@ -62,13 +63,16 @@ _ARROW = {
 }
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "int"
+        return "int" if INT64_MIN <= value <= INT64_MAX else "json"  # kept whole, as JSON text
     if isinstance(value, float):
         return "float"
     if isinstance(value, str):
@@ -138,6 +142,8 @@ def _passthrough_chunks(
             value = values[name]
             if name in passthrough.as_text and value is not None and not isinstance(value, str):
                 value = json.dumps(value, ensure_ascii=False, sort_keys=True)
+            if isinstance(value, str):
+                value = without_lone_surrogates(value)  # text Parquet can hold; the record is scored
             buffer[name].append(value)
         count += 1
         if count == size:

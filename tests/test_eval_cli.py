@@ -239,21 +239,25 @@ def test_usage_errors(scored, tmp_path):
         assert needle in result.stderr, (args, result.stderr)
 
 
-def test_eval_and_calibrate_do_not_import_torch(scored, tmp_path):
+def test_eval_calibrate_review_and_compare_do_not_import_torch_or_ray(scored, tmp_path):
     import subprocess
     import sys
 
     code = (
         "import sys\nfrom clef_cli.cli import main\nsys.argv = ['clef'] + sys.argv[1:]\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nassert 'ray' not in sys.modules, 'ray was imported'\n"
     )
     shutil.copy(scored, tmp_path / "s.parquet")
     for args in (
         ["eval", "s.parquet", "--gold", str(GOLD)],
         ["calibrate", "s.parquet", "--gold", str(GOLD), "-o", "c.json"],
+        ["review", "s.parquet", "-o", "t.json", "--config-out", "c.xml", "--exclude", str(GOLD)],
+        ["review", "s.parquet", "-o", "a.json", "--format", "argilla", "--records", str(POSTS)],
+        ["compare", "s.parquet", "s.parquet", "--json", "d.json", "--report", "d.html"],
     ):
         done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, (args, done.stderr)
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed")

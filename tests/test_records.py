@@ -179,7 +179,7 @@ def test_unknown_input_type_and_missing_input_are_usage_errors(tmp_path):
         ),
         (
             {"id": "r", "state": "s", "questions": NOUL, "images": ["a.png", 3]},
-            "record 'r', field 'images[1]': media entries must be strings, got int",
+            "record 'r', field 'images[1]': media entries must be strings, got a number",
         ),
         (
             {"id": "r", "state": "s", "questions": NOUL, "audio": "clip.wav"},

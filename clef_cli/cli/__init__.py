@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from clef_cli import __version__
-from clef_cli.cli import checkpoint, inspect, quality, score
+from clef_cli.cli import checkpoint, compare, inspect, quality, review, score
 from clef_cli.cli.console import stdout
 from clef_cli.cli.errors import ClefGroup
 from clef_cli.cli.usage import ClefCommand
@@ -21,7 +21,8 @@ app = typer.Typer(
     cls=ClefGroup,
     help="Score records with Cloudflare's Clef-Omni decision model: a probability for every allowed "
     "option of every question, in Parquet. Exit codes: 0 success, 1 fatal error, 2 usage error, "
-    "3 finished but some records failed, 4 train-head's gate refused the head, 130 interrupted.",
+    "3 finished but some records failed, 4 train-head's gate refused the head, 5 compare's PSI exceeded "
+    "--fail-above-psi, 130 interrupted.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -52,6 +53,8 @@ app.command("inspect-spans", cls=ClefCommand)(inspect.command)
 app.command("eval", cls=ClefCommand)(quality.evaluate)
 app.command("calibrate", cls=ClefCommand)(quality.calibrate)
 app.command("train-head", cls=ClefCommand)(quality.train_head)
+app.command("review", cls=ClefCommand)(review.command)
+app.command("compare", cls=ClefCommand)(compare.command)
 app.add_typer(checkpoint.app, name="checkpoint")
 
 

@@ -2,7 +2,7 @@
 escapes it into one line on stderr and an exit code, through one table. Commands never catch.
 
 Exit codes: 0 success, 1 fatal error, 2 usage error, 3 finished but some records failed,
-4 train-head's gate refused the head, 130 interrupted.
+4 train-head's gate refused the head, 5 compare's PSI exceeded --fail-above-psi, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from clef_cli.cli.console import stderr
 from clef_cli.errors import ClefError, UsageError
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_GATE_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_DRIFT = 5
 
 # First match wins: (exception type, exit code, message, traceback under -v). `{error}` is str(error).
 EXIT_TABLE: tuple[tuple[type[BaseException], int, str, bool], ...] = (

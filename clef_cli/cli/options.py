@@ -173,3 +173,18 @@ def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__annotations__ = {parameter.name: parameter.annotation for parameter in kept + added}
     del wrapper.__wrapped__  # Typer must read the signature above, not the command's own
     return wrapper
+
+
+class ReviewOrder(str, Enum):
+    uncertainty = "uncertainty"
+    margin = "margin"
+    entropy = "entropy"
+    random = "random"
+    stratified = "stratified"
+
+
+class ReviewFormat(str, Enum):
+    label_studio = "label-studio"
+    argilla = "argilla"
+    jsonl = "jsonl"
+    csv = "csv"

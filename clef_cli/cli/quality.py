@@ -13,13 +13,20 @@ from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_GATE_REFUSED
 from clef_cli.cli.options import CalibrationMethod, DeviceOption, QuietOption, RevisionOption, TableFormat
 from clef_cli.cli.progress import TrainHeadProgress
+from clef_cli.quality.gold_exports import GoldFormat
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
 GoldOption = Annotated[
     Path | None,
     typer.Option(
-        "--gold", help="Gold labels: JSONL, JSON list, CSV or Parquet; `id` plus a `labels` object or wide columns."
+        "--gold",
+        help="Gold labels: JSONL, JSON list, CSV or Parquet with `id` plus a `labels` object or wide columns; "
+        "or a Label Studio / Argilla export (recognised from its content).",
     ),
+]
+GoldFormatOption = Annotated[
+    GoldFormat,
+    typer.Option("--gold-format", help="Read --gold as this format instead of recognising it from the content."),
 ]
 GoldColumnOption = Annotated[
     str | None,
@@ -39,6 +46,7 @@ def evaluate(
     scored: ScoredArgument,
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
+    gold_format: GoldFormatOption = GoldFormat.auto,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write every metric as JSON here.")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report here.")] = None,
     bins: BinsOption = 15,
@@ -69,7 +77,7 @@ def evaluate(
     """
     from clef_cli.quality import jobs, tables
 
-    inputs = jobs.read_inputs(scored, gold, gold_column)
+    inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
     tables.print_problems(stderr, (), result.warnings)
@@ -87,6 +95,7 @@ def calibrate(
     output: Annotated[Path, typer.Option("--output", "-o", help="Calibration file to write (JSON).")],
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
+    gold_format: GoldFormatOption = GoldFormat.auto,
     method: Annotated[
         CalibrationMethod,
         typer.Option(
@@ -109,7 +118,7 @@ def calibrate(
     from clef_cli.quality import jobs, tables
     from clef_cli.quality.text_table import print_tables
 
-    inputs = jobs.read_inputs(scored, gold, gold_column)
+    inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     run, data = jobs.run_calibrate(inputs, method.value, bins)
     tables.print_problems(stderr, (), data.warnings)
@@ -124,6 +133,7 @@ def train_head(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint of a `clef score` job run with hidden states kept.")],
     gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the trained head (release layout).")],
+    gold_format: GoldFormatOption = GoldFormat.auto,
     model: Annotated[
         str | None,
         typer.Option("--model", "-m", help="Release the job was scored with (default: from the checkpoint)."),
@@ -176,7 +186,7 @@ def train_head(
     )  # fmt: skip
     settings = TrainHeadSettings(
         checkpoint=checkpoint, gold=gold, output=output, model=model, base_head=base_head, revision=revision,
-        fit=fit, folds=folds, seed=seed, device=device, force=force,
+        fit=fit, folds=folds, seed=seed, device=device, force=force, gold_format=gold_format.value,
     )  # fmt: skip
     progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
     try:

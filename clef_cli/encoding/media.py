@@ -62,9 +62,15 @@ class DecodedVideo:
 # --------------------------------------------------------------------------- sources
 
 
-def open_source(entry: str, base_dir: Path | None, limits: MediaLimits) -> str | io.BytesIO:
+DATA_URL_TYPES = {"images": ("image/",), "audio": ("audio/", "video/"), "videos": ("video/",)}
+"""The MIME types a data: URL may declare in each media field (audio may be a video's soundtrack);
+no type, or application/octet-stream, leaves it to the content."""
+
+
+def open_source(entry: str, base_dir: Path | None, limits: MediaLimits, field: str | None = None) -> str | io.BytesIO:
     """A local path (checked) or the bytes of a data: / http(s) URL, within the byte limit."""
     if entry.startswith("data:"):
+        _check_data_url_type(entry, field)
         return io.BytesIO(_data_url_bytes(entry, limits))
     if entry.startswith(("http://", "https://")):
         if not limits.allow_remote:
@@ -79,13 +85,26 @@ def open_source(entry: str, base_dir: Path | None, limits: MediaLimits) -> str |
         info = os.stat(path)
     except FileNotFoundError:
         raise MediaError(f"file not found: {path}") from None
-    except OSError as error:
+    except OSError as error:  # a symlink loop, a path too long, no permission
         raise MediaError(f"cannot read {path}: {error.strerror}") from None
+    except ValueError as error:  # a NUL byte, or text with no file-system form
+        raise MediaError(f"not a usable path ({error}): {entry!r}") from None
     if not stat.S_ISREG(info.st_mode):
         raise MediaError(f"not a regular file: {path}")
     if info.st_size > limits.max_file_bytes:
         raise MediaError(f"file is {info.st_size} bytes, over the limit of {limits.max_file_bytes}: {path}")
     return str(path)
+
+
+def _check_data_url_type(entry: str, field: str | None) -> None:
+    """A data: URL that says it holds another kind of media (or text) is refused, not guessed at."""
+    mime = entry[5:].partition(",")[0].partition(";")[0].strip().lower()
+    allowed = DATA_URL_TYPES.get(field or "")
+    if not mime or mime == "application/octet-stream" or allowed is None:
+        return
+    if not mime.startswith(allowed):
+        expected = " or ".join(prefix + "*" for prefix in allowed)
+        raise MediaError(f"a data: URL of type {mime!r} in {field} (expected {expected})")
 
 
 def _data_url_bytes(entry: str, limits: MediaLimits) -> bytes:
@@ -178,7 +197,11 @@ class _AudioCollector:
             self.chunks.append(resampled.to_ndarray().reshape(-1))
         if not self.chunks:
             raise MediaError("audio stream holds no samples")
-        return np.concatenate(self.chunks).astype(np.float32, copy=False)
+        samples = np.concatenate(self.chunks).astype(np.float32, copy=False)
+        if not np.isfinite(samples).all():
+            bad = int(np.count_nonzero(~np.isfinite(samples)))
+            raise MediaError(f"audio holds non-finite samples (NaN or infinity): {bad} of {samples.shape[0]}")
+        return samples
 
 
 def _decode_audio_stream(container: Any, max_seconds: float) -> np.ndarray:

@@ -8,18 +8,21 @@ with the reference. Spans are half-open ranges into the final sequence, after me
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from clef_cli.choices import OverflowPolicy
 from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.encoding.media import MediaLimits
-from clef_cli.errors import RecordError
+from clef_cli.errors import RecordError, unexpected_error
 from clef_cli.inputs.records import Question, Record
 
 if TYPE_CHECKING:
 
     from clef_cli.families.base import Family
+
+T = TypeVar("T")
 
 SYSTEM_PROMPT = (
     "Read the complete state and schema. Decide every field jointly. "
@@ -133,9 +136,9 @@ class PromptEncoder:
 
     def encode(self, record: Record) -> EncodedRecord:
         """The record's token ids, spans and media tensors, or a `RecordError`."""
-        media = self.family.encode_media(self.processor, record, self.limits)
-        state_ids = self._tokens(render(record.state))
-        schema_ids, questions = self._schema(record.questions)
+        media = _guarded(record, "media", lambda: self.family.encode_media(self.processor, record, self.limits))
+        state_ids = _guarded(record, "state", lambda: self._tokens(render(record.state)))
+        schema_ids, questions = _guarded(record, "questions", lambda: self._schema(record.questions))
         start = len(self._prefix) + len(media.input_ids)
         fixed = start + len(schema_ids) + len(self._suffix)
         if fixed > self.max_length:
@@ -166,6 +169,17 @@ class PromptEncoder:
             state_tokens_cut=cut,
             max_length=self.max_length,
         )
+
+
+def _guarded(record: Record, field: str, step: Callable[[], T]) -> T:
+    """One encoding step; an exception no check foresaw becomes this record's error naming the
+    field (a last guard: validation in records.py is what should refuse the value)."""
+    try:
+        return step()
+    except RecordError:
+        raise
+    except Exception as error:
+        raise unexpected_error(record.id, field, error) from error
 
 
 def _shifted(question: EncodedQuestion, offset: int) -> EncodedQuestion:

@@ -19,9 +19,9 @@ from clef_cli.inputs.readers import count_records
 from clef_cli.job import Job, open_job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.head import JointSchemaHead, load_joint_head
-from clef_cli.model.scoring import head_logits, scored_record
+from clef_cli.model.scoring import head_logits, non_finite_failure, scored_record
 from clef_cli.progress import Progress
-from clef_cli.results import FailedRecord, results_table
+from clef_cli.results import FailedRecord, ScoredRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint, describe_differences
 from clef_cli.store.hidden_store import StoredRecord, pad_states
@@ -111,11 +111,15 @@ def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Che
             "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
         )
     for _, stored in reader.by_shard():
-        scored = _score_stored(head, lexical, stored, device)
-        target.commit(results_table(scored, []))
+        results = _score_stored(head, lexical, stored, device)
+        lengths = {record.encoded.record.index: record.length for record in stored}
+        checked = [non_finite_failure(result, lengths[result.index]) or result for result in results]
+        scored = [result for result in checked if isinstance(result, ScoredRecord)]
+        failed = [result for result in checked if isinstance(result, FailedRecord)]
+        target.commit(results_table(scored, failed))
         tokens = sum(record.length for record in stored)
         job.summary.tokens += tokens
-        job.progress.advance(len(scored), tokens, 0)
+        job.progress.advance(len(checked), tokens, len(failed))
 
 
 def _failures(source: Checkpoint) -> list[FailedRecord]:

@@ -41,7 +41,7 @@ def decode_entries(record: Record, name: str, decoder: Callable[[Any, MediaLimit
     decoded = []
     for position, entry in enumerate(getattr(record, name)):
         try:
-            decoded.append(decoder(open_source(entry, record.base_dir, limits), limits))
+            decoded.append(decoder(open_source(entry, record.base_dir, limits, name), limits))
         except MediaError as error:
             raise RecordError(record.id, f"{name}[{position}]", str(error)) from None
     return decoded
@@ -58,6 +58,9 @@ def processor_tensors(record: Record, call: Callable[[], Any]) -> tuple[list[int
         for key, value in output.items()
         if key not in ("input_ids", "attention_mask")
     }
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise RecordError(record.id, "media", f"the processor's {key} hold non-finite values (NaN or infinity)")
     return output["input_ids"][0].tolist(), tensors
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.inputs.json_values import unreadable_json
 from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
 from clef_cli.inputs.sources import InputFile, expand_inputs
@@ -26,6 +27,8 @@ def load_questions_file(path: str | Path) -> dict[str, Any]:
         raise UsageError(f"cannot read questions file {path}: {error}") from None
     except json.JSONDecodeError as error:
         raise UsageError(f"questions file {path} is not valid JSON: {error.msg} (line {error.lineno})") from None
+    except (RecursionError, ValueError) as error:
+        raise UsageError(f"questions file {path} cannot be read: {unreadable_json(error)}") from None
     if isinstance(data, Mapping) and isinstance(data.get("questions"), Mapping):
         data = data["questions"]
     if not isinstance(data, Mapping) or not data:
@@ -45,6 +48,8 @@ def parse_jsonl_line(line: bytes, file_name: str, line_number: int) -> tuple[Any
         return None, f"{file_name} line {line_number}: not UTF-8 text ({error.reason})"
     except json.JSONDecodeError as error:
         return None, f"{file_name} line {line_number}: invalid JSON ({error.msg})"
+    except (RecursionError, ValueError) as error:  # valid JSON that Python's parser cannot hold
+        return None, f"{file_name} line {line_number}: JSON that cannot be read ({unreadable_json(error)})"
 
 
 def _raw_jsonl(source: InputFile) -> Iterator[tuple[Any, str | None]]:
@@ -60,6 +65,8 @@ def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:
             data = json.loads(handle.read().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UsageError(f"{source.location} is not a valid JSON file: {error}") from None
+    except (RecursionError, ValueError) as error:
+        raise UsageError(f"{source.location} cannot be read: {unreadable_json(error)}") from None
     items = data if isinstance(data, list) else [data]
     for item in items:
         yield item, None

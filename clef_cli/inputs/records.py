@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_cli.errors import RecordError
+from clef_cli.errors import RecordError, unexpected_error
+from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
@@ -93,7 +94,16 @@ def noul_descriptions(criteria: Any, record_id: str, where: str) -> dict[Any, An
         descriptions.update(criteria or {})
     except (TypeError, ValueError):
         raise RecordError(record_id, where, "noul criteria must be an object with keys true/false") from None
+    for key in ("true", "false"):
+        check_json(descriptions[key], record_id, f"{where}.{key}")
     return descriptions
+
+
+def check_json(value: Any, record_id: str, where: str) -> None:
+    """A value the prompt renders must be JSON the tokenizer can take (see json_values)."""
+    problem = json_problem(value, where)
+    if problem is not None:
+        raise RecordError(record_id, *problem)
 
 
 def ignored_noul_keys(criteria: Any) -> tuple[str, ...]:
@@ -109,7 +119,7 @@ def question_options(
     question_id: str, qtype: str, criteria: Any, record_id: str
 ) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
     """The (option id, description) pairs in head order, and the ids in the record's order."""
-    where = f"questions.{question_id}.criteria"
+    where = child_path("questions", question_id) + ".criteria"
     if qtype == "noul":
         descriptions = noul_descriptions(criteria, record_id, where)
         options = tuple((key, descriptions[key]) for key in ("true", "false"))
@@ -119,13 +129,28 @@ def question_options(
             raise RecordError(
                 record_id, where, "choice criteria must be a non-empty object of option id -> description"
             )
-        if any(not isinstance(key, str) for key in criteria):
-            raise RecordError(record_id, where, "choice option ids must be strings")
+        for key in criteria:
+            if not isinstance(key, str):
+                raise RecordError(record_id, where, f"choice option ids must be strings, got {kind_of(key)}")
+            if text_problem(key):
+                raise RecordError(record_id, child_path(where, key), f"an option id that is {text_problem(key)}")
+            check_json(criteria[key], record_id, child_path(where, key))
         return tuple((key, criteria[key]) for key in sorted(criteria)), tuple(criteria)
     if not isinstance(criteria, list) or not criteria:
         raise RecordError(record_id, where, "score criteria must be a non-empty list of level descriptions")
+    check_json(criteria, record_id, where)
     levels = tuple(str(level) for level in range(len(criteria)))
     return tuple(zip(levels, criteria, strict=True)), levels
+
+
+def question_type(qtype: Any, record_id: str, where: str) -> str:
+    """The type's name; checked as a string first, since a list or object cannot be looked up."""
+    if qtype is not None and not isinstance(qtype, str):
+        raise RecordError(record_id, where, f"a question type must be a string, got {kind_of(qtype)}")
+    if qtype not in QUESTION_TYPES:
+        expected = "expected one of noul, choice, score"
+        raise RecordError(record_id, where, f"unknown question type {shown(qtype)} ({expected})")
+    return qtype
 
 
 def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
@@ -139,16 +164,16 @@ def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
     parsed = []
     for question_id, spec in questions.items():
         if not isinstance(question_id, str) or not question_id:
-            raise RecordError(record_id, "questions", f"question ids must be non-empty strings, got {question_id!r}")
-        if not isinstance(spec, Mapping):
-            raise RecordError(record_id, f"questions.{question_id}", "a question must be an object")
-        qtype = spec.get("type")
-        if qtype not in QUESTION_TYPES:
             raise RecordError(
-                record_id,
-                f"questions.{question_id}.type",
-                f"unknown question type {qtype!r} (expected one of noul, choice, score)",
+                record_id, "questions", f"question ids must be non-empty strings, got {shown(question_id)}"
             )
+        where = child_path("questions", question_id)
+        if text_problem(question_id):
+            raise RecordError(record_id, where, f"a question id that is {text_problem(question_id)}")
+        if not isinstance(spec, Mapping):
+            raise RecordError(record_id, where, f"a question must be an object, got {kind_of(spec)}")
+        qtype = question_type(spec.get("type"), record_id, f"{where}.type")
+        check_json(spec.get("instructions"), record_id, f"{where}.instructions")
         options, criteria_order = question_options(question_id, qtype, spec.get("criteria"), record_id)
         parsed.append(
             Question(
@@ -169,16 +194,16 @@ def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[str,
         return ()
     if isinstance(value, str):
         raise RecordError(record_id, name, "must be a list of strings (paths, data: URLs or http(s) URLs)")
-    if not isinstance(value, Sequence) and not hasattr(value, "tolist"):
-        raise RecordError(record_id, name, "must be a list of strings")
+    if isinstance(value, Mapping) or (not isinstance(value, Sequence) and not hasattr(value, "tolist")):
+        raise RecordError(record_id, name, f"must be a list of strings, got {kind_of(value)}")
     entries = list(value)
     for position, entry in enumerate(entries):
         if not isinstance(entry, str):
-            raise RecordError(
-                record_id, f"{name}[{position}]", f"media entries must be strings, got {type(entry).__name__}"
-            )
+            raise RecordError(record_id, f"{name}[{position}]", f"media entries must be strings, got {kind_of(entry)}")
         if not entry:
             raise RecordError(record_id, f"{name}[{position}]", "empty media entry")
+        if text_problem(entry):
+            raise RecordError(record_id, f"{name}[{position}]", f"a media entry that is {text_problem(entry)}")
     return tuple(entries)
 
 
@@ -190,6 +215,8 @@ def _decode_json_text(value: Any, record_id: str, name: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as error:
         raise RecordError(record_id, name, f"not valid JSON text: {error.msg} at position {error.pos}") from None
+    except (RecursionError, ValueError) as error:  # nested deeper than the parser goes; an over-long integer
+        raise RecordError(record_id, name, f"JSON text that cannot be read: {unreadable_json(error)}") from None
 
 
 # --------------------------------------------------------------------------- record assembly
@@ -205,10 +232,12 @@ class RecordBuilder:
     _seen_ids: dict[str, int] = field(default_factory=dict)
 
     def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
+        """The record, or its error; never raises for what a record holds."""
         if not isinstance(raw, Mapping):
             return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
-        record_id = self._record_id(raw, index)
+        record_id = str(index)
         try:
+            record_id = record_id_of(raw, index)
             if self.check_duplicates:
                 if record_id in self._seen_ids:
                     raise RecordError(
@@ -218,13 +247,8 @@ class RecordBuilder:
             return self._validate(raw, record_id, index, base_dir, json_text)
         except RecordError as error:
             return InvalidRecord(record_id, index, str(error))
-
-    @staticmethod
-    def _record_id(raw: Mapping[str, Any], index: int) -> str:
-        value = raw.get("id")
-        if value is None or value == "":
-            return str(index)
-        return str(value)
+        except Exception as error:  # a last guard: a value validation missed is this record's error
+            return InvalidRecord(record_id, index, str(unexpected_error(record_id, None, error)))
 
     def _validate(
         self,
@@ -242,8 +266,9 @@ class RecordBuilder:
         state = raw["state"]
         questions = raw.get("questions")
         if json_text:
-            state = _decode_json_container(state)
+            state = _decode_json_container(state, record_id)
             questions = _decode_json_text(questions, record_id, "questions")
+        check_json(state, record_id, "state")
         if questions is None:
             questions = self.default_questions
         return Record(
@@ -258,7 +283,7 @@ class RecordBuilder:
         )
 
 
-def _decode_json_container(value: Any) -> Any:
+def _decode_json_container(value: Any, record_id: str) -> Any:
     """A Parquet text state holding a JSON object or array is that value; other text stays text."""
     if not isinstance(value, str) or not value.lstrip().startswith(("{", "[")):
         return value
@@ -266,4 +291,28 @@ def _decode_json_container(value: Any) -> Any:
         decoded = json.loads(value)
     except json.JSONDecodeError:
         return value
+    except (RecursionError, ValueError) as error:
+        raise RecordError(record_id, "state", f"JSON text that cannot be read: {unreadable_json(error)}") from None
     return decoded if isinstance(decoded, (dict, list)) else value
+
+
+def record_id_of(raw: Mapping[str, Any], index: int) -> str:
+    """The record's id as text: a string or an integer; none (null or "") is its position.
+
+    Any other id (a boolean, a fractional number, an array, an object) is the record's error,
+    reported under its position, as a line that is not JSON is."""
+    value = raw.get("id")
+    if value is None or value == "":
+        return str(index)
+    if isinstance(value, str):
+        if text_problem(value):
+            raise RecordError(str(index), "id", f"an id that is {text_problem(value)}; this row shows its position")
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise RecordError(
+        str(index),
+        "id",
+        f"an id must be a string or an integer, got {kind_of(value)} {shown(value)}; "
+        "this row shows the record's position instead",
+    )

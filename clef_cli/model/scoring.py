@@ -6,6 +6,7 @@ release. A Python user or a distributed worker calls these directly, without the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -14,7 +15,9 @@ import torch
 from clef_cli.choices import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
 from clef_cli.encoding.batching import PlanEntry, collate, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.errors import RecordError
 from clef_cli.families import family_of
+from clef_cli.inputs.json_values import child_path
 from clef_cli.model.answers import question_result
 from clef_cli.model.backbone import Backbone, resolve_device, resolve_dtype
 from clef_cli.model.head import JointSchemaHead, build_layout, load_joint_head
@@ -133,6 +136,27 @@ def _failure(record: EncodedRecord, message: str) -> FailedRecord:
     return FailedRecord(record.record.id, record.record.index, message, record.length)
 
 
+def non_finite_question(result: ScoredRecord) -> str | None:
+    """The first question whose logits or probabilities are NaN or infinite, or None."""
+    for question in result.questions:
+        if not all(math.isfinite(value) for value in (*question.logits, *question.probabilities)):
+            return question.question_id
+    return None
+
+
+def non_finite_failure(result: ScoredRecord, prompt_tokens: int | None = None) -> FailedRecord | None:
+    """The last guard before a result is committed: no output row holds a non-finite number."""
+    question_id = non_finite_question(result)
+    if question_id is None:
+        return None
+    error = RecordError(
+        result.record_id,
+        child_path("questions", question_id),
+        "the model gave non-finite logits (NaN or infinity); no scores are written for this record",
+    )
+    return FailedRecord(result.record_id, result.index, str(error), prompt_tokens)
+
+
 @dataclass
 class BatchRunner:
     """Runs planned batches through a scorer without ever letting one batch stop the job.
@@ -183,9 +207,24 @@ class BatchRunner:
         if self.stats is not None:
             self.stats.forwarded([record.length for record in records])
         scored = [scored_record(record, record_logits) for record, record_logits in zip(records, logits, strict=True)]
-        yield BatchOutcome(records=list(records), scored=scored, hidden_states=hidden)
+        yield finite_outcome(records, scored, hidden)
 
     def _halves(self, records: list[EncodedRecord]) -> Iterator[BatchOutcome]:
         middle = len(records) // 2
         yield from self.run(records[:middle])
         yield from self.run(records[middle:])
+
+
+def finite_outcome(records: list[EncodedRecord], scored: list[ScoredRecord], hidden: torch.Tensor) -> BatchOutcome:
+    """A forward's outcome with every non-finite result turned into its record's error; such a
+    record's hidden states are dropped with it (they would only give the same NaN again)."""
+    failures = [non_finite_failure(result, record.length) for record, result in zip(records, scored, strict=True)]
+    if not any(failures):
+        return BatchOutcome(records=list(records), scored=scored, hidden_states=hidden)
+    rows = [row for row, failure in enumerate(failures) if failure is None]
+    return BatchOutcome(
+        records=[records[row] for row in rows],
+        scored=[scored[row] for row in rows],
+        failures=[failure for failure in failures if failure is not None],
+        hidden_states=hidden[rows] if rows else None,
+    )

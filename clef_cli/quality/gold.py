@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from clef_cli.errors import UsageError
+from clef_cli.quality.gold_exports import GoldFormat, export_rows
 from clef_cli.release import file_sha256
 
 QuestionOptions = Mapping[str, tuple[str, tuple[str, ...]]]
@@ -56,14 +57,18 @@ class GoldSet:
         return sum(len(questions) for questions in self.labels.values())
 
 
-def read_gold_rows(path: Path) -> tuple[list[GoldRow], list[GoldProblem]]:
+def read_gold_rows(
+    path: Path, format: GoldFormat | str = GoldFormat.auto
+) -> tuple[list[GoldRow], list[GoldProblem]]:
     """(record id, {question_id: raw value}) per row, in file order, and the problems of the
     file as a whole (columns ignored because rows hold a `labels` object).
 
     A row holds either a `labels` object (or its JSON text) or one column per question id. Text
-    formats may start with a UTF-8 byte order mark (as spreadsheet programs write them).
+    formats may start with a UTF-8 byte order mark (as spreadsheet programs write them). A Label
+    Studio or Argilla export (JSON or JSONL) is recognised from its content (`format` forces one).
     """
     path = Path(path)
+    format = GoldFormat(format)
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
         raise GoldFileError(f"gold file {str(path)!r}: unknown format; use .jsonl, .json, .csv or .parquet")
@@ -73,6 +78,11 @@ def read_gold_rows(path: Path) -> tuple[list[GoldRow], list[GoldProblem]]:
         raise
     except (OSError, ValueError, UnicodeDecodeError) as exc:  # pyarrow errors subclass these
         raise GoldFileError(f"gold file {str(path)!r} could not be read: {exc}") from exc
+    exported = export_rows(path, raw, format)
+    if exported is not None:
+        return exported, []
+    if format not in (GoldFormat.auto, GoldFormat.table):
+        raise GoldFileError(f"gold file {str(path)!r}: --gold-format {format.value} needs a .json or .jsonl export")
     if not raw:
         raise GoldFileError(f"gold file {str(path)!r} holds no rows (it is empty, or a header only)")
     ignored: dict[str, list[str]] = {}
@@ -106,6 +116,8 @@ def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
             data = json.loads(path.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as exc:
             raise GoldFileError(f"gold file {str(path)!r}: not JSON ({exc.msg} at line {exc.lineno})") from exc
+        if isinstance(data, dict) and isinstance(data.get("records"), list):
+            data = data["records"]  # an Argilla document: {"settings": ..., "records": [...]}
         if not isinstance(data, list):
             raise GoldFileError(f"gold file {str(path)!r}: a .json gold file holds a list of rows")
         return _objects(path, data)
@@ -272,11 +284,26 @@ def match_gold(
     return GoldSet(labels=labels, problems=problems, sha256=sha256)
 
 
-def load_gold(path: Path, options: Mapping[str, QuestionOptions], failed_ids: Iterable[str] = ()) -> GoldSet:
+def load_gold(
+    path: Path,
+    options: Mapping[str, QuestionOptions],
+    failed_ids: Iterable[str] = (),
+    format: GoldFormat | str = GoldFormat.auto,
+) -> GoldSet:
     """Read, match and fingerprint a gold file."""
     path = Path(path)
-    rows, found = read_gold_rows(path)
+    rows, found = read_gold_rows(path, format)
     return match_gold(rows, options, sha256=file_sha256(path), failed_ids=failed_ids, found=found)
+
+
+def labelled_ids(path: Path, format: GoldFormat | str = GoldFormat.auto) -> set[str]:
+    """Ids of the records a gold file gives at least one label (`clef review --exclude`)."""
+    rows, _ = read_gold_rows(path, format)
+    return {
+        record_id
+        for record_id, labels in rows
+        if any(value is not None and value != "" for value in labels.values())
+    }
 
 
 def column_gold_rows(

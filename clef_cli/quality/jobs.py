@@ -23,13 +23,15 @@ class Inputs:
     warnings: list[str] = field(default_factory=list)
 
 
-def read_inputs(scored_path: Path, gold_path: Path | None, gold_column: str | None) -> Inputs:
+def read_inputs(
+    scored_path: Path, gold_path: Path | None, gold_column: str | None, gold_format: str = "auto"
+) -> Inputs:
     """The scored file and its gold, from a file (`--gold`) or a passed-through column (`--gold-column`)."""
     if (gold_path is None) == (gold_column is None):
         raise UsageError("give exactly one of --gold FILE or --gold-column NAME")
     scored = read_scored(scored_path)
     if gold_path is not None:
-        return Inputs(scored, load_gold(gold_path, scored.options, failed_ids=scored.failed))
+        return Inputs(scored, load_gold(gold_path, scored.options, failed_ids=scored.failed, format=gold_format))
     assert gold_column is not None
     column = _column(scored, gold_column, "--gold-column")
     rows, problems = column_gold_rows(scored.ids, column, gold_column)
@@ -115,3 +117,58 @@ def no_usable_gold(gold: GoldSet) -> UsageError:
 
 def read_calibration(path: Path | None) -> Calibration | None:
     return load_calibration(path) if path is not None else None
+
+
+@dataclass
+class ReviewSettings:
+    scored: Path
+    output: Path
+    format: str = "label-studio"
+    limit: int | None = None
+    questions: list[str] | None = None
+    order: str = "uncertainty"
+    exclude: Path | None = None
+    gold_format: str = "auto"
+    seed: int = 0
+    records: list[Path] | None = None
+    media_root: Path = Path("/")
+    media_url_prefix: str = "/data/local-files/?d="
+    config_out: Path | None = None
+
+
+@dataclass
+class ReviewResult:
+    records: int
+    candidates: int
+    notes: list[str]
+
+
+def run_review(settings: ReviewSettings) -> ReviewResult:
+    """Select and order the records to review and write the review file (and the Label Studio
+    config); both written atomically."""
+    from clef_cli.quality import review, review_content, review_formats
+    from clef_cli.quality.gold import labelled_ids
+    from clef_cli.store.atomic import write_atomically
+
+    if settings.limit is not None and settings.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if settings.config_out is not None and settings.format != "label-studio":
+        raise UsageError("--config-out goes with --format label-studio")
+    scored = read_scored(settings.scored)
+    exclude = labelled_ids(settings.exclude, settings.gold_format) if settings.exclude else set()
+    chosen, questions = review.select(
+        scored, settings.questions, settings.order, None, exclude, settings.seed
+    )
+    picked = chosen if settings.limit is None else chosen[: settings.limit]
+    urls = review_content.MediaUrls(settings.media_root, settings.media_url_prefix)
+    content, note = review_content.load_content(scored, {r.id for r in picked}, urls, settings.records)
+    text, config = review_formats.render(
+        settings.format, picked, content, questions, review_formats.model_version(scored.metadata)
+    )
+    write_atomically(settings.output, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    if settings.config_out is not None and config is not None:
+        write_atomically(settings.config_out, lambda temporary: temporary.write_text(config, encoding="utf-8"))
+    notes = [note] if note else []
+    if exclude:
+        notes.append(f"{len(exclude)} labelled record(s) in --exclude were left out")
+    return ReviewResult(len(picked), len(chosen), notes)

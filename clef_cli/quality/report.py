@@ -29,7 +29,7 @@ th { text-align: left; background: #f4f4f4; } td.num { text-align: right; font-v
 """
 
 
-def _figure() -> tuple[Any, Any]:
+def new_figure() -> tuple[Any, Any]:
     """A figure with one axes and room below it for the legend (constrained layout)."""
     import matplotlib
 
@@ -40,13 +40,13 @@ def _figure() -> tuple[Any, Any]:
     return figure, axes
 
 
-def _legend(figure: Any, axes: Any) -> None:
+def place_legend(figure: Any, axes: Any) -> None:
     """Below the axes, outside them: a legend never covers the data it explains."""
     handles, labels = axes.get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=1, fontsize=8, frameon=False)
 
 
-def _png(figure: Any) -> str:
+def png_uri(figure: Any) -> str:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
@@ -57,7 +57,7 @@ def _png(figure: Any) -> str:
 
 def reliability_figure(data: QuestionData, bins: int) -> Any:
     table = metrics.reliability(data.probabilities, data.gold, bins)
-    figure, axes = _figure()
+    figure, axes = new_figure()
     edges = np.linspace(0, 1, bins + 1)
     centres = (edges[:-1] + edges[1:]) / 2
     counts = axes.twinx()
@@ -70,13 +70,13 @@ def reliability_figure(data: QuestionData, bins: int) -> Any:
     axes.plot(table.confidence[used], table.accuracy[used], "o-", color="#1f6fb4", label="accuracy per bin")
     axes.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (max probability)", ylabel="accuracy")
     axes.set_title("Reliability")
-    _legend(figure, axes)
+    place_legend(figure, axes)
     return figure
 
 
 def confusion_figure(data: QuestionData) -> Any:
     matrix = np.array(metrics.confusion(data.probabilities, data.gold, data.option_ids)["matrix"])
-    figure, axes = _figure()
+    figure, axes = new_figure()
     axes.imshow(matrix, cmap="Blues")
     ticks = range(len(data.option_ids))
     axes.set_xticks(ticks, data.option_ids, rotation=45, ha="right", fontsize=8)
@@ -95,7 +95,7 @@ def coverage_figure(data: QuestionData, target: float, found: Mapping[str, Any])
     """Accuracy against coverage; the threshold a filled diamond, or a hollow one (and said so)
     when it rests on fewer than FEW_RECORDS records."""
     cuts, coverage, accuracy = metrics.coverage_curve(data.probabilities, data.gold)
-    figure, axes = _figure()
+    figure, axes = new_figure()
     axes.plot(coverage, accuracy, "o-", markersize=3, color="#1f6fb4", label="accept if confidence ≥ c")
     axes.axhline(target, linestyle=":", color="#c0392b", label=f"target {target:g}")
     if found.get("threshold") is not None:
@@ -109,7 +109,7 @@ def coverage_figure(data: QuestionData, target: float, found: Mapping[str, Any])
         axes.axvline(coverage[at], linestyle=":", color="#c0392b")
     axes.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="coverage (share accepted)", ylabel="accuracy of accepted")
     axes.set_title("Accuracy vs coverage")
-    _legend(figure, axes)
+    place_legend(figure, axes)
     return figure
 
 
@@ -117,13 +117,13 @@ def levels_figure(data: QuestionData) -> Any:
     levels = len(data.option_ids)
     gold = np.bincount(data.gold, minlength=levels)
     guess = np.bincount(metrics.predicted(data.probabilities), minlength=levels)
-    figure, axes = _figure()
+    figure, axes = new_figure()
     positions = np.arange(levels)
     axes.bar(positions - 0.2, gold, width=0.4, label="gold", color="#7f8c8d")
     axes.bar(positions + 0.2, guess, width=0.4, label="predicted (argmax)", color="#1f6fb4")
     axes.set_xticks(positions, data.option_ids)
     axes.set(xlabel="level", ylabel="records", title="Score levels")
-    _legend(figure, axes)
+    place_legend(figure, axes)
     return figure
 
 
@@ -195,7 +195,7 @@ def render(document: Mapping[str, Any], questions: Mapping[str, QuestionData], b
             for name in ("rps", "mae", "within_one")
             if name in found
         )
-        images = [_png(figure) for figure in figures(data, bins, target, found)]
+        images = [png_uri(figure) for figure in figures(data, bins, target, found)]
         parts.append(
             f"<h2 id='q-{html.escape(qid)}'>{html.escape(qid)} <small>({data.type}, n = {data.n})</small></h2>"
         )

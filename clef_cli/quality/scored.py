@@ -33,6 +33,15 @@ class ScoredFile:
     failed: list[str]
     columns: pa.Table
     """Columns passed through with --keep-columns (one row per record, in `ids` order)."""
+    indices: list[int] = field(default_factory=list)
+    """`record_index` of each record, in `ids` order."""
+    answers: dict[str, dict[str, str]] = field(default_factory=dict)
+    """record id -> question id -> the answer clef gave (wide: the `answer` cell; long: the most
+    probable option, first in head order on ties)."""
+    record_keys: list[str] | None = None
+    """The `record_key` column (a stable key across runs), in `ids` order; None without one."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """The file's `clef.*` key-value metadata (model, head hash, ...)."""
 
 
 @dataclass
@@ -80,11 +89,28 @@ def read_scored(path: Path) -> ScoredFile:
     except (OSError, ValueError) as exc:
         raise UsageError(f"scored file {str(path)!r} could not be read as Parquet: {exc}") from exc
     names = set(table.column_names)
+    metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     if {"id", "answers"} <= names:
-        return _from_wide(path, table)
-    if {"id", "question_id", "label", "probability", "logit"} <= names:
-        return _from_long(path, table)
-    raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
+        scored = _from_wide(path, table)
+    elif {"id", "question_id", "label", "probability", "logit"} <= names:
+        scored = _from_long(path, table)
+    else:
+        raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
+    scored.metadata = metadata
+    if "record_key" in names:
+        scored.record_keys = _record_keys(path, table, scored)
+    return scored
+
+
+def _record_keys(path: Path, table: pa.Table, scored: ScoredFile) -> list[str]:
+    """One `record_key` per record: the first row's (a long file repeats it on every row)."""
+    first: dict[str, object] = {}
+    for record_id, key in zip(table.column("id").to_pylist(), table.column("record_key").to_pylist(), strict=True):
+        first.setdefault(str(record_id), key)
+    missing = [record_id for record_id in scored.ids if first[record_id] is None]
+    if missing:
+        raise UsageError(f"scored file {str(path)!r}: record {missing[0]!r} has no `record_key`")
+    return [str(first[record_id]) for record_id in scored.ids]
 
 
 def _passthrough(table: pa.Table, clef_columns: set[str]) -> list[str]:
@@ -96,10 +122,12 @@ def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
     options: dict[str, QuestionOptions] = {}
     scores: dict[str, dict[str, Scores]] = {}
     failed = []
+    given: dict[str, dict[str, str]] = {}
     for record_id, answers in zip(ids, table.column("answers").to_pylist(), strict=True):
         if not answers:
             failed.append(record_id)
             continue
+        given[record_id] = {a["question_id"]: a["answer"] for a in answers}
         options[record_id] = {
             a["question_id"]: (a["type"], tuple(label["label"] for label in a["labels"])) for a in answers
         }
@@ -112,7 +140,17 @@ def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
         }
     clef = {"id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "answers"}
     columns = table.select(_passthrough(table, clef))
-    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns)
+    indices = _indices(table, len(ids))
+    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns, indices, given)
+
+
+def _indices(table: pa.Table, n: int, rows: list[int] | None = None) -> list[int]:
+    """`record_index` per record (its row position when the column is missing)."""
+    if "record_index" not in table.column_names:
+        return list(range(n))
+    column = table.column("record_index")
+    values = column.to_pylist() if rows is None else column.take(pa.array(rows, pa.int64())).to_pylist()
+    return [int(value) if value is not None else number for number, value in enumerate(values)]
 
 
 def _from_long(path: Path, table: pa.Table) -> ScoredFile:
@@ -139,7 +177,13 @@ def _from_long(path: Path, table: pa.Table) -> ScoredFile:
     options = {rid: {q: (e[0], tuple(e[1])) for q, e in qs.items()} for rid, qs in labels.items() if qs}
     scores = {rid: {q: (tuple(e[2]), tuple(e[3])) for q, e in qs.items()} for rid, qs in labels.items() if qs}
     columns = table.select(kept).take(pa.array(first_row, pa.int64()))
-    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns)
+    given = {rid: {q: _most_probable(options[rid][q][1], s[0]) for q, s in qs.items()} for rid, qs in scores.items()}
+    indices = _indices(table, len(ids), first_row)
+    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns, indices, given)
+
+
+def _most_probable(option_ids: tuple[str, ...], probabilities: tuple[float, ...]) -> str:
+    return option_ids[int(np.argmax(probabilities))]
 
 
 def labelled(

@@ -69,6 +69,8 @@ class TrainHeadSettings:
     device: str = "auto"
     force: bool = False
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
+    gold_format: str = "auto"
+    """auto, table, label-studio or argilla (see quality/gold_exports.py)."""
 
 
 class TrainProgress(Protocol):
@@ -109,9 +111,9 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
             raise UsageError(f"-o {output} holds other files ({', '.join(others[:3])}); give a new or empty folder")
 
 
-def gold_examples(reader: HiddenReader, gold_path: Path) -> tuple[list[Example], GoldSet]:
+def gold_examples(reader: HiddenReader, gold_path: Path, gold_format: str = "auto") -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position."""
-    rows, found = read_gold_rows(gold_path)
+    rows, found = read_gold_rows(gold_path, gold_format)
     wanted = {record_id for record_id, _ in rows}
     stored = [record for record in reader.records(states=False, verify=False) if record.id in wanted]
     options = {
@@ -214,7 +216,7 @@ def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
-    examples, gold = gold_examples(reader, settings.gold)
+    examples, gold = gold_examples(reader, settings.gold, settings.gold_format)
     if not examples:
         first = f" (first problem: {gold.problems[0].message})" if gold.problems else ""
         raise UsageError(f"gold file {settings.gold} matches no stored record of {settings.checkpoint}{first}")

@@ -8,12 +8,13 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from clef_cli.errors import RecordError
+from clef_cli.inputs.json_values import MAX_NESTING
 from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
 from clef_cli.inputs.readers import parse_jsonl_line, raw_rows
 from clef_cli.inputs.sources import InputFile
 
 JSONL_RANGE_BYTES = 64 << 20
-
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,16 @@ def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
     return slices
 
 
+def _pickled(raw: Any, index: int) -> tuple[bytes | None, str | None]:
+    """A raw record for the actors, or its error: pickle stops near 500 levels of nesting, which
+    a JSON line may hold (records.py refuses anything deeper than MAX_NESTING anyway)."""
+    try:
+        return pickle.dumps(raw), None
+    except RecursionError:
+        message = f"nested deeper than {MAX_NESTING} levels of arrays and objects"
+        return None, str(RecordError(str(index), None, message))
+
+
 def read_slice(
     row: dict[str, Any], done: bytes, limit: int | None, struct_nulls: StructNulls = StructNulls.refuse
 ) -> list[dict[str, Any]]:
@@ -100,10 +111,13 @@ def read_slice(
 
     def add(index: int, raw: Any, problem: str | None) -> None:
         if keep(index):
+            payload = None
+            if problem is None:
+                payload, problem = _pickled(raw, index)
             rows.append(
                 {
                     "record_index": index,
-                    "payload": pickle.dumps(raw) if problem is None else None,
+                    "payload": payload,
                     "problem": problem,
                     "base_dir": base_dir,
                     "parquet": piece.kind == "parquet",

@@ -1,0 +1,72 @@
+"""`clef review`: the least certain records, with clef's answers pre-filled, for people to check in
+Label Studio, Argilla or a spreadsheet. Reads Parquet only; never imports torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from clef_cli.cli.console import stderr
+from clef_cli.cli.options import ReviewFormat, ReviewOrder
+from clef_cli.quality.gold_exports import GoldFormat
+
+
+def command(
+    scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Review file to write.")],
+    format: Annotated[
+        ReviewFormat, typer.Option("--format", help="label-studio tasks (JSON), an argilla document, jsonl or csv.")
+    ] = ReviewFormat.label_studio,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many records.")] = None,
+    questions: Annotated[
+        str | None, typer.Option("--questions", help="Comma-separated question ids to review (default: all).")
+    ] = None,
+    order: Annotated[
+        ReviewOrder,
+        typer.Option("--order", help="uncertainty: lowest confidence first; margin: smallest top-second gap; "
+                     "entropy: highest entropy; random; stratified: round-robin over the first question's answers."),
+    ] = ReviewOrder.uncertainty,
+    exclude: Annotated[
+        Path | None, typer.Option("--exclude", help="Leave out records this gold file (or export) already labels.")
+    ] = None,
+    gold_format: Annotated[
+        GoldFormat, typer.Option("--gold-format", help="Read --exclude as this format (default: from its content).")
+    ] = GoldFormat.auto,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --order random.")] = 0,
+    records: Annotated[
+        list[Path] | None,
+        typer.Option("--records", help="The scored inputs, for state and media (default: kept columns)."),
+    ] = None,
+    media_root: Annotated[
+        Path, typer.Option("--media-root", help="Media URLs are paths relative to this folder (Label Studio's "
+                           "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT).")
+    ] = Path("/"),
+    media_url_prefix: Annotated[
+        str, typer.Option("--media-url-prefix", help="Prefix of media URLs (Label Studio local files by default).")
+    ] = "/data/local-files/?d=",
+    config_out: Annotated[
+        Path | None, typer.Option("--config-out", help="Write the Label Studio labeling config (XML) here.")
+    ] = None,
+) -> None:
+    """Write the records people should review first, with clef's answers as predictions.
+
+    \b
+    Examples:
+      clef review out.parquet -o tasks.json --limit 200 --config-out label_config.xml
+      clef review out.parquet -o review.json --format argilla --questions category --order margin
+      clef review out.parquet -o review.csv --format csv --exclude reviewed_export.json
+    """
+    from clef_cli.quality.jobs import ReviewSettings, run_review
+
+    settings = ReviewSettings(
+        scored=scored, output=output, format=format.value, limit=limit, order=order.value, exclude=exclude,
+        questions=[q.strip() for q in questions.split(",") if q.strip()] if questions else None,
+        gold_format=gold_format.value, seed=seed, records=records, media_root=media_root,
+        media_url_prefix=media_url_prefix, config_out=config_out,
+    )  # fmt: skip
+    result = run_review(settings)
+    for note in result.notes:
+        stderr.print(f"note: {note}", markup=False)
+    stderr.print(f"wrote {output}: {result.records} of {result.candidates} records", markup=False)

@@ -1,0 +1,209 @@
+"""The review files: Label Studio tasks and labeling config, Argilla settings and records, and a
+flat table (JSONL or CSV) for a spreadsheet. clef's answers travel as predictions (Label Studio)
+or suggestions (Argilla), so a reviewer confirms or corrects rather than labels from scratch."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+from clef_cli.errors import UsageError
+from clef_cli.quality.review import ReviewRecord
+from clef_cli.quality.review_content import MEDIA_KINDS, Content
+
+STATE_FIELD = "state"
+MEDIA_TAGS = {"images": ("Image", "image"), "audio": ("Audio", "audio"), "videos": ("Video", "video")}
+RATING_MAX_LEVELS = 11
+"""Argilla's rating question holds the values 0..10; a score with more levels is a label question."""
+
+
+FORMATS = ("label-studio", "argilla", "jsonl", "csv")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What the exported records ask: per question its type and options (first-seen order, the
+    union over the exported records), and how many media of each kind a record shows at most."""
+
+    questions: dict[str, tuple[str, tuple[str, ...]]]
+    media: dict[str, int]
+
+
+def schema_of(records: Sequence[ReviewRecord], content: Mapping[str, Content]) -> Schema:
+    questions: dict[str, tuple[str, dict[str, None]]] = {}
+    for record in records:
+        for question in record.questions:
+            entry = questions.setdefault(question.question_id, (question.type, {}))
+            entry[1].update(dict.fromkeys(question.option_ids))
+    media = {
+        kind: max((len(content[r.id].media.get(kind, ())) for r in records if r.id in content), default=0)
+        for kind in MEDIA_KINDS
+    }
+    return Schema({qid: (qtype, tuple(options)) for qid, (qtype, options) in questions.items()}, media)
+
+
+def media_fields(schema: Schema) -> list[tuple[str, str]]:
+    """(data key, kind) of every media slot: image_0, image_1, audio_0, ..."""
+    return [(f"{MEDIA_TAGS[kind][1]}_{i}", kind) for kind in MEDIA_KINDS for i in range(schema.media[kind])]
+
+
+def _media_values(schema: Schema, content: Content | None) -> dict[str, str]:
+    values = {}
+    for kind in MEDIA_KINDS:
+        found = content.media.get(kind, ()) if content else ()
+        for i in range(schema.media[kind]):
+            values[f"{MEDIA_TAGS[kind][1]}_{i}"] = found[i] if i < len(found) else ""
+    return values
+
+
+def label_studio_config(schema: Schema) -> str:
+    """The labeling config: the state as Text, each media slot as Image/Audio/Video, and one
+    single-choice `Choices` per question named after its id (score levels in level order)."""
+    lines = ["<View>", '  <Header value="Record $id"/>', f'  <Text name="{STATE_FIELD}" value="${STATE_FIELD}"/>']
+    for key, kind in media_fields(schema):
+        lines.append(f'  <{MEDIA_TAGS[kind][0]} name="{key}" value="${key}"/>')
+    for question_id, (qtype, options) in schema.questions.items():
+        lines.append(f"  <Header value={quoteattr(f'{question_id} ({qtype})')}/>")
+        lines.append(
+            f'  <Choices name={quoteattr(question_id)} toName="{STATE_FIELD}" choice="single" showInline="true">'
+        )
+        lines.extend(f"    <Choice value={quoteattr(option)}/>" for option in options)
+        lines.append("  </Choices>")
+    lines.append("</View>")
+    return "\n".join(lines) + "\n"
+
+
+def label_studio_tasks(
+    records: Sequence[ReviewRecord], content: Mapping[str, Content], schema: Schema, model_version: str
+) -> list[dict[str, Any]]:
+    """One task per record: `data` (id, state, media URLs, record_index, confidence) and one
+    prediction whose `score` is the record's confidence and whose results are clef's answers."""
+    tasks = []
+    for record in records:
+        found = content.get(record.id)
+        data = {
+            "id": record.id,
+            STATE_FIELD: found.state if found else "",
+            **_media_values(schema, found),
+            "record_index": record.index,
+            "confidence": record.confidence,
+        }
+        result = [
+            {
+                "from_name": question.question_id,
+                "to_name": STATE_FIELD,
+                "type": "choices",
+                "value": {"choices": [question.answer]},
+                "score": question.probability,
+            }
+            for question in record.questions
+        ]
+        prediction = {"model_version": model_version, "score": record.confidence, "result": result}
+        tasks.append({"data": data, "predictions": [prediction]})
+    return tasks
+
+
+def _rating(qtype: str, options: tuple[str, ...]) -> bool:
+    return qtype == "score" and len(options) <= RATING_MAX_LEVELS
+
+
+def argilla_settings(schema: Schema) -> dict[str, Any]:
+    """Settings in the form `argilla.Settings` serializes to (and reads back): the state and media
+    as fields, a label question per noul/choice, a rating question per score (0..n-1)."""
+    fields = [{"name": STATE_FIELD, "title": "State", "required": True, "settings": {"type": "text"}}]
+    for key, kind in media_fields(schema):
+        settings = {"type": "image"} if kind == "images" else {"type": "text", "use_markdown": False}
+        fields.append({"name": key, "title": key, "required": False, "settings": settings})
+    questions = []
+    for question_id, (qtype, options) in schema.questions.items():
+        if _rating(qtype, options):
+            settings = {"type": "rating", "options": [{"value": int(level)} for level in options]}
+        else:
+            settings = {"type": "label_selection", "options": [{"text": o, "value": o} for o in options]}
+        questions.append({"name": question_id, "title": f"{question_id} ({qtype})", "required": False,
+                          "settings": settings})  # fmt: skip
+    metadata = [
+        {"name": "record_index", "title": "record_index", "settings": {"type": "integer"}},
+        {"name": "confidence", "title": "confidence", "settings": {"type": "float"}},
+    ]
+    return {"guidelines": "Check clef's suggested answers; correct the wrong ones and submit.",
+            "fields": fields, "questions": questions, "metadata": metadata}  # fmt: skip
+
+
+def argilla_records(
+    records: Sequence[ReviewRecord], content: Mapping[str, Content], schema: Schema, agent: str
+) -> list[dict[str, Any]]:
+    """Records in the form `argilla.Record.from_dict` reads (and `to_dict` writes)."""
+    result = []
+    for record in records:
+        found = content.get(record.id)
+        fields = {STATE_FIELD: (found.state if found else "") or record.id}
+        fields.update({key: value for key, value in _media_values(schema, found).items() if value})
+        suggestions = {}
+        for question in record.questions:
+            qtype, options = schema.questions[question.question_id]
+            value: Any = int(question.answer) if _rating(qtype, options) else question.answer
+            suggestions[question.question_id] = {"value": value, "score": question.probability, "agent": agent}
+        result.append({"id": record.id, "fields": fields, "suggestions": suggestions,
+                       "metadata": {"record_index": record.index, "confidence": record.confidence}})  # fmt: skip
+    return result
+
+
+def flat_rows(records: Sequence[ReviewRecord], questions: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per record: id, record_index, confidence, then `q` and `q.probability` per question."""
+    rows = []
+    for record in records:
+        row: dict[str, Any] = {"id": record.id, "record_index": record.index, "confidence": record.confidence}
+        answers = {question.question_id: question for question in record.questions}
+        for question_id in questions:
+            question = answers.get(question_id)
+            row[question_id] = question.answer if question else None
+            row[f"{question_id}.probability"] = question.probability if question else None
+        rows.append(row)
+    return rows
+
+
+def render(
+    format: str,
+    records: Sequence[ReviewRecord],
+    content: Mapping[str, Content],
+    questions: Sequence[str],
+    model_version: str,
+) -> tuple[str, str | None]:
+    """(the review file's text, the Label Studio config or None); `format` is one of FORMATS."""
+    if format not in FORMATS:
+        raise UsageError(f"--format {format!r}: use one of {', '.join(FORMATS)}")
+    schema = schema_of(records, content)
+    if format == "label-studio":
+        tasks = label_studio_tasks(records, content, schema, model_version)
+        return json.dumps(tasks, indent=1, ensure_ascii=False) + "\n", label_studio_config(schema)
+    if format == "argilla":
+        document = {
+            "settings": argilla_settings(schema),
+            "records": argilla_records(records, content, schema, model_version),
+        }
+        return json.dumps(document, indent=1, ensure_ascii=False) + "\n", None
+    rows = flat_rows(records, questions)
+    if format == "jsonl":
+        return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), None
+    buffer = io.StringIO()
+    columns = ["id", "record_index", "confidence"] + [c for q in questions for c in (q, f"{q}.probability")]
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue(), None
+
+
+def model_version(metadata: Mapping[str, str]) -> str:
+    """`MODEL@HEAD12` from the scored file's metadata (+ `+cal` and the calibration's hash prefix)."""
+    model = Path(metadata.get("clef.model", "") or "clef").name or "clef"
+    version = f"{model}@{(metadata.get('clef.head_sha256') or 'unknown')[:12]}"
+    if metadata.get("clef.calibration_sha256"):
+        version += f"+cal{metadata['clef.calibration_sha256'][:8]}"
+    return version

@@ -1,0 +1,145 @@
+"""`clef compare`: flips and distributions against a direct loop over both Parquet files, PSI and
+JS against scipy, the join on `record_key`, and the exit code for cron."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from scipy.spatial.distance import jensenshannon
+from scipy.stats import entropy
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+from clef_cli.quality.compare import PSI_SMOOTHING
+
+from .scored_files import SCHEMA, random_probabilities, random_records, write_scored
+
+runner = CliRunner()
+
+
+def runs(tmp_path, keyed: bool = False, layout: str = "wide"):
+    """Old: 70 records; new: the first 60 of them (every third rescored) plus 10 new ones."""
+    old = random_records(seed=5, n=70)
+    rng = np.random.default_rng(9)
+    new = []
+    for number, (record_id, answers) in enumerate(old[:60]):
+        if answers is not None and number % 3 == 0:
+            answers = {q: random_probabilities(rng, len(SCHEMA[q][1])) for q in answers}
+        new.append((record_id, answers))
+    new += random_records(seed=6, n=10, prefix="n")
+    extra_old = extra_new = None
+    if keyed:  # other ids in the new run, the same record_key
+        extra_old = {"record_key": [f"k-{rid}" for rid, _ in old]}
+        extra_new = {"record_key": [f"k-{rid}" for rid, _ in new]}
+        new = [(f"new-{rid}", answers) for rid, answers in new]
+    return (
+        write_scored(tmp_path / "old.parquet", old, layout=layout, extra=extra_old),
+        write_scored(tmp_path / "new.parquet", new, layout=layout, extra=extra_new),
+    )
+
+
+def answers_of(path, key: str) -> dict[str, dict[str, tuple[str, float]]]:
+    found: dict[str, dict[str, tuple[str, float]]] = {}
+    for row in pq.read_table(path).to_pylist():
+        for answer in row["answers"] or ():
+            found.setdefault(row[key], {})[answer["question_id"]] = (answer["answer"], answer["confidence"])
+    return found
+
+
+def direct(old_path, new_path, key: str) -> dict:
+    old, new = answers_of(old_path, key), answers_of(new_path, key)
+    result = {"shared": len(set(old) & set(new)), "questions": {}}
+    for qid, (_, options) in SCHEMA.items():
+        both = [k for k in old if k in new and qid in old[k] and qid in new[k]]
+        flips = sorted(k for k in both if old[k][qid][0] != new[k][qid][0])
+        counts = [[sum(run[k][qid][0] == o for k in both) for o in options] for run in (old, new)]
+        only_old = [sum(old[k][qid][0] == o for k in old if qid in old[k] and k not in both) for o in options]
+        mean = [float(np.mean([run[k][qid][1] for k in both])) for run in (old, new)]
+        result["questions"][qid] = {"flips": flips, "counts": counts, "only_old": only_old, "mean": mean}
+    return result
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_compare_against_a_direct_loop_and_scipy(tmp_path, keyed):
+    old, new = runs(tmp_path, keyed)
+    out = tmp_path / "drift.json"
+    result = runner.invoke(app, ["compare", str(old), str(new), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    key = "record_key" if keyed else "id"
+    expected = direct(old, new, key)
+    assert document["join"] == key and document["shared_records"] == expected["shared"]
+    assert document["only_new_records"] == 9  # ten new records, one of them failed
+    flipped_total = 0
+    for qid, (_, options) in SCHEMA.items():
+        found, want = document["questions"][qid], expected["questions"][qid]
+        flips = sorted(f[key] for f in document["flips"] if f["question_id"] == qid)
+        assert flips == want["flips"] and found["flipped"] == len(want["flips"]) > 0
+        flipped_total += found["flipped"]
+        assert [found["old"]["counts"][o] for o in options] == want["counts"][0]
+        assert [found["new"]["counts"][o] for o in options] == want["counts"][1]
+        assert [found["only_old"]["counts"][o] for o in options] == want["only_old"]
+        assert found["old"]["mean_confidence"] == pytest.approx(want["mean"][0], abs=1e-12)
+        assert found["new"]["mean_confidence"] == pytest.approx(want["mean"][1], abs=1e-12)
+        p, q = (np.array(c, float) for c in want["counts"])
+        shares_p, shares_q = p / p.sum(), q / q.sum()
+        smooth_p = (p + PSI_SMOOTHING) / (p.sum() + PSI_SMOOTHING * len(p))
+        smooth_q = (q + PSI_SMOOTHING) / (q.sum() + PSI_SMOOTHING * len(q))
+        assert found["psi"] == pytest.approx(entropy(smooth_q, smooth_p) + entropy(smooth_p, smooth_q), abs=1e-12)
+        assert found["js"] == pytest.approx(jensenshannon(shares_p, shares_q, base=2) ** 2, abs=1e-12)
+    assert len(document["flips"]) == flipped_total
+    if keyed:
+        assert all(f["id"].startswith("new-") for f in document["flips"])
+
+
+def test_long_layout_gives_the_same_numbers(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "l").mkdir()
+    wide = runs(tmp_path / "w")
+    long = runs(tmp_path / "l", layout="long")
+    documents = []
+    for old, new in (wide, long):
+        out = old.parent / "d.json"
+        assert runner.invoke(app, ["compare", str(old), str(new), "--json", str(out)]).exit_code == 0
+        documents.append(json.loads(out.read_text()))
+    for document in documents:
+        del document["old"], document["new"]
+    assert documents[0] == documents[1]
+
+
+def test_fail_above_psi_and_the_table(tmp_path):
+    old, new = runs(tmp_path)
+    out = tmp_path / "d.json"
+    result = runner.invoke(app, ["compare", str(old), str(new), "--json", str(out)])
+    top = max(q["psi"] for q in json.loads(out.read_text())["questions"].values())
+    assert "team" in result.stdout and "PSI" in result.stdout
+    failing = runner.invoke(app, ["compare", str(old), str(new), "--fail-above-psi", str(top * 0.5)])
+    assert failing.exit_code == 5 and "PSI above" in failing.stderr
+    passing = runner.invoke(app, ["compare", str(old), str(new), "--fail-above-psi", str(top * 2)])
+    assert passing.exit_code == 0, passing.output
+    same = runner.invoke(app, ["compare", str(old), str(old), "--fail-above-psi", "0"])
+    assert same.exit_code == 0, same.output
+
+
+def test_report_and_its_rendering_in_headless_chromium(tmp_path):
+    old, new = runs(tmp_path)
+    report, shot = tmp_path / "r.html", tmp_path / "shot.png"
+    assert runner.invoke(app, ["compare", str(old), str(new), "--report", str(report)]).exit_code == 0
+    text = report.read_text()
+    assert text.count("<img") == 3 * len(SCHEMA) and "data:image/png;base64," in text
+    for qid in SCHEMA:
+        assert f"id='q-{qid}'" in text
+    if shutil.which("chromium") is None:
+        pytest.skip("headless Chromium is not installed: the report was not rendered")
+    import subprocess
+
+    from PIL import Image
+
+    command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}"]
+    subprocess.run([*command, "--window-size=1100,900", report.as_uri()], capture_output=True, timeout=120)
+    image = np.asarray(Image.open(shot).convert("L"), dtype=float)
+    assert image.shape == (900, 1100) and image.std() > 10

@@ -1,0 +1,292 @@
+"""`clef review`: the orders against a direct computation of their definitions (ties included),
+the Label Studio tasks and config, the flat formats, and the Argilla document built into the
+`argilla` SDK's own classes offline."""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import json
+import math
+import os
+import xml.etree.ElementTree as ElementTree
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+
+from .scored_files import SCHEMA, random_records, write_scored
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module", params=["wide", "long"])
+def scored(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("review") / f"{request.param}.parquet"
+    return write_scored(path, random_records(seed=3, n=60), layout=request.param, extra={"state": [
+        f"text of record {i}" for i in range(60)
+    ]})  # fmt: skip
+
+
+def direct(path, questions=None) -> list[dict]:
+    """Per scored record, the definitions computed straight from the Parquet rows (wide or long)."""
+    table = pq.read_table(path)
+    records: dict[str, dict] = {}
+    if "answers" in table.column_names:
+        for row in table.to_pylist():
+            for answer in row["answers"] or ():
+                probabilities = [label["probability"] for label in answer["labels"]]
+                entry = records.setdefault(row["id"], {"id": row["id"], "index": row["record_index"], "q": {}})
+                entry["q"][answer["question_id"]] = (probabilities, answer["answer"])
+    else:
+        for row in table.to_pylist():
+            if row["question_id"] is None:
+                continue
+            entry = records.setdefault(row["id"], {"id": row["id"], "index": row["record_index"], "q": {}})
+            entry["q"].setdefault(row["question_id"], ([], []))
+            entry["q"][row["question_id"]][0].append(row["probability"])
+            entry["q"][row["question_id"]][1].append(row["label"])
+        for entry in records.values():
+            for qid, (probabilities, labels) in entry["q"].items():
+                entry["q"][qid] = (probabilities, labels[int(np.argmax(probabilities))])
+    found = []
+    for entry in records.values():
+        chosen = {q: v for q, v in entry["q"].items() if questions is None or q in questions}
+        if not chosen:
+            continue
+        tops = [[*heapq.nlargest(2, p), 0.0] for p, _ in chosen.values()]
+        entry["confidence"] = min(top[0] for top in tops)
+        entry["margin"] = min(top[0] - top[1] for top in tops)
+        entry["entropy"] = max(-math.fsum(x * math.log(x) for x in p if x > 0) for p, _ in chosen.values())
+        entry["chosen"] = chosen
+        found.append(entry)
+    return found
+
+
+def direct_order(records: list[dict], order: str, first: str) -> list[str]:
+    if order == "uncertainty":
+        return [r["id"] for r in sorted(records, key=lambda r: (r["confidence"], r["index"]))]
+    if order == "margin":
+        return [r["id"] for r in sorted(records, key=lambda r: (r["margin"], r["index"]))]
+    if order == "entropy":
+        return [r["id"] for r in sorted(records, key=lambda r: (-r["entropy"], r["index"]))]
+    groups: dict = {}
+    for r in sorted(records, key=lambda r: (r["confidence"], r["index"])):
+        groups.setdefault(r["chosen"][first][1] if first in r["chosen"] else None, []).append(r["id"])
+    result, turn = [], 0
+    while any(turn < len(g) for g in groups.values()):
+        result += [g[turn] for g in groups.values() if turn < len(g)]
+        turn += 1
+    return result
+
+
+def review(scored, tmp_path, *args: str) -> list[dict]:
+    out = tmp_path / "tasks.json"
+    result = runner.invoke(app, ["review", str(scored), "-o", str(out), *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("order", ["uncertainty", "margin", "entropy", "stratified"])
+@pytest.mark.parametrize("questions", [None, "team,severity", "severity"])
+def test_orders_equal_the_definitions(scored, tmp_path, order, questions):
+    wanted = questions.split(",") if questions else None
+    records = direct(scored, wanted)
+    expected = direct_order(records, order, (wanted or list(SCHEMA))[0])
+    ties = len(records) - len({r["confidence"] for r in records})
+    assert ties > 5, "the fixture must hold confidence ties"
+    args = ["--order", order] + (["--questions", questions] if questions else [])
+    tasks = review(scored, tmp_path, *args)
+    assert [task["data"]["id"] for task in tasks] == expected
+    limited = review(scored, tmp_path, *args, "--limit", "7")
+    assert [task["data"]["id"] for task in limited] == expected[:7]
+
+
+def test_random_order_is_a_seeded_permutation(scored, tmp_path):
+    everyone = sorted(r["id"] for r in direct(scored))
+    first = [t["data"]["id"] for t in review(scored, tmp_path, "--order", "random", "--seed", "1")]
+    again = [t["data"]["id"] for t in review(scored, tmp_path, "--order", "random", "--seed", "1")]
+    other = [t["data"]["id"] for t in review(scored, tmp_path, "--order", "random", "--seed", "2")]
+    assert sorted(first) == everyone and first == again and other != first
+
+
+def test_label_studio_tasks_and_config(scored, tmp_path):
+    config = tmp_path / "label_config.xml"
+    tasks = review(scored, tmp_path, "--limit", "20", "--config-out", str(config))
+    by_id = {r["id"]: r for r in direct(scored)}
+    view = ElementTree.fromstring(config.read_text())
+    choices = {c.get("name"): [o.get("value") for o in c.findall("Choice")] for c in view.iter("Choices")}
+    assert choices == {q: list(options) for q, (_, options) in SCHEMA.items()}
+    assert {c.get("toName") for c in view.iter("Choices")} == {"state"}
+    assert [t.get("name") for t in view.iter("Text")] == ["state"]
+    for task in tasks:
+        record = by_id[task["data"]["id"]]
+        assert task["data"]["state"] == f"text of record {record['index']}"
+        [prediction] = task["predictions"]
+        assert prediction["model_version"] == "clef-omni-test@" + "ab" * 6
+        assert prediction["score"] == record["confidence"]
+        results = {r["from_name"]: r for r in prediction["result"]}
+        assert list(results) == list(record["chosen"])
+        for qid, (probabilities, answer) in record["chosen"].items():
+            assert results[qid]["score"] == probabilities[SCHEMA[qid][1].index(answer)]
+            assert results[qid]["value"] == {"choices": [answer]} and results[qid]["to_name"] == "state"
+            assert answer in choices[qid]
+
+
+def test_flat_formats(scored, tmp_path):
+    records = {r["id"]: r for r in direct(scored)}
+    result = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "r.csv"), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert len(rows) == len(records)
+    for row in rows:
+        record = records[row["id"]]
+        assert float(row["confidence"]) == record["confidence"]
+        for qid, (probabilities, answer) in record["chosen"].items():
+            options = SCHEMA[qid][1]
+            assert row[qid] == answer and float(row[f"{qid}.probability"]) == probabilities[options.index(answer)]
+    result = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "r.jsonl"), "--format", "jsonl"])
+    lines = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [line["id"] for line in lines] == [row["id"] for row in rows]
+
+
+def test_exclude_leaves_out_labelled_records(scored, tmp_path):
+    everyone = [r["id"] for r in sorted(direct(scored), key=lambda r: (r["confidence"], r["index"]))]
+    gold = tmp_path / "gold.jsonl"
+    labelled = everyone[:4]
+    lines = [{"id": i, "labels": {"urgent": "true"}} for i in labelled] + [{"id": everyone[4], "labels": {}}]
+    gold.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    tasks = review(scored, tmp_path, "--exclude", str(gold))
+    assert [t["data"]["id"] for t in tasks] == everyone[4:]
+
+
+def test_usage_errors(scored, tmp_path):
+    out = str(tmp_path / "x.json")
+    cases = [
+        (["--questions", "nope"], "'nope' is not a question of the scored file"),
+        (["--order", "sideways"], "--order"),
+        (["--format", "csv", "--config-out", str(tmp_path / "c.xml")], "--config-out goes with"),
+        (["--limit", "0"], "--limit"),
+    ]
+    for args, needle in cases:
+        result = runner.invoke(app, ["review", str(scored), "-o", out, *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert needle in result.stderr, (args, result.stderr)
+
+
+def offline_argilla():
+    """The `argilla` SDK with a client that never calls a server (its classes want one)."""
+    try:
+        import argilla as rg
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("argilla is not installed (pip install -e '.[test]')")
+
+    class Offline(rg.Argilla):
+        def _validate_connection(self) -> None:
+            """No server: the settings and records are only built and checked here."""
+
+    rg.Argilla._default_client = Offline(api_url="http://127.0.0.1:9", api_key="offline")
+    return rg
+
+
+def test_argilla_document_builds_sdk_classes(scored, tmp_path):
+    rg = offline_argilla()
+    out = tmp_path / "argilla.json"
+    result = runner.invoke(app, ["review", str(scored), "-o", str(out), "--format", "argilla", "--limit", "15"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    settings = rg.Settings._from_dict(document["settings"])
+    allowed = {
+        q.name: list(q.values) if isinstance(q, rg.RatingQuestion) else list(q.labels) for q in settings.questions
+    }
+    assert allowed == {"urgent": list(NOUL_OPTIONS), "team": ["billing", "sales", "tech"], "severity": [0, 1, 2, 3]}
+    assert [f.name for f in settings.fields] == ["state"]
+    records = [rg.Record.from_dict(r) for r in document["records"]]
+    expected = {r["id"]: r for r in direct(scored)}
+    assert len(records) == 15
+    for record in records:
+        found = expected[record.id]
+        assert record.fields["state"] == f"text of record {found['index']}"
+        suggestions = record.to_dict()["suggestions"]
+        assert set(suggestions) == set(found["chosen"])
+        for qid, suggestion in suggestions.items():
+            probabilities, answer = found["chosen"][qid]
+            assert suggestion["value"] in allowed[qid] and str(suggestion["value"]) == answer
+            assert suggestion["score"] == probabilities[SCHEMA[qid][1].index(answer)]
+            assert suggestion["agent"] == "clef-omni-test@" + "ab" * 6
+
+
+NOUL_OPTIONS = SCHEMA["urgent"][1]
+
+
+def test_argilla_export_reads_back_as_gold(scored, tmp_path):
+    rg = offline_argilla()
+    out = tmp_path / "argilla.json"
+    assert runner.invoke(app, ["review", str(scored), "-o", str(out), "--format", "argilla"]).exit_code == 0
+    document = json.loads(out.read_text())
+    user, other = "00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000002"
+    exported, expected = [], {}
+    for number, raw in enumerate(document["records"][:12]):
+        record = rg.Record.from_dict(raw)
+        team = ["billing", "sales", "tech"][number % 3]
+        if number % 4 == 0:  # submitted, in Record.serialize's shape (responses carry their status)
+            record.responses.add(rg.Response("team", team, user_id=user, status="submitted"))
+            record.responses.add(rg.Response("team", "tech", user_id=other, status="draft"))
+            item = record.to_dict()
+            item["responses"] = [r.serialize() | {"user_id": str(r.user_id)} for r in record.responses]
+            expected[record.id] = {"team": team}
+        elif number % 4 == 1:  # records.to_json's shape (no response status): a completed record counts
+            record.responses.add(rg.Response("severity", 2, user_id=user, status="submitted"))
+            item = record.to_dict() | {"status": "completed"}
+            expected[record.id] = {"severity": "2"}
+        elif number % 4 == 2:  # a pending record's responses are not gold
+            record.responses.add(rg.Response("team", team, user_id=user, status="draft"))
+            item = record.to_dict()
+        else:  # no response at all: no gold, not an error
+            item = record.to_dict()
+        exported.append(item)
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps(exported))
+    from clef_cli.quality.gold import read_gold_rows
+
+    rows = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)[0]}
+    assert {k: v for k, v in rows.items() if v} == expected
+    metrics = tmp_path / "m.json"
+    result = runner.invoke(app, ["eval", str(scored), "--gold", str(export), "--json", str(metrics)])
+    assert result.exit_code == 0, result.output
+    found = json.loads(metrics.read_text())["questions"]
+    assert found["team"]["n"] == sum("team" in v for v in expected.values())
+    assert found["severity"]["n"] == sum("severity" in v for v in expected.values())
+
+
+def test_state_and_media_from_the_inputs(tmp_path):
+    """--records: the state as text (JSON compact, sorted keys) and media as local-files URLs
+    relative to --media-root; URLs pass through; tasks with fewer media get empty slots."""
+    (tmp_path / "img").mkdir()
+    inputs = [
+        {"id": "r000", "state": {"b": 1, "a": "x y"}, "images": ["img/a b.png", "https://h/x.png"]},
+        {"id": "r001", "state": "plain text", "audio": ["clip.wav"]},
+    ]
+    records_path = tmp_path / "records.jsonl"
+    records_path.write_text("".join(json.dumps(r) + "\n" for r in inputs))
+    scored = write_scored(tmp_path / "s.parquet", random_records(seed=2, n=2))
+    config = tmp_path / "c.xml"
+    tasks = review(scored, tmp_path, "--records", str(records_path), "--media-root", str(tmp_path),
+                   "--config-out", str(config))  # fmt: skip
+    data = {task["data"]["id"]: task["data"] for task in tasks}
+    assert data["r000"]["state"] == '{"a":"x y","b":1}' and data["r001"]["state"] == "plain text"
+    assert data["r000"]["image_0"] == "/data/local-files/?d=img/a%20b.png"
+    assert data["r000"]["image_1"] == "https://h/x.png" and data["r001"]["image_0"] == ""
+    assert data["r001"]["audio_0"] == "/data/local-files/?d=clip.wav" and data["r000"]["audio_0"] == ""
+    view = ElementTree.fromstring(config.read_text())
+    assert [(t.tag, t.get("value")) for t in view if t.tag in ("Image", "Audio")] == [
+        ("Image", "$image_0"), ("Image", "$image_1"), ("Audio", "$audio_0")
+    ]  # fmt: skip
+    outside = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "x.json"), "--records",
+                                  str(records_path), "--media-root", str(tmp_path / "img")])  # fmt: skip
+    assert outside.exit_code == 2 and "record 'r001', field 'audio'" in outside.stderr
