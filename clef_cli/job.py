@@ -17,11 +17,12 @@ import pyarrow.compute as pc
 
 from clef_cli import __version__
 from clef_cli.inputs.sources import expand_inputs, input_fingerprint
-from clef_cli.output import OutputSpec, remove_stale_temporaries, write_output
+from clef_cli.output import OutputSpec, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.locks import job_locks
 
@@ -150,7 +151,9 @@ def open_job(
             checkpoint = Checkpoint.open_existing(path)
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
+        damaged = sum(entry.records for entry in checkpoint.dropped)
         if checkpoint.dropped:
-            progress.note(f"{len(checkpoint.dropped)} damaged checkpoint shard(s) will be recomputed")
-        summary = JobSummary(output=settings.output, resumed=checkpoint.done.count)
+            shards = len(checkpoint.dropped)
+            progress.note(f"{shards} damaged checkpoint shard(s): their {damaged} records will be computed again")
+        summary = JobSummary(output=settings.output, resumed=checkpoint.done.count, damaged=damaged)
         yield Job(settings, release, manifest, checkpoint, progress, summary, started)

@@ -6,12 +6,11 @@ leaves a half-written output that a downstream reader could take for a result.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +23,7 @@ from clef_cli.inputs.json_values import without_lone_surrogates
 from clef_cli.inputs.readers import iter_column_values, parquet_only
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, long_rows
-from clef_cli.store.atomic import write_atomically
+from clef_cli.store.atomic import write_file
 
 if TYPE_CHECKING:
     from clef_cli.quality.calibrate import Calibration
@@ -193,8 +192,8 @@ def write_output(
         metadata["clef.calibration_method"] = spec.calibration.method
     schema = schema.with_metadata({key: str(value) for key, value in metadata.items()})
 
-    def write(temporary: Path) -> None:
-        with pq.ParquetWriter(str(temporary), schema) as writer:
+    def write(handle: BinaryIO) -> None:
+        with pq.ParquetWriter(handle, schema) as writer:
             for start in range(0, results.num_rows, spec.row_group_size):
                 chunk = results.take(order[start : start + spec.row_group_size])
                 if spec.calibration is not None:
@@ -204,7 +203,7 @@ def write_output(
             if results.num_rows == 0:
                 writer.write_table(schema.empty_table())
 
-    write_atomically(spec.path, write, before_rename=faults.before_output_rename)
+    write_file(spec.path, write, before_rename=faults.before_output_rename)
     failed = results.num_rows - results.column("error").null_count
     return OutputCounts(records=results.num_rows, failed=failed)
 
@@ -220,10 +219,3 @@ def _shape(chunk: pa.Table, layout: str, extra: dict[str, pa.Array], start: int,
     for name, values in columns.items():
         table = table.append_column(name, values)
     return table.cast(schema)
-
-
-def remove_stale_temporaries(path: Path) -> None:
-    """Temporary outputs left by killed runs (their pid is in the name)."""
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            stale.unlink()

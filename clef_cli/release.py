@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,15 @@ def file_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_crc32(path: Path, chunk_size: int = 1 << 22) -> int:
+    """CRC32 of a file, read once in large chunks (zlib releases the GIL, so threads overlap)."""
+    crc = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_size):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def weights_fingerprint(release: Release, hash_below_bytes: int = 64 << 20) -> str:

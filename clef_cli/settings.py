@@ -24,6 +24,7 @@ from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.sources import local_path
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
+from clef_cli.store.atomic import ensure_writable
 
 if TYPE_CHECKING:
     from clef_cli.results import OutputCounts
@@ -94,10 +95,7 @@ class ScoreSettings:
                 raise UsageError(f"--{name.replace('_', '-')} must be one of {allowed}, not {value!r}")
         if self.output.suffix.lower() not in (".parquet", ".pq"):
             raise UsageError(f"output {self.output} must end in .parquet")
-        if self.output.exists() and self.output.is_dir():
-            raise UsageError(f"output {self.output} is a folder")
-        if not self.output.parent.exists():
-            raise UsageError(f"output folder {self.output.parent} does not exist")
+        ensure_writable(self.output, "-o")
         if self.calibration is not None:
             from clef_cli.quality.calibrate import load_calibration
 
@@ -116,6 +114,8 @@ class JobSummary:
     resumed: int = 0
     forwarded: int = 0
     """Records run through the thinker in this run."""
+    damaged: int = 0
+    """Records of checkpoint shards found damaged on resume, so computed again in this run."""
     committed: int = 0
     """Records committed to the checkpoint in this run (scored or failed)."""
     tokens: int = 0

@@ -157,10 +157,9 @@ class JobStats:
         }
 
     def write_json(self, path: Path) -> None:
-        from clef_cli.store.atomic import write_atomically
+        from clef_cli.store.atomic import write_text
 
-        text = json.dumps(self.as_dict(), indent=2) + "\n"
-        write_atomically(Path(path), lambda temporary: temporary.write_text(text))
+        write_text(path, json.dumps(self.as_dict(), indent=2) + "\n")
 
 
 @contextlib.contextmanager

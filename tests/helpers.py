@@ -20,19 +20,54 @@ SAMPLE_DATA = Path(__file__).parent.parent / "sample_data"
 SMALL_JOB = {"hidden_states": "drop", "max_length": 4096}
 
 
-def _golden_build() -> bool:
-    """True when this torch build is the one that made the golden values (fixtures README)."""
+def in_ci() -> bool:
+    """True in CI (`CI=true`, as .ci/run sets it): optional test tools must then be present."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def release_part(version: str) -> str:
+    """`2.14.1+cu130` -> `2.14.1`: the local part names the wheel's CUDA build, not the CPU kernels."""
+    return version.split("+", 1)[0]
+
+
+def golden_mismatches(installed: dict[str, str] | None = None) -> list[str]:
+    """Why the golden values' tight bounds do not apply here: the torch release differs from the one
+    that made them, or transformers is neither that version nor one of the cross-checked versions
+    (fixtures/golden/meta.json). Empty when the tight bounds apply."""
     from importlib.metadata import version
 
-    pinned = json.loads((GOLDEN / "meta.json").read_text())["versions"]["torch"]
-    return version("torch") == pinned and os.environ.get("CLEF_GOLDEN_TOLERANCE", "") != "loose"
+    meta = json.loads((GOLDEN / "meta.json").read_text())
+    installed = installed or {name: version(name) for name in ("torch", "transformers")}
+    checks = meta.get("cross_checks", {}).values()
+    checked = {check["transformers"] for check in checks if not check["max_abs_logit_diff"]}
+    accepted = {"torch": {meta["versions"]["torch"]}, "transformers": {meta["versions"]["transformers"], *checked}}
+    return [
+        f"{name} {installed[name]} (golden values: {', '.join(sorted(want))})"
+        for name, want in accepted.items()
+        if release_part(installed[name]) not in {release_part(v) for v in want}
+    ]
 
 
-# Parity bounds from tests/fixtures/README.md: float32 on the CPU with the pinned build, logits
-# within 1e-5 and probabilities within 1e-6 (measured: 9.5e-7 and 3e-7). Another torch build or
-# CPU (or CLEF_GOLDEN_TOLERANCE=loose) gets the README's fallback: 1e-4 for logits, 1e-5 for
-# probabilities.
-GOLDEN_BUILD = _golden_build()
+def golden_build(installed: dict[str, str] | None = None) -> bool:
+    """True when the tight bounds apply. `CLEF_GOLDEN_TOLERANCE=loose` asks for the loose ones; in CI
+    a silent fall back to them is a failure, so the tight bounds cannot stop applying unnoticed."""
+    if os.environ.get("CLEF_GOLDEN_TOLERANCE", "") == "loose":
+        return False
+    mismatches = golden_mismatches(installed)
+    if mismatches and in_ci():
+        raise RuntimeError(
+            "the golden parity tests would fall back to their loose bounds (" + "; ".join(mismatches)
+            + "); install the pinned build or set CLEF_GOLDEN_TOLERANCE=loose"
+        )
+    return not mismatches
+
+
+# Parity bounds from tests/fixtures/README.md: float32 on the CPU with the pinned build (the torch
+# release the golden values were made with; the `+cu130` local part is the wheel's CUDA build), logits
+# within 1e-5 and probabilities within 1e-6 (measured: 9.5e-7 and 3e-7). CLEF_GOLDEN_TOLERANCE=loose
+# (another torch build or CPU) gets the README's fallback: 1e-4 for logits, 1e-5 for probabilities;
+# outside CI another build falls back to it too, in CI it is an error (golden_build).
+GOLDEN_BUILD = golden_build()
 LOGIT_TOLERANCE = 1e-5 if GOLDEN_BUILD else 1e-4
 PROBABILITY_TOLERANCE = 1e-6 if GOLDEN_BUILD else 1e-5
 
@@ -42,14 +77,32 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def require_ray():
-    """The `ray` module, or a skip where it is not installed; in CI (`CI=true`) a missing Ray is a
-    failure, so a broken install cannot pass as skipped tests."""
-    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
-        import ray
+def require(module: str):
+    """An optional test dependency's module, or a skip where it is not installed; in CI (`CI=true`)
+    a missing one is a failure, so a broken install cannot pass as skipped tests."""
+    if in_ci():
+        import importlib
 
-        return ray
-    return pytest.importorskip("ray")
+        return importlib.import_module(module)
+    return pytest.importorskip(module)
+
+
+def require_program(name: str) -> str:
+    """The path of a program the tests drive (headless Chromium), or a skip where it is not
+    installed; in CI a missing one fails (.ci/run installs it)."""
+    import shutil
+
+    found = shutil.which(name)
+    if found is None:
+        if in_ci():
+            pytest.fail(f"{name} is not installed; CI needs it (.ci/run installs it with apt-get)")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def require_ray():
+    """The `ray` module (see `require`)."""
+    return require("ray")
 
 
 def assert_same_rows(got: list[dict], want: list[dict], probability_tolerance: float = 1e-6) -> None:

@@ -4,9 +4,12 @@ a calibration to written results exactly as the scorer would have computed them.
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from scipy.optimize import brentq
@@ -166,3 +169,136 @@ def test_calibration_round_trips_through_json(tmp_path):
     assert set(json.loads(path.read_text())) == {
         "version", "method", "temperatures", "type_temperatures", "default", "fitted_on", "cross_fitted"
     }  # fmt: skip
+
+
+def test_question_temperatures_follow_the_shrinkage_formula_exactly():
+    """log T_q = (n_q log T̂_q + 50 log T_type) / (n_q + 50), with T̂ from an independent minimiser."""
+    small = drawn(0.5, n=40, seed=11, qid="s", k=2, qtype="noul")
+    large = drawn(2.0, n=400, seed=12, qid="l", k=2, qtype="noul")
+    fitted = fit("question", {"s": small, "l": large})
+    pooled_logits = np.concatenate([small.logits, large.logits])
+    type_t = independent_minimiser(pooled_logits, np.concatenate([small.gold, large.gold]))
+    assert fitted.type_temperatures["noul"] == pytest.approx(type_t, rel=1e-6)
+    for data in (small, large):
+        own = independent_minimiser(data.logits, data.gold)
+        want = np.exp((data.n * np.log(own) + 50 * np.log(type_t)) / (data.n + 50))
+        assert fitted.temperatures[data.question_id] == pytest.approx(want, rel=1e-6), data.question_id
+
+
+# ----------------------------------------------------------------------------- the command's printed numbers
+
+
+def scored_and_gold(folder):
+    """A scored Parquet (wide layout) and its gold file: a noul question on 240 records (labels drawn
+    at T = 2), a choice question on 80 (T = 0.6) and a second noul on 40 (T = 1.5)."""
+    rng = np.random.default_rng(5)
+    plan = [("spam", "noul", ("true", "false"), 240, 2.0), ("team", "choice", ("a", "b", "c"), 80, 0.6),
+            ("rare", "noul", ("true", "false"), 40, 1.5)]  # fmt: skip
+    rows, gold = [], []
+    for index in range(240):
+        answers, labels = [], {}
+        for qid, qtype, options, n, t_star in plan:
+            if index >= n:
+                continue
+            logits = rng.normal(size=len(options)) * 2.5
+            label = options[rng.choice(len(options), p=softmax(logits[None] / t_star)[0])]
+            labels[qid] = (label == "true") if qtype == "noul" else label
+            probabilities = softmax(logits[None])[0]
+            answers.append({"question_id": qid, "type": qtype, "answer": options[int(np.argmax(logits))],
+                            "confidence": float(probabilities.max()), "noul": None, "score": None,
+                            "labels": [{"label": o, "probability": float(p), "logit": float(lg)}
+                                       for o, p, lg in zip(options, probabilities, logits, strict=True)]})  # fmt: skip
+        rows.append({"id": f"r{index:03d}", "record_index": index, "answers": answers})
+        gold.append({"id": f"r{index:03d}", "labels": labels})
+    scored = folder / "scored.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=RESULT_SCHEMA), scored)
+    (folder / "gold.jsonl").write_text("".join(json.dumps(row) + "\n" for row in gold))
+    return scored, folder / "gold.jsonl"
+
+
+def oracle_temperature(blocks) -> float:
+    logits = np.concatenate([block[0] for block in blocks])
+    return independent_minimiser(logits, np.concatenate([block[1] for block in blocks]))
+
+
+def oracle_question_method(train: dict[str, tuple[str, np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """Each question's temperature by the README's `question` rule, from independent fits."""
+    types = {}
+    for qtype in {qtype for qtype, _, _ in train.values()}:
+        types[qtype] = oracle_temperature([(lg, y) for t, lg, y in train.values() if t == qtype])
+    temperatures = {}
+    for qid, (qtype, logits, gold) in train.items():
+        own, n = independent_minimiser(logits, gold), len(gold)
+        temperatures[qid] = float(np.exp((n * np.log(own) + 50 * np.log(types[qtype])) / (n + 50)))
+    return temperatures
+
+
+def oracle_metrics(pairs: list[tuple[np.ndarray, int]], bins: int = 15) -> tuple[float, float, float]:
+    """Log loss, Brier and top-label ECE over (probabilities, gold) pairs, one at a time."""
+    loss = brier = 0.0
+    counts, correct, confidence = [0] * bins, [0.0] * bins, [0.0] * bins
+    for p, y in pairs:
+        loss += -np.log(max(p[y], 1e-15))
+        brier += sum((p[k] - (1.0 if k == y else 0.0)) ** 2 for k in range(len(p)))
+        best = max(range(len(p)), key=lambda k: (p[k], -k))
+        b = min(int(p[best] * bins), bins - 1)
+        counts[b] += 1
+        correct[b] += best == y
+        confidence[b] += p[best]
+    n = len(pairs)
+    ece = sum(counts[b] / n * abs(correct[b] / counts[b] - confidence[b] / counts[b]) for b in range(bins) if counts[b])
+    return loss / n, brier / n, ece
+
+
+def test_calibrate_prints_cross_fitted_metrics_a_direct_loop_reproduces(tmp_path):
+    from typer.testing import CliRunner
+
+    from clef_cli.cli import app
+    from clef_cli.quality.calibrate import folds_of
+
+    scored, gold = scored_and_gold(tmp_path)
+    out = tmp_path / "cal.json"
+    result = CliRunner().invoke(app, ["calibrate", str(scored), "--gold", str(gold), "-o", str(out),
+                                      "--method", "question"], env={"COLUMNS": "200"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    printed = {}
+    for line in result.stdout.splitlines():
+        for name in ("none (uncalibrated)", "question"):
+            if name in line and "temperatures" not in line:
+                printed[name] = [float(v) for v in re.findall(r"\d+\.\d{4}", line)][:3]
+    # the data: straight from the rows written above (the split into folds is the command's own)
+    table = pq.read_table(scored).to_pylist()
+    labels = {row["id"]: row["labels"] for row in map(json.loads, gold.read_text().splitlines())}
+    items = []  # (record, question, type, logits, gold index)
+    for row in table:
+        for answer in row["answers"]:
+            options = [label["label"] for label in answer["labels"]]
+            truth = labels[row["id"]][answer["question_id"]]
+            truth = str(truth).lower() if isinstance(truth, bool) else truth
+            logits = np.array([label["logit"] for label in answer["labels"]])
+            items.append((row["id"], answer["question_id"], answer["type"], logits, options.index(truth)))
+    fold = folds_of({"every record": SimpleNamespace(record_ids=list(labels))})  # the labelled record ids
+    assert len(fold) == 240 and set(fold.values()) == set(range(5))
+    held = []
+    for current in range(5):
+        train: dict[str, tuple[str, list, list]] = {}
+        for record, qid, qtype, logits, y in items:
+            if fold[record] != current:
+                entry = train.setdefault(qid, (qtype, [], []))
+                entry[1].append(logits)
+                entry[2].append(y)
+        temperatures = oracle_question_method({q: (t, np.array(lg), np.array(y)) for q, (t, lg, y) in train.items()})
+        held += [(softmax(logits[None] / temperatures[qid])[0], y)
+                 for record, qid, _, logits, y in items if fold[record] == current]  # fmt: skip
+    assert printed["none (uncalibrated)"] == pytest.approx(
+        oracle_metrics([(softmax(logits[None])[0], y) for *_, logits, y in items]), abs=1e-4
+    )
+    assert printed["question"] == pytest.approx(oracle_metrics(held), abs=1e-4)
+    assert printed["question"][0] < printed["none (uncalibrated)"][0] - 0.01  # these labels need calibrating
+    # the file's temperatures, fitted on every label: the shrinkage rule, exactly
+    everything = {}
+    for _, qid, qtype, logits, y in items:
+        everything.setdefault(qid, (qtype, [], []))[1].append(logits)
+        everything[qid][2].append(y)
+    want = oracle_question_method({q: (t, np.array(lg), np.array(y)) for q, (t, lg, y) in everything.items()})
+    assert json.loads(out.read_text())["temperatures"] == pytest.approx(want, rel=1e-6)

@@ -229,6 +229,37 @@ def test_sigint_commits_and_exits_130(job, uninterrupted, workers):
     assert_same_rows(rows(output), uninterrupted)
 
 
+@pytest.mark.slow  # a real process stopped at a chosen instant, then resumed
+@pytest.mark.parametrize("workers", [0, 1])
+def test_sigterm_commits_and_exits_130(job, uninterrupted, workers):
+    """SIGTERM, as a supervisor (systemd, Kubernetes, timeout) sends it to the main process only:
+    the batch under way is committed, the encoding workers go, the exit status is 130."""
+    inputs, output = job
+    checkpoint = Path(str(output) + ".ckpt")
+    workers_seen: list[int] = []
+    pid: list[int] = []
+
+    def ready() -> bool:
+        if journal_records(checkpoint) < 4:
+            return False
+        workers_seen.extend(children(pid[0]))
+        return True
+
+    process = start_and_kill(
+        inputs, output, ready, {"CLEF_TEST_SLOW_COMMIT": "0.3"}, sig=signal.SIGTERM, workers=workers, started=pid.append
+    )
+    assert process.returncode == 130
+    _, stderr = process.communicate()
+    assert "interrupted" in stderr and "rerun the same command to continue" in stderr
+    assert wait_gone(workers_seen), "encoding workers outlived their stopped job"
+    committed = journal_records(checkpoint)
+    assert committed >= 4 and not output.exists()
+    assert f"interrupted: {committed} records committed this run" in stderr  # what it says is on disk
+    done = run(inputs, output)
+    assert forwards(done) == (24 - committed, committed)
+    assert_same_rows(rows(output), uninterrupted)
+
+
 def in_process(inputs: Path, output: Path, *extra: str):
     return runner.invoke(
         app, ["score", str(inputs), "-o", str(output), "--model", str(TINY_MODEL), "--workers", "0", "--quiet", *extra]
@@ -389,15 +420,36 @@ def test_checkpoint_info(job):
     assert missing.exit_code == 1 and "is not a clef checkpoint" in missing.stderr
 
 
-def test_rehead_refuses_a_damaged_hidden_state_shard(job, tmp_path):
+def test_a_damaged_hidden_state_shard_is_computed_again_and_rehead_then_works(job, tmp_path):
+    """Resume checks the hidden states as it checks the results: one flipped byte drops that
+    shard, its records run again, and --rehead, which refused the damaged shard, then succeeds."""
     inputs, output = job
-    assert in_process(inputs, output).exit_code == 0
-    shard = next((Path(str(output) + ".ckpt") / "shards").glob("*.hidden.safetensors"))
-    data = bytearray(shard.read_bytes())
-    data[-100] ^= 0xFF
-    shard.write_bytes(bytes(data))
+    checkpoint = Path(str(output) + ".ckpt")
+    settings = ("--max-batch-size", "4", "--hidden-dtype", "float32")
+    assert in_process(inputs, output, *settings).exit_code == 0
     second_head_release(tmp_path)
-    result = in_process(
-        inputs, tmp_path / "r.parquet", "--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b")
-    )
-    assert result.exit_code == 1 and "is damaged (checksum mismatch)" in result.stderr
+
+    def rehead(name: str):
+        head = str(tmp_path / "head-b")
+        return in_process(inputs, tmp_path / name, "--checkpoint", str(checkpoint), "--rehead", head)
+
+    assert rehead("before.parquet").exit_code == 0
+    entries = [json.loads(line) for line in (checkpoint / "journal.jsonl").read_text().splitlines()]
+    damaged = entries[2]
+    assert 0 < damaged["records"] < 24
+    shard = checkpoint / "shards" / damaged["files"]["hidden"]["name"]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0x01  # one bit of the stored states, not of the header
+    shard.write_bytes(bytes(data))
+
+    refused = rehead("refused.parquet")
+    assert refused.exit_code == 1 and "is damaged (checksum mismatch)" in refused.stderr
+
+    healed = in_process(inputs, output, *settings)
+    assert healed.exit_code == 0, healed.output
+    assert forwards(healed) == (damaged["records"], 24 - damaged["records"])
+    assert f"{damaged['records']} again for damaged checkpoint shards" in healed.stderr
+
+    after = rehead("after.parquet")
+    assert after.exit_code == 0, after.output
+    assert_same_rows(rows(tmp_path / "after.parquet"), rows(tmp_path / "before.parquet"))

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.errors import ClefError
 
-from .helpers import SAMPLE_DATA, TINY_MODEL
+from .helpers import SAMPLE_DATA, TINY_MODEL, require_ray
 
 runner = CliRunner()
 RECORDS = str(SAMPLE_DATA / "records.jsonl")
@@ -128,7 +128,7 @@ class Captured(Exception):
 
 
 def test_ray_address_comes_from_the_environment_and_is_ignored_without_ray(tmp_path, monkeypatch):
-    pytest.importorskip("ray")
+    require_ray()
     import clef_cli.engines.ray.job
 
     seen = {}

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.store import checkpoint as checkpoint_module
+from clef_cli.store.atomic import write_file
 
 from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
 
@@ -131,22 +132,22 @@ def test_an_orphan_temporary_file(finished, crashed):
 def test_a_full_disk_mid_run_stops_cleanly_and_the_rerun_finishes(finished, tmp_path, monkeypatch):
     inputs = write_jsonl(tmp_path / "in.jsonl", RECORDS)
     output, checkpoint = tmp_path / "out.parquet", tmp_path / "out.parquet.ckpt"
-    real = checkpoint_module.write_atomically
+    real = checkpoint_module.write_bytes
     results_written: list[str] = []
 
-    def disk_fills_at_the_fourth_shard(path: Path, write) -> None:
+    def disk_fills_at_the_fourth_shard(path: Path, data: bytes) -> None:
         if path.name.endswith(".results.arrow"):
             results_written.append(path.name)
             if len(results_written) == 4:
 
-                def partial(target: Path) -> None:
-                    target.write_bytes(b"ARROW1 partial")
-                    raise OSError(errno.ENOSPC, "No space left on device", str(target))
+                def partial(handle) -> None:
+                    handle.write(b"ARROW1 partial")
+                    raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-                return real(path, partial)
-        return real(path, write)
+                return write_file(path, partial)
+        return real(path, data)
 
-    monkeypatch.setattr(checkpoint_module, "write_atomically", disk_fills_at_the_fourth_shard)
+    monkeypatch.setattr(checkpoint_module, "write_bytes", disk_fills_at_the_fourth_shard)
     failed = score(inputs, output)
     assert failed.exit_code == 1, failed.output
     assert failed.stderr == (
@@ -158,5 +159,5 @@ def test_a_full_disk_mid_run_stops_cleanly_and_the_rerun_finishes(finished, tmp_
     assert len(journal(checkpoint)) == 3  # every batch before the failed one is committed
     assert not [name for name in shard_files(checkpoint) if name.endswith(".tmp")]
     assert not list(tmp_path.glob("*.lock"))
-    monkeypatch.setattr(checkpoint_module, "write_atomically", real)
+    monkeypatch.setattr(checkpoint_module, "write_bytes", real)
     resume_and_check(inputs, output, checkpoint, 6, finished[1])

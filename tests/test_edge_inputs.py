@@ -63,7 +63,8 @@ def test_an_output_folder_that_does_not_exist_is_a_usage_error(tmp_path):
     path = write_jsonl(tmp_path / "r.jsonl", [{"id": "a", "state": "s", "questions": NOUL}])
     result = score(str(path), "-o", str(tmp_path / "missing" / "out.parquet"))
     assert result.exit_code == 2
-    assert result.stderr == f"error: output folder {tmp_path / 'missing'} does not exist\n"
+    missing = tmp_path / "missing"
+    assert result.stderr == f"error: --output/-o {missing / 'out.parquet'}: folder {missing} does not exist\n"
     assert not (tmp_path / "missing").exists()
 
 

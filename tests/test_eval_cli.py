@@ -18,7 +18,7 @@ from clef_cli.cli import app
 from clef_cli.release import file_sha256
 from clef_cli.results import long_rows
 
-from .helpers import SAMPLE_DATA, TINY_MODEL
+from .helpers import SAMPLE_DATA, TINY_MODEL, require_program
 
 runner = CliRunner()
 GOLD = SAMPLE_DATA / "posts_gold.jsonl"
@@ -260,15 +260,15 @@ def test_eval_calibrate_review_and_compare_do_not_import_torch_or_ray(scored, tm
         assert done.returncode == 0, (args, done.stderr)
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed")
 def test_report_renders_in_headless_chromium(scored, tmp_path):
     import subprocess
 
     from PIL import Image
 
+    chromium = require_program("chromium")
     report, shot = tmp_path / "r.html", tmp_path / "shot.png"
     assert runner.invoke(app, ["eval", str(scored), "--gold", str(GOLD), "--report", str(report)]).exit_code == 0
-    command = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}"]
+    command = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}"]
     subprocess.run([*command, "--window-size=1100,900", report.as_uri()], capture_output=True, timeout=120)
     image = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert image.shape == (900, 1100)

@@ -23,9 +23,9 @@ from clef_cli.engines.ray.resources import fit_actors
 from clef_cli.errors import UsageError
 from clef_cli.store.checkpoint import Checkpoint
 
-from .helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, settings_for, write_jsonl
+from .helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, require_ray, settings_for, write_jsonl
 
-ray = pytest.importorskip("ray")
+ray = require_ray()
 
 RECORDS = 100
 QUESTIONS = {
@@ -88,8 +88,8 @@ def local_rows(clean_input, tmp_path_factory):
     return pq.read_table(folder / "local.parquet").to_pylist()
 
 
-def clef(address: str, *args: str) -> list[str]:
-    settings = ["-m", str(TINY_MODEL), "--device", "cpu", "--max-length", "4096", "--hidden-states", "drop"]
+def clef(address: str, *args: str, hidden: str = "drop") -> list[str]:
+    settings = ["-m", str(TINY_MODEL), "--device", "cpu", "--max-length", "4096", "--hidden-states", hidden]
     return [sys.executable, "-m", "clef_cli", "score", *args, *settings, "--ray", "--ray-address", address]
 
 
@@ -253,3 +253,67 @@ def test_hidden_states_kept_by_ray_feed_rehead_like_a_local_run(cluster, clean_i
     assert_same_rows(pq.read_table(tmp_path / "ray-b.parquet").to_pylist(), local_b, probability_tolerance=1e-5)
     first = pq.read_table(tmp_path / "ray.parquet").to_pylist()
     assert first[0]["answers"] != local_b[0]["answers"]  # the other head really scored them
+
+
+def start_and_kill_when(command: list[str], ready, env: dict[str, str]) -> None:
+    """Start a job in its own process group and SIGKILL the whole group once `ready()` holds."""
+    job = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env}, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and job.poll() is None and not ready():
+            time.sleep(0.2)
+        assert job.poll() is None, "the job ended before it could be killed"
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_job_keeping_hidden_states_leaves_no_orphan_shard_and_reheads(cluster, clean_input, tmp_path):
+    """SIGKILL of a `--ray --hidden-states keep` job, then the same command again: every hidden-state
+    file in shards/ is one a journal line names (a killed run's unjournaled files are gone), each
+    record is committed once, and `--rehead` scores as a full run with that head does."""
+    from clef_cli.engines.rehead import rehead
+
+    from .test_checkpoint import second_head_release
+
+    output, checkpoint = tmp_path / "out.parquet", tmp_path / "out.parquet.ckpt"
+    command = clef(cluster, str(clean_input), "-o", str(output), "--ray-actors", "2", "--block-records", "10",
+                   "--hidden-dtype", "float32", hidden="keep")  # fmt: skip
+    journal = checkpoint / "journal.jsonl"
+    start_and_kill_when(
+        command, lambda: journal.exists() and len(journal.read_text().splitlines()) >= 2, {"CLEF_TEST_SLOW_COMMIT": "1"}
+    )
+    first = journaled(checkpoint)
+    assert 10 <= len(first) < RECORDS
+    killed = Checkpoint.open_existing(checkpoint)  # reads, changes nothing
+    left = {path.name for path in (checkpoint / "shards").iterdir()}
+    left -= {described["name"] for entry in killed.entries for described in entry.files.values()}
+    assert any(name.endswith(".hidden.safetensors") for name in left)  # actors ran ahead of the commits
+    done = subprocess.run([*command, "--quiet"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    opened = Checkpoint.open_existing(checkpoint)
+    named = {described["name"] for entry in opened.entries for described in entry.files.values()}
+    on_disk = {path.name for path in (checkpoint / "shards").iterdir()}
+    assert on_disk == named, f"orphans: {sorted(on_disk - named)}; left by the kill: {sorted(left)}"
+    assert sorted(journaled(checkpoint)) == list(range(RECORDS))  # each record committed exactly once
+    shards = opened.hidden_shards()
+    assert sum(shard.records for shard in shards) == RECORDS and all(shard.verify() for shard in shards)
+
+    release_b = second_head_release(tmp_path)
+    settings = settings_for(tmp_path, [clean_input], "reheaded.parquet", **SMALL_JOB)
+    settings.hidden_states, settings.hidden_dtype = "keep", "float32"
+    settings.checkpoint, settings.rehead = checkpoint, tmp_path / "head-b"
+    summary = rehead(settings)
+    assert summary.records == RECORDS
+    full = settings_for(tmp_path, [clean_input], "full-b.parquet", **SMALL_JOB)
+    full.model = str(release_b)
+    ScoreJob(full).run()
+    assert_same_rows(
+        pq.read_table(tmp_path / "reheaded.parquet").to_pylist(),
+        pq.read_table(tmp_path / "full-b.parquet").to_pylist(),
+        probability_tolerance=1e-5,
+    )

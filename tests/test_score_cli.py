@@ -119,6 +119,34 @@ def test_output_schema_and_types(scored_sample):
     assert score_answer["answer"] == str(levels.index(max(levels)))
 
 
+def test_long_layout_end_to_end_holds_the_wide_values_row_by_row(scored_sample, sample_with_bad_records, tmp_path):
+    """`--layout long`: one row per (record, question, label) in input, question and head order, and
+    one row per failed record with its error; the values are the wide output's."""
+    _, wide_out = scored_sample
+    out = tmp_path / "long.parquet"
+    result = score(str(sample_with_bad_records), "-o", str(out), "--max-batch-tokens", "3000", "--layout", "long")
+    assert result.exit_code == 3, result.output
+    assert "2 failed of 19 records" in result.stderr
+    table = pq.read_table(out)
+    assert table.schema.names == ["id", "record_index", "question_id", "type", "label", "probability", "logit", "error"]
+    assert table.schema.metadata[b"clef.layout"] == b"long"
+    want = []
+    for row in pq.read_table(wide_out).to_pylist():
+        if row["error"]:
+            want.append((row["id"], row["record_index"], None, None, None, None, None, row["error"]))
+            continue
+        for answer in row["answers"]:
+            for label in answer["labels"]:
+                want.append((row["id"], row["record_index"], answer["question_id"], answer["type"], label["label"],
+                             label["probability"], label["logit"], None))  # fmt: skip
+    got = [tuple(row.values()) for row in table.to_pylist()]
+    assert len(got) == len(want) > 19 * 2
+    for a, b in zip(got, want, strict=True):
+        assert a[:5] == b[:5] and a[7] == b[7]
+        if b[5] is not None:
+            assert abs(a[5] - b[5]) <= PROBABILITY_TOLERANCE and abs(a[6] - b[6]) <= LOGIT_TOLERANCE, a
+
+
 def test_provenance_metadata(scored_sample):
     _, out = scored_sample
     metadata = {k.decode(): v.decode() for k, v in pq.read_schema(out).metadata.items()}

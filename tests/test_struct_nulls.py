@@ -269,3 +269,37 @@ def test_the_choice_is_checked_in_the_library_and_the_cli(tmp_path):
         ScoreSettings(inputs=["r.jsonl"], output=tmp_path / "o.parquet", struct_nulls="maybe").validate()
     result = runner.invoke(app, ["score", "r.jsonl", "-o", str(tmp_path / "o.parquet"), "--struct-nulls", "maybe"])
     assert result.exit_code == 2 and "'maybe' is not one of 'refuse', 'absent', 'null'" in result.output
+
+
+# Structs inside lists: `state.items` is a list of structs, so every element gets every key of every
+# element of every row. The second item of r1 and the first of r2 have no `qty`.
+ONE_QUESTION = {"q": {"type": "noul"}}
+LISTED = [
+    {"id": "r1", "state": {"items": [{"sku": "a", "qty": 2}, {"sku": "b"}]}, "questions": ONE_QUESTION},
+    {"id": "r2", "state": {"items": [{"sku": "c"}], "tags": [[{"k": 1}]]}, "questions": ONE_QUESTION},
+    {"id": "r3", "state": {"items": [{"sku": "d", "qty": 1}], "tags": [[{"k": 2}]]}, "questions": ONE_QUESTION},
+]
+
+
+def test_structs_inside_lists_are_checked_element_by_element(tmp_path):
+    path = write_struct_parquet(tmp_path / "listed.parquet", LISTED)
+    assert pa.types.is_list(pq.read_schema(path).field("state").type.field("items").type)
+    records = by_id(read_records([path]))
+    assert isinstance(records["r3"], Record)
+    assert records["r1"].error.startswith(
+        "record 'r1', field 'state.items[1].qty': null in the Parquet struct column 'state' (and 1 more):"
+    )  # and state.tags, a list of lists of structs, which r1 lacks
+    assert records["r2"].error.startswith(
+        "record 'r2', field 'state.items[0].qty': null in the Parquet struct column 'state':"
+    )
+    oracle = by_id(read_records([write_jsonl(tmp_path / "listed.jsonl", LISTED)]))
+    absent = by_id(read_records([path], struct_nulls=StructNulls.absent))
+    assert {name: record.state for name, record in absent.items()} == {
+        name: record.state for name, record in oracle.items()
+    }
+    explicit = by_id(read_records([path], struct_nulls=StructNulls.null))
+    assert explicit["r1"].state == {"items": [{"sku": "a", "qty": 2}, {"sku": "b", "qty": None}], "tags": None}
+    # a state that is itself a list of structs
+    rows = [{"id": "top", "state": [{"sku": "a", "qty": 1}, {"sku": "b"}], "questions": ONE_QUESTION}]
+    (top,) = read_records([write_struct_parquet(tmp_path / "top.parquet", rows)])
+    assert top.error.startswith("record 'top', field 'state[1].qty': null in the Parquet struct column 'state':")

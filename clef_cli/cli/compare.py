@@ -7,16 +7,30 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_DRIFT
+from clef_cli.cli.options import writable_file_or_stdout
+from clef_cli.errors import UsageError
+from clef_cli.store.atomic import is_stdout
 
 
 def command(
     old: Annotated[Path, typer.Argument(help="The earlier run's Parquet (from `clef score`).")],
     new: Annotated[Path, typer.Argument(help="The later run's Parquet.")],
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write every number and every flip as JSON.")] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report here.")] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", callback=writable_file_or_stdout, help="Write every number and every flip as JSON (- for stdout)."
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
+        ),
+    ] = None,
     fail_above_psi: Annotated[
         float | None,
         typer.Option("--fail-above-psi", min=0.0, help="Exit 5 when any question's PSI exceeds this (after writing)."),
@@ -31,10 +45,13 @@ def command(
       clef compare yesterday.parquet today.parquet --json drift.json --report drift.html
       clef compare yesterday.parquet today.parquet --fail-above-psi 0.2 || echo "labels drifted"
     """
+    from clef_cli.cli.quality import tables_console
     from clef_cli.quality.compare import above, compare
 
+    if is_stdout(json_path or "") and is_stdout(report or ""):
+        raise UsageError("--json and --report cannot both be - (stdout)")
     comparison = compare(old, new)
-    print_comparison(comparison.document)
+    print_comparison(comparison.document, tables_console(json_path, report))
     if json_path is not None:
         from clef_cli.cli.quality import write_json
 
@@ -54,7 +71,7 @@ def _share(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def print_comparison(document: dict[str, Any]) -> None:
+def print_comparison(document: dict[str, Any], console: Console = stdout) -> None:
     from rich import box
     from rich.table import Table
 
@@ -70,7 +87,7 @@ def print_comparison(document: dict[str, Any]) -> None:
         flipped = f"{found['flipped']} ({_share(found['flipped_share'])})"
         psi, js = (f"{found[name]:.4f}" if found[name] is not None else "—" for name in ("psi", "js"))
         table.add_row(qid, str(found["n"]), flipped, psi, js, confidence)
-    stdout.print(table)
+    console.print(table)
     shares = Table(title="answer shares, old → new (shared records)", title_justify="left", box=box.SIMPLE)
     for column in ("question", "answer", "old", "new"):
         shares.add_column(column, no_wrap=True, justify="left" if column in ("question", "answer") else "right")
@@ -79,4 +96,4 @@ def print_comparison(document: dict[str, Any]) -> None:
             new_count = found["new"]["counts"][option]
             shares.add_row(qid, option, f"{count} ({_share(found['old']['shares'][option])})",
                            f"{new_count} ({_share(found['new']['shares'][option])})")  # fmt: skip
-    stdout.print(shares)
+    console.print(shares)

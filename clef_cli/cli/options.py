@@ -19,6 +19,7 @@ from clef_cli.choices import OverflowPolicy
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.sizes import parse_size
+from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
 
 
 class Dtype(str, Enum):
@@ -60,6 +61,32 @@ def device(value: Any) -> str:
     if not DEVICE.fullmatch(str(value)):
         raise typer.BadParameter(f"{value!r} is not a device (use auto, cpu, cuda or cuda:N)")
     return str(value)
+
+
+def _option_name(param: typer.CallbackParam) -> str:
+    return "/".join(param.opts)
+
+
+def writable_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """Callback of every output file option: refuse at parse time, before any work, what could
+    only fail at the end (see `atomic.ensure_writable`)."""
+    if value is not None:
+        ensure_writable(value, _option_name(param))
+    return value
+
+
+def writable_file_or_stdout(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """The same for the JSON and report writers, which also take `-` for stdout."""
+    if value is not None:
+        ensure_writable(value, _option_name(param), stdout=True)
+    return value
+
+
+def writable_folder(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """The same for an output folder (train-head's head)."""
+    if value is not None:
+        ensure_writable_folder(value, _option_name(param))
+    return value
 
 
 ModelOption = Annotated[

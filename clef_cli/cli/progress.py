@@ -119,9 +119,10 @@ def print_summary(summary: Any) -> None:
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
     stats = summary.stats
     busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
+    healed = f", {summary.damaged} again for damaged checkpoint shards" if summary.damaged else ""
     stderr.print(
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
-        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint); "
+        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint{healed}); "
         f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
         markup=False,
     )

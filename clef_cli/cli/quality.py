@@ -8,12 +8,23 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_GATE_REFUSED
-from clef_cli.cli.options import CalibrationMethod, DeviceOption, QuietOption, RevisionOption, TableFormat
+from clef_cli.cli.options import (
+    CalibrationMethod,
+    DeviceOption,
+    QuietOption,
+    RevisionOption,
+    TableFormat,
+    writable_file_or_stdout,
+    writable_folder,
+)
 from clef_cli.cli.progress import TrainHeadProgress
+from clef_cli.errors import UsageError
 from clef_cli.quality.gold_exports import GoldFormat
+from clef_cli.store.atomic import is_stdout
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
 GoldOption = Annotated[
@@ -36,10 +47,15 @@ BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width conf
 
 
 def write_json(path: Path, document: Any) -> None:
-    from clef_cli.store.atomic import write_atomically
+    from clef_cli.store.atomic import write_text
 
     text = json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False) + "\n"  # strict JSON: no NaN
-    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_text(path, text)
+
+
+def tables_console(*outputs: Path | None) -> Console:
+    """stdout for the tables, unless a file is written there (`-`): then stderr."""
+    return stderr if any(path is not None and is_stdout(path) for path in outputs) else stdout
 
 
 def evaluate(
@@ -47,8 +63,18 @@ def evaluate(
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
     gold_format: GoldFormatOption = GoldFormat.auto,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write every metric as JSON here.")] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Write a self-contained HTML report here.")] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", callback=writable_file_or_stdout, help="Write every metric as JSON here (- for stdout)."
+        ),
+    ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
+        ),
+    ] = None,
     bins: BinsOption = 15,
     target_accuracy: Annotated[
         float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
@@ -77,11 +103,14 @@ def evaluate(
     """
     from clef_cli.quality import jobs, tables
 
+    if is_stdout(json_path or "") and is_stdout(report or ""):
+        raise UsageError("--json and --report cannot both be - (stdout)")
+    console = tables_console(json_path, report)
     inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
     tables.print_problems(stderr, (), result.warnings)
-    tables.print_eval(stdout, result.metrics, form.value, by)
+    tables.print_eval(console, result.metrics, form.value, by)
     if json_path is not None:
         write_json(json_path, result.metrics)
     if report is not None:
@@ -92,7 +121,12 @@ def evaluate(
 
 def calibrate(
     scored: ScoredArgument,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Calibration file to write (JSON).")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", callback=writable_file_or_stdout, help="Calibration file to write (JSON; - for stdout)."
+        ),
+    ],
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
     gold_format: GoldFormatOption = GoldFormat.auto,
@@ -118,21 +152,25 @@ def calibrate(
     from clef_cli.quality import jobs, tables
     from clef_cli.quality.text_table import print_tables
 
+    console = tables_console(output)
     inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     run, data = jobs.run_calibrate(inputs, method.value, bins)
     tables.print_problems(stderr, (), data.warnings)
-    print_tables(stdout, [tables.calibrate_table(run)])
+    print_tables(console, [tables.calibrate_table(run)])
     if not run.improved:
-        stdout.print(f"{method.value}: calibration does not improve the cross-fitted log loss", markup=False)
-    stdout.print(tables.temperatures_line(run), markup=False)
+        console.print(f"{method.value}: calibration does not improve the cross-fitted log loss", markup=False)
+    console.print(tables.temperatures_line(run), markup=False)
     write_json(output, run.calibration.as_json())
 
 
 def train_head(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint of a `clef score` job run with hidden states kept.")],
     gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the trained head (release layout).")],
+    output: Annotated[
+        Path,
+        typer.Option("--output", "-o", callback=writable_folder, help="Folder for the trained head (release layout)."),
+    ],
     gold_format: GoldFormatOption = GoldFormat.auto,
     model: Annotated[
         str | None,

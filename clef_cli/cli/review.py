@@ -9,13 +9,16 @@ from typing import Annotated
 import typer
 
 from clef_cli.cli.console import stderr
-from clef_cli.cli.options import ReviewFormat, ReviewOrder
+from clef_cli.cli.options import ReviewFormat, ReviewOrder, writable_file, writable_file_or_stdout
 from clef_cli.quality.gold_exports import GoldFormat
 
 
 def command(
     scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Review file to write.")],
+    output: Annotated[
+        Path,
+        typer.Option("--output", "-o", callback=writable_file_or_stdout, help="Review file to write (- for stdout)."),
+    ],
     format: Annotated[
         ReviewFormat, typer.Option("--format", help="label-studio tasks (JSON), an argilla document, jsonl or csv.")
     ] = ReviewFormat.label_studio,
@@ -47,7 +50,8 @@ def command(
         str, typer.Option("--media-url-prefix", help="Prefix of media URLs (Label Studio local files by default).")
     ] = "/data/local-files/?d=",
     config_out: Annotated[
-        Path | None, typer.Option("--config-out", help="Write the Label Studio labeling config (XML) here.")
+        Path | None,
+        typer.Option("--config-out", callback=writable_file, help="Write the Label Studio labeling config (XML) here."),
     ] = None,
 ) -> None:
     """Write the records people should review first, with clef's answers as predictions.

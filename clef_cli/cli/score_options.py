@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from clef_cli.choices import HiddenDtype, HiddenStates, Layout
-from clef_cli.cli.options import Dtype
+from clef_cli.cli.options import Dtype, writable_file, writable_file_or_stdout
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
 from clef_cli.settings import ScoreSettings
@@ -23,7 +23,15 @@ InputsArgument = Annotated[
         "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open)."
     ),
 ]
-OutputOption = Annotated[Path, typer.Option("--output", "-o", help="Output Parquet file (written atomically).")]
+OutputOption = Annotated[
+    Path,
+    typer.Option(
+        "--output",
+        "-o",
+        callback=writable_file,
+        help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe).",
+    ),
+]
 LayoutOption = Annotated[
     Layout, typer.Option("--layout", help="wide: one row per record; long: one row per record, question, label.")
 ]
@@ -44,8 +52,9 @@ StatsJsonOption = Annotated[
     Path | None,
     typer.Option(
         "--stats-json",
+        callback=writable_file_or_stdout,
         help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
-        "encode rates per modality) to this JSON file.",
+        "encode rates per modality) to this JSON file (- for stdout).",
     ),
 ]
 

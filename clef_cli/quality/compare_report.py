@@ -14,7 +14,7 @@ import numpy as np
 
 from clef_cli.quality.compare import Comparison, QuestionDrift
 from clef_cli.quality.report import STYLE, new_figure, place_legend, png_uri
-from clef_cli.store.atomic import write_atomically
+from clef_cli.store.atomic import write_text
 
 OLD_COLOUR, NEW_COLOUR = "#7f8c8d", "#1f6fb4"
 FLIPS_SHOWN = 20
@@ -106,4 +106,4 @@ def render(comparison: Comparison) -> str:
 
 def write_report(path: Path, comparison: Comparison) -> None:
     text = render(comparison)
-    write_atomically(Path(path), lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_text(path, text)

@@ -148,7 +148,7 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
     config); both written atomically."""
     from clef_cli.quality import review, review_content, review_formats
     from clef_cli.quality.gold import labelled_ids
-    from clef_cli.store.atomic import write_atomically
+    from clef_cli.store.atomic import write_text
 
     if settings.limit is not None and settings.limit < 1:
         raise UsageError("--limit must be at least 1")
@@ -165,9 +165,9 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
     text, config = review_formats.render(
         settings.format, picked, content, questions, review_formats.model_version(scored.metadata)
     )
-    write_atomically(settings.output, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_text(settings.output, text)
     if settings.config_out is not None and config is not None:
-        write_atomically(settings.config_out, lambda temporary: temporary.write_text(config, encoding="utf-8"))
+        write_text(settings.config_out, config)
     notes = [note] if note else []
     if exclude:
         notes.append(f"{len(exclude)} labelled record(s) in --exclude were left out")

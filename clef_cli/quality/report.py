@@ -17,7 +17,7 @@ import numpy as np
 
 from clef_cli.quality import metrics
 from clef_cli.quality.scored import QuestionData
-from clef_cli.store.atomic import write_atomically
+from clef_cli.store.atomic import write_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -212,4 +212,4 @@ def write_report(
     path: Path, document: Mapping[str, Any], questions: Mapping[str, QuestionData], bins: int, target: float
 ) -> None:
     text = render(document, questions, bins, target)
-    write_atomically(Path(path), lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    write_text(path, text)

@@ -30,7 +30,7 @@ from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
 from clef_cli.quality.head_training import Example, FitSettings, fit
 from clef_cli.quality.train_report import held_out_report
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
-from clef_cli.store.atomic import write_atomically
+from clef_cli.store.atomic import ensure_writable_folder, write_bytes, write_text
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.hidden_store import HiddenReader, load_states
 
@@ -166,8 +166,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
 
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
-    if not settings.output.absolute().parent.is_dir():
-        raise UsageError(f"-o {settings.output}: folder {settings.output.absolute().parent} does not exist")
+    ensure_writable_folder(settings.output, "-o")
     with job_locks(settings.output, settings.checkpoint):
         return _train_head(settings, progress or SilentTrainProgress())
 
@@ -283,7 +282,7 @@ def save_head(head: JointSchemaHead, base_dir: Path, output: Path, report: dict[
     }
     report["created"] = time.time()
     output.mkdir(parents=True, exist_ok=True)
-    write_atomically(output / HEAD_WEIGHTS, lambda target: target.write_bytes(weights))
-    write_atomically(output / HEAD_CONFIG, lambda target: target.write_bytes(config))
+    write_bytes(output / HEAD_WEIGHTS, weights)
+    write_bytes(output / HEAD_CONFIG, config)
     text = json.dumps(report, indent=2, sort_keys=True)
-    write_atomically(output / REPORT_FILE, lambda target: target.write_text(text, encoding="utf-8"))
+    write_text(output / REPORT_FILE, text)

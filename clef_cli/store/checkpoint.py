@@ -13,8 +13,11 @@ Layout of a checkpoint folder::
 
 A shard counts only once its journal line is written, and that line is written last (after the
 files are fsynced and renamed into place). A job killed at any instant therefore leaves either a
-complete, journaled shard or files that the next run deletes; a shard whose files were damaged
-later fails its checksum and its records are computed again.
+complete, journaled shard or files that the next run deletes. A resumed job checks every file of
+every shard against its journal line (size, then SHA-256 for results, CRC32 for the much larger
+hidden states); a shard whose files were damaged later is dropped and its records are computed
+again. Opening a checkpoint only to read it (`checkpoint info`, `--rehead`, train-head) checks
+the hidden states later, as they are read.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,9 +39,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.release import file_sha256
+from clef_cli.release import file_crc32, file_sha256
 from clef_cli.results import RESULT_SCHEMA
-from clef_cli.store.atomic import write_atomically
+from clef_cli.store.atomic import write_bytes, write_text
 
 if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
@@ -117,10 +121,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     body = {**manifest, "format_version": FORMAT_VERSION, "created": time.time()}
-    write_atomically(
-        path / MANIFEST,
-        lambda target: target.write_text(json.dumps(body, indent=2, sort_keys=True), encoding="utf-8"),
-    )
+    write_text(path / MANIFEST, json.dumps(body, indent=2, sort_keys=True))
     return body
 
 
@@ -148,7 +149,7 @@ class Checkpoint:
         self.entries: list[ShardEntry] = []
         self.done = DoneSet()
         self.run_id = uuid.uuid4().hex[:12]
-        self.dropped: list[str] = []
+        self.dropped: list[ShardEntry] = []
         """Shards found damaged on open; their records are computed again."""
 
     # ------------------------------------------------------------------ opening
@@ -174,7 +175,7 @@ class Checkpoint:
                 )
             (path / SHARDS).mkdir(exist_ok=True)
         checkpoint = cls(path, stored)
-        lines = checkpoint._read_journal()
+        lines = checkpoint._read_journal(hidden_states=True)
         checkpoint._repair(lines)
         return checkpoint
 
@@ -189,25 +190,24 @@ class Checkpoint:
         checkpoint._read_journal()
         return checkpoint
 
-    def _read_journal(self) -> int:
-        """The committed shards that verify (damaged ones in `dropped`); returns the journal's
-        line count, so that `_repair` knows whether lines were cut short or dropped."""
-        entries, damaged, seen_lines = [], [], 0
+    def _read_journal(self, hidden_states: bool = False) -> int:
+        """The committed shards that verify (damaged ones in `dropped`), their hidden states too
+        when `hidden_states`; returns the journal's line count, so that `_repair` knows whether
+        lines were cut short or dropped."""
+        parsed, seen_lines = [], 0
         journal = self.path / JOURNAL
         if journal.exists():
             for line in journal.read_text(encoding="utf-8").splitlines():
                 seen_lines += 1
                 try:
                     raw = json.loads(line)
-                    entry = ShardEntry(raw["name"], int(raw["records"]), raw["files"], raw.get("run", ""))
+                    parsed.append(ShardEntry(raw["name"], int(raw["records"]), raw["files"], raw.get("run", "")))
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     continue  # a line cut short by a kill: its shard never counted
-                if self._verify(entry):
-                    entries.append(entry)
-                else:
-                    damaged.append(entry.name)
-        self.entries = entries
-        self.dropped = damaged
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            verified = list(pool.map(lambda entry: self._verify(entry, hidden_states), parsed))
+        self.entries = [entry for entry, ok in zip(parsed, verified, strict=True) if ok]
+        self.dropped = [entry for entry, ok in zip(parsed, verified, strict=True) if not ok]
         self.done = DoneSet()
         for table in self._result_tables():
             for index in table.column("record_index").to_pylist():
@@ -220,15 +220,19 @@ class Checkpoint:
         if self.dropped or journal_lines != len(self.entries):
             self._rewrite_journal()
 
-    def _verify(self, entry: ShardEntry) -> bool:
+    def _verify(self, entry: ShardEntry, hidden_states: bool) -> bool:
+        """Every file of the shard has its journaled size and checksum (hidden states only when
+        `hidden_states`: reading them costs one pass over what may be many GB)."""
         for kind, described in entry.files.items():
             path = self.shards_path / described["name"]
             try:
                 if path.stat().st_size != described["bytes"]:
                     return False
-            except FileNotFoundError:
-                return False
-            if kind == "results" and file_sha256(path) != described["sha256"]:
+                if kind == "results" and file_sha256(path) != described["sha256"]:
+                    return False
+                if kind == "hidden" and hidden_states and file_crc32(path) != described["crc32"]:
+                    return False
+            except (FileNotFoundError, KeyError):
                 return False
         return True
 
@@ -244,7 +248,7 @@ class Checkpoint:
 
     def _rewrite_journal(self) -> None:
         lines = "".join(json.dumps(entry.__dict__, sort_keys=True) + "\n" for entry in self.entries)
-        write_atomically(self.path / JOURNAL, lambda target: target.write_text(lines, encoding="utf-8"))
+        write_text(self.path / JOURNAL, lines)
 
     # ------------------------------------------------------------------ committing
 
@@ -340,7 +344,7 @@ class Checkpoint:
 def write_shard_file(folder: Path, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
     """Write a shard file atomically; its size and checksum (sha256 or crc32) come from the bytes
     in memory, so nothing is read back from disk."""
-    write_atomically(folder / file_name, lambda target: target.write_bytes(data))
+    write_bytes(folder / file_name, data)
     digest = hashlib.sha256(data).hexdigest() if checksum == "sha256" else zlib.crc32(data)
     return {"name": file_name, "bytes": len(data), checksum: digest}
 

@@ -17,7 +17,6 @@ loads the states of chosen records on demand, so a job's states are never all in
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from clef_cli.errors import ClefError
 from clef_cli.inputs.records import Question, Record
 from clef_cli.model.dtypes import HIDDEN_DTYPES as HIDDEN_DTYPE_NAMES
 from clef_cli.model.dtypes import torch_dtype
+from clef_cli.release import file_crc32
 
 HIDDEN_FORMAT_VERSION = 1
 FORMAT_KEY = "clef.hidden_format"
@@ -104,11 +104,7 @@ class HiddenShardFile:
     crc32: int
 
     def verify(self) -> bool:
-        crc = 0
-        with self.path.open("rb") as handle:
-            while chunk := handle.read(1 << 22):
-                crc = zlib.crc32(chunk, crc)
-        return crc == self.crc32
+        return file_crc32(self.path) == self.crc32
 
 
 @dataclass(frozen=True)
@@ -199,7 +195,10 @@ def read_shard(path: Path, states: bool = True) -> list[StoredRecord]:
 
 def check_shard(shard: HiddenShardFile) -> None:
     if not shard.verify():
-        raise HiddenStoreError(f"hidden-state shard {shard.path} is damaged (checksum mismatch); rerun the job for it")
+        raise HiddenStoreError(
+            f"hidden-state shard {shard.path} is damaged (checksum mismatch); rerun the job's own command: it "
+            "computes that shard's records again"
+        )
 
 
 class HiddenReader:
