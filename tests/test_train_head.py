@@ -172,10 +172,12 @@ def test_planted_tasks_reach_the_probe_at_full_size(task, tmp_path):
 
 
 def test_shuffled_labels_from_the_release_head_are_refused(planted, tmp_path):
-    """Shuffled labels carry no signal: the recalibrated release head (label frequencies and
-    confidence fitted on the training folds) is as good as a head can be, so the gate refuses."""
+    """Shuffled labels carry no signal about the record, only their frequencies (skewed here, 3/4
+    red, so a head gains held-out log loss over the raw release head by learning them, and the
+    old gate passed). The recalibrated release head fits the same frequencies and confidence on
+    the training folds, so nothing is left to gain and the gate refuses."""
     answers = planted["answers"][:TRAIN]
-    colours = [row["colour"] for row in answers]
+    colours = ["red"] * 34 + ["green"] * 6 + ["blue"] * 5
     random.Random(3).shuffle(colours)
     rows = [{"id": r["id"], "colour": c} for r, c in zip(answers, colours, strict=True)]
     gold = write_jsonl(tmp_path / "shuffled.jsonl", rows)
