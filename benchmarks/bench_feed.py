@@ -19,7 +19,12 @@ Per set it reports:
   workers and planning the first window, is `startup_s`). `model_busy` is clef's own figure
   (forward and head, whatever their CPU overheads, over the whole scoring time);
 - efficiency = busy / min(1, workers x per-core rate / device rate): how close the pipeline gets
-  to what its cores can feed.
+  to what its cores can feed;
+- the main thread's CPU seconds per 1,000 prompt tokens (`time.thread_time`, so other load on the
+  machine does not count; it includes the head, which runs on this CPU here);
+- per batch with media: its media bytes, and the bytes the main process copied for it (tensors
+  of the batch and of its records that are not in shared memory: a collate or a spool read on
+  the main thread, where a batch a worker collated is only mapped).
 """
 
 from __future__ import annotations
@@ -114,12 +119,15 @@ def make_video(path: Path, seed: int, seconds: int = 20, fps: int = 25) -> None:
         container.mux(audio.encode(None))
 
 
-def media_files(folder: Path) -> dict[str, list[str]]:
-    """The generated files (made once per --media-dir)."""
+def media_files(folder: Path, sets: list[str]) -> dict[str, list[str]]:
+    """The generated files the sets need (made once per --media-dir)."""
     folder.mkdir(parents=True, exist_ok=True)
     makers = {"image": (make_image, ".jpg"), "audio": (make_audio, ".wav"), "video": (make_video, ".mp4")}
+    needed = set(makers) if "mixed" in sets else set(sets)
     files: dict[str, list[str]] = {}
     for kind, (make, suffix) in makers.items():
+        if kind not in needed:
+            continue
         files[kind] = []
         for seed in range(DISTINCT_FILES[kind]):
             path = folder / f"{kind}{seed}{suffix}"
@@ -174,18 +182,43 @@ def encode_rate(path: Path) -> dict[str, float]:
     return {"tokens": tokens, "tokens_per_s_wall": tokens / wall, "tokens_per_s_cpu": tokens / cpu}
 
 
+def main_process_bytes(batch) -> tuple[int, int]:
+    """(media bytes in the batch, bytes of the batch's and its records' tensors that the main
+    process allocated and filled itself): a tensor in shared memory was written by a worker and
+    only mapped here; any other one (a collate, a spool read) was copied on the main thread."""
+    tensors = list(batch.media.values()) + [value for record in batch.records for value in record.media.values()]
+    seen: set[int] = set()
+    copied = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in seen or tensor.is_shared():
+            continue
+        seen.add(storage.data_ptr())
+        copied += storage.nbytes()
+    return sum(value.nbytes for value in batch.media.values()), copied
+
+
 class SimulatedDevice:
     """Stands in for the thinker: sleeps padded_tokens / rate seconds, returns zero hidden states."""
 
     def __init__(self, hidden_size: int, rate: float) -> None:
         self.hidden_size, self.rate = hidden_size, rate
+        self.reset()
+
+    def reset(self) -> None:
         self.device_seconds = 0.0
         """The time a real device at `rate` would have been busy (padded tokens / rate)."""
+        self.batches = self.media_bytes = self.copied_bytes = 0
 
     def __call__(self, batch) -> object:  # a clef_cli.encoding.batching.ModelBatch
         import torch
 
         rows, length = batch.input_ids.shape
+        media, copied = main_process_bytes(batch)
+        if media:
+            self.batches += 1
+            self.media_bytes += media
+            self.copied_bytes += copied
         self.device_seconds += rows * length / self.rate
         time.sleep(rows * length / self.rate)
         return torch.zeros(rows, length, self.hidden_size)
@@ -206,11 +239,19 @@ def run_job(path: Path, folder: Path, workers: int, window: int, scorer) -> dict
     out = folder / f"out-{workers}.parquet"
     settings = ScoreSettings(inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=True)
     device = scorer.backbone.hidden_states
-    device.device_seconds = 0.0
+    device.reset()
+    main_cpu = time.thread_time()
     summary = ScoreJob(settings, scorer=scorer).run()
+    main_cpu = time.thread_time() - main_cpu
     stats = summary.final_stats()
     steady = stats.scoring_seconds - stats.first_forward_seconds
+    media_batches = max(1, device.batches)
     return {
+        "main_thread_cpu_s": main_cpu,
+        "main_thread_cpu_s_per_1k_tokens": 1000 * main_cpu / max(1, summary.tokens),
+        "media_bytes_per_batch": device.media_bytes / media_batches,
+        "main_copied_bytes_per_batch": device.copied_bytes / media_batches,
+        "tokens": summary.tokens,
         "busy": min(1.0, device.device_seconds / steady) if steady > 0 else 0.0,
         "device_s": device.device_seconds,
         "model_busy_steady": (stats.stages["forward"] + stats.stages["head"]) / steady if steady > 0 else 0.0,
@@ -242,7 +283,7 @@ def main() -> None:
     names = [name.strip() for name in args.sets.split(",") if name.strip()]
     worker_counts = [int(value) for value in args.workers.split(",")]
     print(f"simulated device: {args.device_rate:,.0f} tokens/s; {len(os.sched_getaffinity(0))} usable cores")
-    files = media_files(args.media_dir)
+    files = media_files(args.media_dir, names)
     scorer = simulated_scorer(args.device_rate)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -271,12 +312,14 @@ def main() -> None:
                 "cores_to_feed_device": args.device_rate / per_core,
                 "runs": runs,
             }
+            cpu = ", ".join(f"w{w} {run['main_thread_cpu_s_per_1k_tokens']:.3f}" for w, run in runs.items())
+            copied = ", ".join(f"w{w} {run['main_copied_bytes_per_batch'] / 1e6:.0f}" for w, run in runs.items())
             shown = ", ".join(f"w{w} {b:.2f}" for w, b in busy.items())
             eff = ", ".join(f"w{w} {e:.2f}" for w, e in efficiency.items())
             print(
                 f"{name:<6} {count:>4} records {rate['tokens']:>8} tokens; encode {per_core:>10,.0f} tok/s/core "
                 f"(wall {rate['tokens_per_s_wall']:,.0f}, load {os.getloadavg()[0]:.1f}); busy {shown}; "
-                f"efficiency {eff}",
+                f"efficiency {eff}; main-thread CPU s per 1k tokens {cpu}; MB copied per media batch {copied}",
                 flush=True,
             )
     report = {"device_rate": args.device_rate, "sets": results}

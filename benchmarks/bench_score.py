@@ -175,6 +175,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N for parts (a) and (b)")
     parser.add_argument("--rss-counts", default="10000,100000", help="record counts for part (c)")
     parser.add_argument("--skip", default="", help="parts to skip, e.g. 'c'")
+    parser.add_argument("--json", type=Path, help="also write parts (a) and (b) to this file")
     parser.add_argument("--plan-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plan_child:
@@ -207,6 +208,11 @@ def main() -> None:
             f"{pipeline['records_per_s'] / sequential['records_per_s']:>9.2f}x"
             f"{pipeline['tokens_per_s']:>16.0f}{sequential['tokens_per_s']:>18.0f}{pipeline['padding_waste']:>14.2%}"
         )
+    if args.json:
+        report = {"device": args.device, "workers": workers}
+        for part, pipeline, sequential in rows:
+            report["text" if part == "a" else "mixed"] = {"pipeline": pipeline, "sequential": sequential}
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     if "c" not in args.skip:
         small, large = (int(n) for n in args.rss_counts.split(","))
         first, second = planning_rss(small), planning_rss(large)

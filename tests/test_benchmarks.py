@@ -117,3 +117,92 @@ def test_dense_flop_formula_is_within_a_few_percent_of_torch_flop_counter():
     full_layers = layers // dims.full_attention_every
     formula += full_layers * 4 * dims.heads * dims.head_dim * (length - (length + 1) / 2) * tokens
     assert abs(counter.get_total_flops() - formula) / formula < 0.05
+
+
+def load_benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GPU_IMAGE = {"torch", "transformers", "tokenizers", "pyarrow", "numpy", "typer", "rich"}
+"""What the GPU machine's image has (issue 24); the rest must be carried or be left out on purpose."""
+IMPORT_NAMES = {"PIL": "pillow", "huggingface_hub": "huggingface-hub", "yaml": "pyyaml"}
+
+
+def third_party_imports(paths) -> set[str]:
+    """Top-level modules imported anywhere in these files, not from the standard library or clef."""
+    import ast
+
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    local = {"clef_cli", "bench_score", "bench_gpu", "bench_feed", "gpu_env", "gpu_parity", "gpu_summary", "tests"}
+    return {IMPORT_NAMES.get(name, name) for name in names - set(sys.stdlib_module_names) - local}
+
+
+def test_every_import_of_clef_and_the_gpu_check_is_on_the_image_carried_or_named_as_left_out():
+    listed = (BENCHMARKS / "gpu_wheels.txt").read_text()
+    carried = {line.split("==")[0] for line in listed.splitlines() if line and not line.startswith("#")}
+    left_out = {"torchvision", "pillow", "soundfile", "scipy", "matplotlib", "ray"}
+    for name in left_out:  # each one is named, with why, in the list's comments
+        assert name in listed.split("Not carried:")[1].split("# Python:")[0], name
+    steps = ["bench_gpu", "bench_score", "bench_feed", "gpu_env", "gpu_parity", "gpu_summary"]
+    sources = [*Path(BENCHMARKS.parent / "clef_cli").rglob("*.py"), *(BENCHMARKS / f"{s}.py" for s in steps)]
+    imported = third_party_imports(sources)
+    assert {"av", "transformers", "safetensors", "torch"} <= imported  # the scan sees real imports
+    missing = imported - GPU_IMAGE - carried - left_out
+    assert not missing, f"imported but neither on the GPU image, carried nor named as left out: {sorted(missing)}"
+    assert "transformers" in carried and "av" in carried
+
+
+@pytest.mark.parametrize(
+    ("wheel", "python", "fits"),
+    [
+        ("transformers-5.24.0-py3-none-any.whl", (3, 12), True),
+        ("av-18.1.0-cp311-abi3-manylinux_2_28_x86_64.whl", (3, 12), True),
+        ("av-18.1.0-cp311-abi3-manylinux_2_28_x86_64.whl", (3, 10), False),
+        ("regex-2026.11.19-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", (3, 11), True),
+        ("regex-2026.11.19-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", (3, 12), False),
+        ("regex-2026.11.19-cp312-cp312-macosx_11_0_arm64.whl", (3, 12), False),
+    ],
+)
+def test_only_wheels_that_fit_the_interpreter_are_unpacked(wheel, python, fits):
+    assert load_benchmark("gpu_env").fits(wheel, python) is fits
+
+
+def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
+    """The script's steps at tiny sizes on the CPU: every step ends with exit 0 and the summary
+    holds each step's figures (parity within the float32 fixtures' fallback bound)."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--cpu-smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**__import__("os").environ, "OUT": str(out)},
+    )
+    log = (out / "gpu_check.log").read_text()
+    assert done.returncode == 0, log[-3000:]
+    steps = ["environment", "parity", "gpu-omni", "gpu-dense", "score", "feed", "summary"]
+    for step in steps:
+        assert f"=== {step}: exit 0 " in log, (step, log[-3000:])
+    files = sorted(path.name for path in out.iterdir())
+    assert len(files) <= 8 and {"summary.json", "parity.json", "gpu_omni.json", "environment.json"} <= set(files)
+    summary = json.loads((out / "summary.json").read_text())
+    version = summary["environment"]["modules"]["transformers"]["version"]
+    assert tuple(int(part) for part in version.split(".")[:2]) >= (5, 23)
+    parity = {(row["family"], row["dtype"]): row for row in summary["parity"]}
+    assert set(parity) == {(f, d) for f in ("omni", "dense") for d in ("float32", "bfloat16")}
+    for (_, dtype), row in parity.items():
+        assert "error" not in row, row
+        if dtype == "float32":
+            assert row["alone_vs_reference"]["logit"] <= 1e-4 and row["batched_vs_alone"]["logit"] <= 1e-4
+    assert {"grouped_mm", "eager"} <= set(summary["gpu_omni"]["points"]) and "dense" in summary["gpu_dense"]["points"]
+    assert set(summary["score"]) == {"text", "mixed"} and summary["score"]["text"]["failed"] == 0
+    assert summary["feed"]["text"]["busy"]["0"] > 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from clef_cli.choices import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
-from clef_cli.encoding.batching import PlanEntry, collate, plan_batches
+from clef_cli.encoding.batching import ModelBatch, PlanEntry, collate, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.errors import RecordError
 from clef_cli.families import family_of
@@ -72,9 +72,10 @@ class Scorer:
     pad_token_id: int
     release: Release | None = None
 
-    def hidden_states(self, records: Sequence[EncodedRecord]) -> torch.Tensor:
-        """One right-padded forward: `[B, L, hidden]`, padding rows beyond each record's length."""
-        return self.backbone.hidden_states(collate(records, self.pad_token_id))
+    def hidden_states(self, records: Sequence[EncodedRecord], batch: ModelBatch | None = None) -> torch.Tensor:
+        """One right-padded forward: `[B, L, hidden]`, padding rows beyond each record's length
+        (`batch`: the records already collated, by an encoding worker)."""
+        return self.backbone.hidden_states(batch if batch is not None else collate(records, self.pad_token_id))
 
     def score_batch(self, records: Sequence[EncodedRecord]) -> list[ScoredRecord]:
         """Score records that may share a forward (same audio-in-video flag)."""
@@ -172,16 +173,18 @@ class BatchRunner:
     stats: JobStats | None = None
     """Where forward and head times and padding are added up, when someone is measuring."""
 
-    def run(self, records: list[EncodedRecord]) -> Iterator[BatchOutcome]:
+    def run(self, records: list[EncodedRecord], batch: ModelBatch | None = None) -> Iterator[BatchOutcome]:
+        """`batch`: these records already collated (by an encoding worker); when it must be split,
+        its records' media are views of its tensors."""
         if not records:
             return
         padded = max(record.length for record in records) * len(records)
         if padded > self.max_batch_tokens and len(records) > 1:
-            yield from self._halves(records)
+            yield from self._halves(batch.records if batch is not None else records)
             return
         try:
             with timed(self.stats, "forward"):
-                hidden = self.scorer.hidden_states(records)
+                hidden = self.scorer.hidden_states(records, batch)
                 if self.stats is not None and hidden.is_cuda:  # else the head's .cpu() absorbs the forward
                     torch.cuda.synchronize(hidden.device)
             with timed(self.stats, "head"):
@@ -195,14 +198,14 @@ class BatchRunner:
             self.max_batch_tokens = max(MIN_BATCH_TOKENS, min(self.max_batch_tokens, padded) // 2)
             if self.on_budget_change is not None:
                 self.on_budget_change(self.max_batch_tokens)
-            yield from self._halves(records)
+            yield from self._halves(batch.records if batch is not None else records)
             return
         except (RuntimeError, ValueError, IndexError) as error:
             if len(records) == 1:
                 yield BatchOutcome(failures=[_failure(records[0], f"model forward failed: {error}")])
                 return
-            for record in records:  # find the records that break the forward; score the others
-                yield from self.run([record])
+            for record in batch.records if batch is not None else records:
+                yield from self.run([record])  # find the records that break the forward; score the others
             return
         if self.stats is not None:
             self.stats.forwarded([record.length for record in records])

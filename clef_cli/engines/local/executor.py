@@ -7,21 +7,38 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
 from clef_cli import faults
-from clef_cli.encoding.batching import PlanEntry, PlannedBatch, plan_batches
+from clef_cli.encoding.batching import ModelBatch, PlanEntry, PlannedBatch, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.engines.local.batch_prep import PreparedBatch, prepare_batch, preparing_crashed
 from clef_cli.engines.local.committer import BackgroundCommitter
 from clef_cli.engines.local.workers import EncodePool, Planned
 from clef_cli.job import Job
+from clef_cli.model.backbone import resolve_device
 from clef_cli.model.scoring import BatchRunner, Scorer
 from clef_cli.results import FailedRecord, ScoredRecord, results_table
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 PREFETCH_BATCHES = 3
+Pending = Future | list[EncodedRecord | Future]
+"""A batch being made ready: one worker's whole batch, or its records one by one."""
+
+
+def _failed(planned: Planned, error: str) -> FailedRecord:
+    return FailedRecord(planned.record.id, planned.record.index, error)
+
+
+def _pinned(future: Future) -> PreparedBatch | None:
+    """On the helper thread: the worker's batch copied once into page-locked memory, while the
+    main thread runs the forward before it (the copy releases the GIL)."""
+    ready: PreparedBatch | None = future.result()
+    if ready is not None and ready.batch is not None:
+        ready.batch = ready.batch.pinned()
+    return ready
 
 
 class BatchExecutor:
@@ -58,58 +75,75 @@ class BatchExecutor:
         return plan_batches(entries, self.batch_tokens, self.job.settings.max_batch_size)
 
     def run(self, batches: list[PlannedBatch], by_index: dict[int, Planned]) -> None:
-        """Run batches in order while the next few are encoded in the background."""
-        prepared: deque[tuple[PlannedBatch, list[EncodedRecord | Future]]] = deque()
+        """Run batches in order while the next few are made ready in the background."""
+        prepared: deque[tuple[PlannedBatch, Pending]] = deque()
         upcoming = iter(batches)
+        on_gpu = resolve_device(self.job.settings.device).type == "cuda"
+        pinner = ThreadPoolExecutor(1, "clef-pin") if on_gpu else None
 
         def prepare() -> None:
             for batch in upcoming:
-                items = []
-                for index in batch.indices:
-                    ready = by_index[index].ready()
-                    items.append(ready if ready is not None else self.pool.encode(by_index[index].record))
-                prepared.append((batch, items))
+                prepared.append((batch, self._prepare(batch, by_index, pinner)))
                 if len(prepared) >= PREFETCH_BATCHES:
                     return
 
-        with self.stats.stage("encode_wait"):
-            prepare()
-        while prepared:
+        try:
             with self.stats.stage("encode_wait"):
-                batch, items = prepared.popleft()
                 prepare()
-                encoded, failures = self._collect(batch, items, by_index)
-            self.commit([], failures)
-            if encoded:
-                self._score_and_commit(encoded)
-            for index in batch.indices:
-                by_index.pop(index).discard()
-            if self.stop.is_set():
-                for _, pending in prepared:
-                    for item in pending:
-                        if isinstance(item, Future):
-                            item.cancel()
-                return
+            while prepared:
+                with self.stats.stage("encode_wait"):
+                    batch, pending = prepared.popleft()
+                    prepare()
+                    encoded, model_batch, failures = self._collect(batch, pending, by_index)
+                self.commit([], failures)
+                if encoded:
+                    self._score_and_commit(encoded, model_batch)
+                for index in batch.indices:
+                    by_index.pop(index).discard()
+                if self.stop.is_set():
+                    for _, pending in prepared:
+                        for item in pending if isinstance(pending, list) else [pending]:
+                            if isinstance(item, Future):
+                                item.cancel()
+                    return
+        finally:
+            if pinner is not None:
+                pinner.shutdown(wait=False, cancel_futures=True)
 
-    @staticmethod
+    def _prepare(self, batch: PlannedBatch, by_index: dict[int, Planned], pinner: ThreadPoolExecutor | None) -> Pending:
+        """A batch with media is collated by an encoding worker (Future of a PreparedBatch, pinned
+        on a helper thread for a GPU); a text batch is collated here, from its planned encodings."""
+        planned = [by_index[index] for index in batch.indices]
+        if any(item.record.has_media for item in planned):
+            future = self.pool.urgent(prepare_batch, planned, preparing_crashed)
+            return future if pinner is None else pinner.submit(_pinned, future)
+        return [item.ready() or self.pool.encode(item.record) for item in planned]
+
     def _collect(
-        batch: PlannedBatch, items: list[Any], by_index: dict[int, Planned]
-    ) -> tuple[list[EncodedRecord], list[FailedRecord]]:
+        self, batch: PlannedBatch, pending: Pending, by_index: dict[int, Planned]
+    ) -> tuple[list[EncodedRecord], ModelBatch | None, list[FailedRecord]]:
+        if isinstance(pending, Future):
+            ready: PreparedBatch | None = pending.result()
+            if ready is None:  # a worker crashed on it: encode its records one by one
+                pending = [self.pool.encode(by_index[index].record) for index in batch.indices]
+            else:
+                failures = [_failed(by_index[index], error) for index, error in ready.failures]
+                model_batch = ready.received()
+                return (model_batch.records if model_batch is not None else []), model_batch, failures
         encoded: list[EncodedRecord] = []
-        failures: list[FailedRecord] = []
-        for index, item in zip(batch.indices, items, strict=True):
+        failures = []
+        for index, item in zip(batch.indices, pending, strict=True):
             value = item.result() if isinstance(item, Future) else item
             if isinstance(value, str):
-                record = by_index[index].record
-                failures.append(FailedRecord(record.id, record.index, value))
+                failures.append(_failed(by_index[index], value))
             else:
                 encoded.append(value)
-        return encoded, failures
+        return encoded, None, failures
 
-    def _score_and_commit(self, records: list[EncodedRecord]) -> None:
+    def _score_and_commit(self, records: list[EncodedRecord], batch: ModelBatch | None) -> None:
         """Forward and head for one planned batch, each outcome committed as it comes."""
         settings = self.job.settings
-        for outcome in self.runner.run(records):
+        for outcome in self.runner.run(records, batch):
             hidden = None
             if outcome.records and settings.hidden_states == "keep":
                 assert outcome.hidden_states is not None

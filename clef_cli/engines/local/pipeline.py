@@ -93,7 +93,9 @@ class ScoreJob:
         scoring = stats.scoring_started = time.perf_counter()
         try:
             workers = stats.workers = worker_count(job.settings)
-            with encode_pool(job.settings, job.release, workers, spool) as pool:
+            dtype = compute_dtype(job.settings)
+            media_dtype = None if dtype == "float32" else dtype
+            with encode_pool(job.settings, job.release, workers, spool, media_dtype) as pool:
                 executor = BatchExecutor(
                     job, pool, committer, lambda: self._load_scorer(job), self.stop, self._budget_lowered
                 )

@@ -39,10 +39,24 @@ def worker_count(settings: ScoreSettings) -> int:
     return default_workers(settings.limits)
 
 
-def encode_pool(settings: ScoreSettings, release: Release, workers: int, spool: Path | None = None) -> EncodePool:
+def encode_pool(
+    settings: ScoreSettings,
+    release: Release,
+    workers: int,
+    spool: Path | None = None,
+    media_dtype: str | None = None,
+) -> EncodePool:
+    """`media_dtype`: the model's compute dtype, when the workers should cast media to it."""
     threads = decode_threads_per_worker(workers)
     spec = EncoderSpec(
-        release.path, settings.max_length, settings.overflow, settings.limits, spool, release.family, threads
+        release.path,
+        settings.max_length,
+        settings.overflow,
+        settings.limits,
+        spool,
+        release.family,
+        threads,
+        media_dtype,
     )
     return EncodePool(spec, workers)
 

@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from clef_cli import faults
 from clef_cli.choices import OverflowPolicy
+from clef_cli.encoding.batching import casts_with_model
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.encoding.media import MediaLimits, set_decode_threads
 from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import Record
+from clef_cli.model.dtypes import torch_dtype
 
 URGENT, BACKGROUND = 0, 1
 
@@ -48,6 +51,9 @@ class EncoderSpec:
     family: str = "omni"
     decode_threads: int = 1
     """FFmpeg threads per video decoder in each worker (more than one when cores are left over)."""
+    media_dtype: str | None = None
+    """The model's compute dtype when it is not float32: floating media are cast to it in the
+    worker (the same rounding as the model's own cast), so half the bytes travel and spool."""
 
     def build(self) -> PromptEncoder:
         from clef_cli.families import family_named
@@ -91,13 +97,16 @@ class Planned:
 
 _worker_encoder: PromptEncoder | None = None
 _worker_spool: Path | None = None
+_worker_media_dtype: torch.dtype | None = None
+_in_pool_worker = False
 
 
 def _init_encoder(spec: EncoderSpec) -> None:
-    global _worker_encoder, _worker_spool
+    global _worker_encoder, _worker_spool, _worker_media_dtype
     set_decode_threads(spec.decode_threads)
     _worker_encoder = spec.build()
     _worker_spool = spec.spool
+    _worker_media_dtype = torch_dtype(spec.media_dtype) if spec.media_dtype else None
 
 
 def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
@@ -115,6 +124,8 @@ def _init_pool_worker(spec: EncoderSpec) -> None:
 
     import torch
 
+    global _in_pool_worker
+    _in_pool_worker = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(1)
@@ -124,6 +135,20 @@ def _init_pool_worker(spec: EncoderSpec) -> None:
 def _encoder() -> PromptEncoder:
     assert _worker_encoder is not None, "worker not initialised"
     return _worker_encoder
+
+
+def worker_media_dtype() -> torch.dtype | None:
+    """The dtype this worker casts floating media to (None: as the processor made them)."""
+    return _worker_media_dtype
+
+
+def in_pool_worker() -> bool:
+    """True in a background encoding process (its results travel to the main process)."""
+    return _in_pool_worker
+
+
+def pad_token_id() -> int:
+    return int(_encoder().processor.tokenizer.pad_token_id)
 
 
 def compact(encoded: EncodedRecord) -> EncodedRecord:
@@ -148,9 +173,14 @@ def plan_record(record: Record) -> Planned:
     from safetensors.torch import save_file
 
     path = _worker_spool / f"{record.index}.safetensors"
-    save_file({name: tensor.contiguous() for name, tensor in encoded.media.items()}, str(path))
+    save_file({name: _cast(name, tensor).contiguous() for name, tensor in encoded.media.items()}, str(path))
     media_free = replace(planned.encoded, media={}) if planned.encoded is not None else None
     return replace(planned, encoded=media_free, spooled=path, spooled_bytes=path.stat().st_size)
+
+
+def _cast(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    dtype = _worker_media_dtype
+    return tensor.to(dtype) if dtype is not None and casts_with_model(name, tensor) else tensor
 
 
 def within_budget(planned: Planned, budget: list[int]) -> Planned:
@@ -205,9 +235,10 @@ class _InlineExecutor:
 class _Task:
     priority: int
     order: int
-    function: Callable[[Record], Any] = field(compare=False)
-    record: Record = field(compare=False)
-    crashed: Callable[[Record], Any] = field(compare=False)
+    function: Callable[[Any], Any] = field(compare=False)
+    argument: Any = field(compare=False)
+    """A record, or a batch's planned records."""
+    crashed: Callable[[Any], Any] = field(compare=False)
     result: Future = field(compare=False)
     suspect: bool = field(default=False, compare=False)
     """It was in the pool when a worker died: it runs again alone, to tell culprit from bystander."""
@@ -247,10 +278,10 @@ class EncodePool:
             initargs=(self.spec,),
         )
 
-    def _submit(self, priority: int, function: Callable[[Record], Any], record: Record, crashed: Any) -> Future:
+    def _submit(self, priority: int, function: Callable[[Any], Any], argument: Any, crashed: Any) -> Future:
         if self.workers == 0:
-            return self._executor.submit(function, record)
-        task = _Task(priority, next(self._order), function, record, crashed, Future())
+            return self._executor.submit(function, argument)
+        task = _Task(priority, next(self._order), function, argument, crashed, Future())
         with self._condition:
             heapq.heappush(self._queue, task)
             self._condition.notify()
@@ -261,6 +292,10 @@ class EncodePool:
 
     def encode(self, record: Record) -> Future:
         return self._submit(URGENT, encode_record, record, encoding_crashed)
+
+    def urgent(self, function: Callable[[Any], Any], argument: Any, crashed: Callable[[Any], Any]) -> Future:
+        """Any work a batch about to run waits on (a module-level function, for pickling)."""
+        return self._submit(URGENT, function, argument, crashed)
 
     def _next_task(self) -> _Task | None:
         """Under the lock: a suspect runs only when the pool is empty, and nothing runs beside it."""
@@ -286,7 +321,7 @@ class EncodePool:
                 generation = self._generation
                 executor = self._executor
             try:
-                inner = executor.submit(task.function, task.record)
+                inner = executor.submit(task.function, task.argument)
             except (BrokenProcessPool, RuntimeError):  # broken, or replaced after a breakage
                 inner = Future()
                 inner.set_exception(BrokenProcessPool("the encoding pool was rebuilt"))
@@ -298,7 +333,7 @@ class EncodePool:
             error = done.exception()
             if isinstance(error, BrokenProcessPool):
                 if task.suspect:  # it crashed the pool again, alone: it is the culprit
-                    task.result.set_result(task.crashed(task.record))
+                    task.result.set_result(task.crashed(task.argument))
                 else:
                     task.suspect = True
                     self._suspects.append(task)
