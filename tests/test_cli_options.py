@@ -181,7 +181,7 @@ def test_quiet_train_head_prints_no_stage_lines(tmp_path):
     loud = runner.invoke(app, [*command, "-o", str(tmp_path / "loud")])
     quiet = runner.invoke(app, [*command, "-o", str(tmp_path / "quiet"), "-q"])
     assert loud.exit_code == quiet.exit_code and loud.exit_code in (0, 4), loud.output
-    stages = ("verifying 1 hidden-state shards", "training on every gold record")
+    stages = ("verifying 1 hidden-state shards", "labels, 2 folds")
     assert all(stage in loud.stderr for stage in stages)
     assert not any(stage in quiet.stderr for stage in stages) and "final training loss" not in quiet.stderr
     assert "gate" in quiet.stderr

@@ -1,5 +1,6 @@
-"""clef train-head: planted signal learned and gated, shuffled labels refused, round trip through
---rehead, refusals, and the loss / bootstrap / folds against independent oracles."""
+"""clef train-head: planted tasks learned up to the probe's yardstick and gated, shuffled labels
+refused from the release head, round trip through --rehead, refusals, and the loss, probe,
+recalibration, gate rule, bootstrap and folds against independent oracles."""
 
 from __future__ import annotations
 
@@ -15,61 +16,34 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from tests.helpers import TINY_MODEL
+from tests.planted import planted_task, write_jsonl
 
 runner = CliRunner()
-KEYWORDS = {"apple": "fruit", "river": "water", "violet": "color"}
-FILLER = "the a report about some thing that happened today in town with people and more news".split()
-# The tiny random head needs a large step to find the keyword in a few epochs.
-FAST = ["--epochs", "8", "--lr", "1e-2", "--batch-tokens", "4096", "--device", "cpu"]
+QUICK = ["--folds", "3", "--device", "cpu"]
+TRAIN = 45  # labelled records of the quick planted task; the rest of `planted` is never seen
 
 
-def planted_records(count: int, seed: int = 7) -> list[dict]:
-    """Filler text with one of three keywords (four times: once among ~450 prompt tokens is too
-    faint for the tiny random thinker); `topic` (choice) and `is_fruit` (noul) follow it."""
-    rng = random.Random(seed)
-    records = []
-    for number in range(count):
-        keyword = rng.choice(sorted(KEYWORDS))
-        words = rng.choices(FILLER, k=rng.randint(6, 14))
-        for _ in range(4):
-            words.insert(rng.randint(0, len(words)), keyword)
-        questions = {
-            "topic": {
-                "type": "choice",
-                "instructions": "What is it about?",
-                "criteria": dict.fromkeys(KEYWORDS.values()),
-            },
-            "is_fruit": {"type": "noul", "instructions": "Is it about fruit?"},
-        }
-        records.append({"id": f"r{number}", "state": " ".join(words), "questions": questions, "keyword": keyword})
-    return records
-
-
-def gold_row(record: dict) -> dict:
-    return {"id": record["id"], "topic": KEYWORDS[record["keyword"]], "is_fruit": record["keyword"] == "apple"}
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    """400 records scored once with hidden states kept; gold for the first 200 (training)."""
+def score_planted(task: str, count: int, folder: Path) -> dict:
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
-    root = tmp_path_factory.mktemp("planted")
-    records = planted_records(400)
-    inputs = write_jsonl(root / "in.jsonl", [{k: v for k, v in r.items() if k != "keyword"} for r in records])
-    output = root / "out.parquet"
+    inputs, gold = planted_task(task, count, folder)
+    output = folder / "out.parquet"
     settings = ScoreSettings(
         inputs=[inputs], output=output, model=str(TINY_MODEL), device="cpu", hidden_dtype="float32", workers=0
     )
     ScoreJob(settings).run()
-    gold = write_jsonl(root / "gold.jsonl", [gold_row(r) for r in records[:200]])
-    checkpoint = root / "out.parquet.ckpt"
-    return {"records": records, "inputs": inputs, "output": output, "checkpoint": checkpoint, "gold": gold}
+    return {"inputs": inputs, "output": output, "checkpoint": folder / "out.parquet.ckpt", "answers": gold}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """The image task (the colour of a square is the answer), 70 records scored once with hidden
+    states kept; gold for the first 45. The keyword task needs more records than the quick loop
+    can afford (90 labelled: trained 0.52, probe 0.68 cross-fitted); it runs at full size below."""
+    root = tmp_path_factory.mktemp("planted")
+    task = score_planted("image", 70, root)
+    task["gold"] = write_jsonl(root / "gold.jsonl", task["answers"][:TRAIN])
+    return task
 
 
 def train(checkpoint: Path, gold: Path, output: Path, *extra: str):
@@ -77,80 +51,140 @@ def train(checkpoint: Path, gold: Path, output: Path, *extra: str):
     return runner.invoke(app, arguments)
 
 
-def rehead(planted: dict, head: Path, output: Path):
+def rehead(task: dict, head: Path, output: Path):
     return runner.invoke(
         app,
-        ["score", str(planted["inputs"]), "-o", str(output), "--model", str(TINY_MODEL), "--checkpoint",
-         str(planted["checkpoint"]), "--rehead", str(head), "--device", "cpu", "--quiet"],
+        ["score", str(task["inputs"]), "-o", str(output), "--model", str(TINY_MODEL), "--checkpoint",
+         str(task["checkpoint"]), "--rehead", str(head), "--device", "cpu", "--quiet"],
     )  # fmt: skip
 
 
-def choice_accuracy(path: Path, records: list[dict]) -> float:
-    """Top option of `topic` against the keyword, on the records not used for training."""
+def unseen_accuracy(path: Path, answers: list[dict], first_unseen: int) -> float:
+    """Top answer of the planted question against the planted answer, on records never labelled."""
     rows = {row["id"]: row for row in pq.read_table(path).to_pylist()}
-    hits = [
-        next(a["answer"] for a in rows[r["id"]]["answers"] if a["question_id"] == "topic") == KEYWORDS[r["keyword"]]
-        for r in records[200:]
-    ]
+    hits = []
+    for gold in answers[first_unseen:]:
+        ((question, expected),) = ((k, v) for k, v in gold.items() if k != "id")
+        answer = next(a for a in rows[gold["id"]]["answers"] if a["question_id"] == question)
+        hits.append(answer["answer"] == (str(expected) if answer["type"] == "score" else expected))
     return sum(hits) / len(hits)
+
+
+def sklearn_probe_accuracy(checkpoint: Path, train_answers: list[dict], held_answers: list[dict]) -> float:
+    """scikit-learn's StandardScaler + LogisticRegression(C=1) on mean, last and max pooled states."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from clef_cli.store.checkpoint import Checkpoint
+
+    stored = {r.id: r for r in Checkpoint.open_existing(checkpoint).hidden_reader().records()}
+
+    def pooled(rows):
+        states = [stored[row["id"]].hidden.double().numpy() for row in rows]
+        return np.stack([np.concatenate([s.mean(axis=0), s[-1], s.max(axis=0)]) for s in states])
+
+    label = lambda rows: [str(next(v for k, v in row.items() if k != "id")) for row in rows]  # noqa: E731
+    scaler = StandardScaler().fit(pooled(train_answers))
+    model = LogisticRegression(C=1.0, max_iter=10000).fit(scaler.transform(pooled(train_answers)), label(train_answers))
+    return float(model.score(scaler.transform(pooled(held_answers)), label(held_answers)))
 
 
 # ----------------------------------------------------------------------------- the whole loop
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_planted_signal_is_learned_and_the_gate_passes(planted, tmp_path, seed):
-    head = tmp_path / "head"
-    result = train(planted["checkpoint"], planted["gold"], head, *FAST, "--seed", str(seed))
+@pytest.fixture(scope="module")
+def trained_small(planted, tmp_path_factory):
+    """The quick loop's planted task: default recipe, 45 labelled records, 3 folds."""
+    head = tmp_path_factory.mktemp("small") / "head"
+    result = train(planted["checkpoint"], planted["gold"], head, *QUICK)
+    return {"result": result, "head": head}
+
+
+def test_planted_image_cue_is_learned_up_to_the_probe_and_the_gate_passes(planted, trained_small, tmp_path):
+    result, head = trained_small["result"], trained_small["head"]
     assert result.exit_code == 0, result.output
     report = json.loads((head / "training_report.json").read_text())
-    assert report["gate"] == {**report["gate"], "passed": True, "forced": False}
-    difference = report["held_out"]["log_loss_difference"]
-    assert difference["mean"] < 0 and difference["ci95"][1] < 0
+    assert report["gate"]["passed"] and not report["gate"]["forced"]
+    assert report["gate"]["few_labels"] == ["colour"] and "fewer than 50 labels" in result.stderr
+    colour = report["by_question"]["colour"]
+    print({name: colour[name] for name in ("base", "calibrated_base", "trained", "probe")})
+    assert colour["trained"]["accuracy"] >= 0.8 * colour["probe"]["accuracy"]
     assert rehead(planted, head, tmp_path / "re.parquet").exit_code == 0
-    before = choice_accuracy(planted["output"], planted["records"])
-    after = choice_accuracy(tmp_path / "re.parquet", planted["records"])
-    print(f"seed {seed}: held-out choice accuracy {before:.3f} -> {after:.3f}; gate {difference}")
-    assert before < 0.5 and after >= 0.8
+    before = unseen_accuracy(planted["output"], planted["answers"], TRAIN)
+    after = unseen_accuracy(tmp_path / "re.parquet", planted["answers"], TRAIN)
+    probe = sklearn_probe_accuracy(planted["checkpoint"], planted["answers"][:TRAIN], planted["answers"][TRAIN:])
+    print(f"unseen records: release head {before:.3f}, trained {after:.3f}, scikit-learn probe {probe:.3f}")
+    assert before < 0.6 and probe >= 0.8 and after >= 0.8 * probe
 
 
-def uniform_head(folder: Path) -> Path:
-    """The fixture head with its output path zeroed: every question starts at exactly uniform
-    probabilities, yet the residual scorer still gets gradients and can learn."""
-    from safetensors.torch import load_file, save_file
+def test_report_probe_matches_scikit_learn_on_the_same_folds(planted, trained_small):
+    """The report's probe column, recomputed by scikit-learn from the stored states, pooled here
+    by numpy, on the folds `assign_folds` deals (an independent fit of each fold)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.preprocessing import StandardScaler
 
-    folder.mkdir()
-    state = load_file(str(TINY_MODEL / "joint_head.safetensors"))
-    state["residual_scorer.3.weight"].zero_()
-    state["residual_scorer.3.bias"].zero_()
-    state["prior_logit_scale"].fill_(-30.0)
-    state["joint_logit_scale"].fill_(-30.0)
-    save_file(state, str(folder / "joint_head.safetensors"))
-    (folder / "joint_head_config.json").write_bytes((TINY_MODEL / "joint_head_config.json").read_bytes())
-    return folder
+    from clef_cli.quality.folds import assign_folds
+    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.store.checkpoint import Checkpoint
+
+    report = json.loads((trained_small["head"] / "training_report.json").read_text())
+    examples, _ = gold_examples(Checkpoint.open_existing(planted["checkpoint"]).hidden_reader(), planted["gold"])
+    folds = np.array(assign_folds(examples, report["settings"]["folds"], report["settings"]["seed"]))
+    states = {
+        r.id: r.hidden.double().numpy()
+        for r in Checkpoint.open_existing(planted["checkpoint"]).hidden_reader().records()
+    }
+    x = np.stack(
+        [np.concatenate([s.mean(axis=0), s[-1], s.max(axis=0)]) for s in (states[e.stored.id] for e in examples)]
+    )
+    y = np.array([e.targets[0] for e in examples])
+    probabilities = np.zeros((len(y), 3))
+    for fold in np.unique(folds):
+        train, held = folds != fold, folds == fold
+        scaler = StandardScaler().fit(x[train])
+        model = LogisticRegression(C=1.0, max_iter=10000, tol=1e-10).fit(scaler.transform(x[train]), y[train])
+        probabilities[held] = model.predict_proba(scaler.transform(x[held]))
+    probe = report["by_question"]["colour"]["probe"]
+    assert probe["labels"] == len(y)
+    assert probe["accuracy"] == pytest.approx(np.mean(probabilities.argmax(axis=1) == y), abs=1.5 / len(y))
+    assert probe["log_loss"] == pytest.approx(log_loss(y, probabilities, labels=[0, 1, 2]), rel=1e-3)
+
+
+PLANTED_SIZES = {"keyword": 0.9, "long": 0.9, "image": 0.9, "count": 0.9}
 
 
 @pytest.mark.slow
-def test_shuffled_labels_are_refused_and_nothing_is_written(planted, tmp_path):
-    """Shuffled labels carry no signal. A head that is miscalibrated still gains held-out log loss
-    by learning the label frequencies alone (a real gain the gate rightly accepts), so this test
-    starts from a head that is already optimal without the signal: uniform probabilities, on the
-    balanced `topic` question. The same start with the true labels passes, so the refusal comes
-    from the labels, not from a head that cannot learn."""
-    base = uniform_head(tmp_path / "uniform")
-    records = planted["records"][:200]
-    topics = [KEYWORDS[r["keyword"]] for r in records]
-    assert max(topics.count(t) for t in set(topics)) < 0.4 * len(topics)  # balanced: uniform is the best guess
-    shuffled = topics[:]
-    random.Random(3).shuffle(shuffled)
-    for name, labels, code in (("true", topics, 0), ("shuffled", shuffled, 4)):
-        rows = [{"id": r["id"], "topic": t} for r, t in zip(records, labels, strict=True)]
-        gold = write_jsonl(tmp_path / f"{name}.jsonl", rows)
-        head = tmp_path / f"head-{name}"
-        result = train(planted["checkpoint"], gold, head, *FAST, "--base-head", str(base))
-        print(name, result.stderr.strip().splitlines()[-1])
-        assert result.exit_code == code, result.output
+@pytest.mark.parametrize("task", sorted(PLANTED_SIZES))
+def test_planted_tasks_reach_the_probe_at_full_size(task, tmp_path):
+    """240 labelled records, 200 unseen, default settings: the trained head's accuracy on the
+    unseen records reaches 0.9x a scikit-learn probe fitted on the same 240 records."""
+    records = score_planted(task, 440, tmp_path)
+    gold = write_jsonl(tmp_path / "gold.jsonl", records["answers"][:240])
+    result = train(records["checkpoint"], gold, tmp_path / "head", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert rehead(records, tmp_path / "head", tmp_path / "re.parquet").exit_code == 0
+    before = unseen_accuracy(records["output"], records["answers"], 240)
+    after = unseen_accuracy(tmp_path / "re.parquet", records["answers"], 240)
+    probe = sklearn_probe_accuracy(records["checkpoint"], records["answers"][:240], records["answers"][240:])
+    print(f"{task}: release head {before:.3f}, trained {after:.3f}, probe {probe:.3f}")
+    assert after >= PLANTED_SIZES[task] * probe
+
+
+def test_shuffled_labels_from_the_release_head_are_refused(planted, tmp_path):
+    """Shuffled labels carry no signal about the record, only their frequencies (skewed here, 3/4
+    red, so a head gains held-out log loss over the raw release head by learning them, and the
+    old gate passed). The recalibrated release head fits the same frequencies and confidence on
+    the training folds, so nothing is left to gain and the gate refuses."""
+    answers = planted["answers"][:TRAIN]
+    colours = ["red"] * 34 + ["green"] * 6 + ["blue"] * 5
+    random.Random(3).shuffle(colours)
+    rows = [{"id": r["id"], "colour": c} for r, c in zip(answers, colours, strict=True)]
+    gold = write_jsonl(tmp_path / "shuffled.jsonl", rows)
+    head = tmp_path / "head"
+    result = train(planted["checkpoint"], gold, head, *QUICK)
+    print(result.stderr.strip().splitlines()[-1])
+    assert result.exit_code == 4, result.output
     assert "nothing written" in result.stderr and not head.exists()
 
 
@@ -190,7 +224,7 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
     lexical = family_of(release).lexical_rows(release)
     compared = 0
     for _, stored in Checkpoint.open_existing(planted["checkpoint"]).hidden_reader().by_shard():
-        stored = stored[:8]
+        stored = stored[:16]
         padded = pad_states([s.hidden for s in stored], max(s.length for s in stored))
         logits = head_logits(first.head, padded, lexical, [s.encoded for s in stored])
         for record, per_question in zip(stored, logits, strict=True):
@@ -210,14 +244,13 @@ def test_refusals_are_one_line(planted, tmp_path):
     from clef_cli.model.head import HeadConfig, JointSchemaHead
 
     dropped = tmp_path / "dropped.parquet"
-    few = [{k: v for k, v in r.items() if k != "keyword"} for r in planted["records"][:4]]
-    inputs = write_jsonl(tmp_path / "few.jsonl", few)
+    inputs, _ = planted_task("keyword", 4, tmp_path)
     settings = ScoreSettings([inputs], dropped, model=str(TINY_MODEL), device="cpu", hidden_states="drop", workers=0)
     ScoreJob(settings).run()
     result = train(Path(str(dropped) + ".ckpt"), planted["gold"], tmp_path / "h1")
     assert result.exit_code == 1 and "--hidden-states keep" in result.stderr
 
-    stranger = write_jsonl(tmp_path / "stranger.jsonl", [{"id": "nobody", "topic": "fruit"}])
+    stranger = write_jsonl(tmp_path / "stranger.jsonl", [{"id": "nobody", "colour": "red"}])
     result = train(planted["checkpoint"], stranger, tmp_path / "h2")
     assert result.exit_code == 2 and "matches no stored record" in result.stderr
 
@@ -268,7 +301,7 @@ def test_loss_terms_against_direct_loops():
 def test_paired_bootstrap_matches_scipy():
     from scipy.stats import bootstrap
 
-    from clef_cli.quality.train_head import paired_bootstrap
+    from clef_cli.quality.gate import paired_bootstrap
 
     values = np.random.default_rng(1).normal(-0.05, 0.3, size=150)
     low, high = paired_bootstrap(values, 20000, seed=0)
@@ -281,7 +314,7 @@ def test_paired_bootstrap_matches_scipy():
 def test_folds_keep_duplicate_prompts_together():
     from types import SimpleNamespace
 
-    from clef_cli.quality.train_head import assign_folds
+    from clef_cli.quality.folds import assign_folds
 
     ids = [[1, 2, 3]] * 7 + [[4, 5]] * 3 + [[n, n + 1] for n in range(10, 40)]
     examples = [SimpleNamespace(stored=SimpleNamespace(input_ids=i), targets=(0,)) for i in ids]

@@ -184,11 +184,16 @@ def train_head(
         Path | None,
         typer.Option("--scored", help="A `clef score` output whose record_key maps the gold ids to stored states."),
     ] = None,
-    epochs: Annotated[int, typer.Option("--epochs", min=1, help="Passes over the training records.")] = 10,
-    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 5e-5,
+    epochs: Annotated[
+        int, typer.Option("--epochs", min=1, help="Most passes over the training records (early stopping ends sooner).")
+    ] = 30,
+    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 1e-3,
     batch_tokens: Annotated[
         int, typer.Option("--batch-tokens", min=1, help="Padded tokens per training batch (length-sorted batches).")
-    ] = 16384,
+    ] = 4096,
+    patience: Annotated[
+        int, typer.Option("--patience", min=1, help="Epochs without a better inner-validation log loss, then stop.")
+    ] = 5,
     label_smoothing: Annotated[
         float, typer.Option("--label-smoothing", min=0.0, max=0.99, help="Label smoothing of the cross-entropy.")
     ] = 0.05,
@@ -201,14 +206,16 @@ def train_head(
 ) -> None:
     """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the
     thinker never runs), gated by k-fold held-out proof: HEAD_DIR is written only when the
-    held-out log loss beats the base head's with a bootstrap 95% interval of the difference below
-    zero; otherwise the numbers are printed and the exit code is 4 (--force writes anyway).
+    held-out log loss beats the base head recalibrated on the training folds (per-question
+    temperature and option biases) with a bootstrap 95% interval of the difference below zero,
+    and no question is significantly worse; otherwise the numbers are printed and the exit code is
+    4 (--force writes anyway). A linear probe on the same folds shows what the states hold.
 
     \b
     Examples:
       clef score records.jsonl -o out.parquet
       clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
-      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 20 --lr 1e-4 --folds 10
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 5e-4 --folds 10
       clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
     from clef_cli.quality.head_training import FitSettings
@@ -216,8 +223,9 @@ def train_head(
     from clef_cli.quality.train_head import train_head as run_train_head
 
     fit = FitSettings(
-        epochs=epochs, lr=lr, batch_tokens=batch_tokens, label_smoothing=label_smoothing, brier_weight=brier_weight
-    )
+        epochs=epochs, lr=lr, batch_tokens=batch_tokens, label_smoothing=label_smoothing, brier_weight=brier_weight,
+        patience=patience,
+    )  # fmt: skip
     settings = TrainHeadSettings(
         checkpoint=checkpoint, gold=gold, output=output, model=model, base_head=base_head, revision=revision,
         fit=fit, folds=folds, seed=seed, device=device, force=force, gold_format=gold_format.value,
@@ -242,22 +250,32 @@ def print_gate(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     held = report["held_out"]
-    base, trained = held["base"], held["trained"]
+    models = {"base": "base", "calibrated_base": "recalibrated", "trained": "trained"}
     table = Table(title="held-out (k-fold cross-fitted)", title_justify="left", box=box.SIMPLE)
-    for column in ("", "base head", "trained head"):
+    for column in ("", *models.values(), "probe"):
         table.add_column(column, no_wrap=True)
-    with_ci = lambda row, name: f"{row[name]:.4f} [{row[name + '_ci95'][0]:.4f}, {row[name + '_ci95'][1]:.4f}]"  # noqa: E731
-    table.add_row("log loss (95% CI)", with_ci(base, "log_loss"), with_ci(trained, "log_loss"))
-    table.add_row("Brier (95% CI)", with_ci(base, "brier"), with_ci(trained, "brier"))
-    table.add_row("accuracy", f"{base['accuracy']:.3f}", f"{trained['accuracy']:.3f}")
-    for question, value in base["accuracy_by_question"].items():
-        table.add_row(f"  {question}", f"{value:.3f}", f"{trained['accuracy_by_question'][question]:.3f}")
+    for name, label in (("log_loss", "log loss"), ("brier", "Brier"), ("accuracy", "accuracy")):
+        table.add_row(label, *(f"{held[m][name]:.4f}" for m in models), "")
+    for question, numbers in report["by_question"].items():
+        probe = numbers.get("probe")
+        for name, label in (("accuracy", "accuracy"), ("log_loss", "log loss")):
+            cells = [f"{numbers[m][name]:.4f}" for m in models]
+            table.add_row(f"  {question} {label}", *cells, f"{probe[name]:.4f}" if probe else "-")
     stderr.print(table)
+    for question, numbers in report["by_question"].items():
+        gate = numbers["gate"]
+        notes = " SIGNIFICANTLY WORSE" if gate["significantly_worse"] else ""
+        notes += " (fewer than 50 labels: the interval is optimistic)" if gate["few_labels"] else ""
+        stderr.print(
+            f"  {question}: {gate['labels']} labels, log loss difference (trained - recalibrated base) "
+            f"{gate['mean']:+.4f}, 95% CI [{gate['ci95'][0]:+.4f}, {gate['ci95'][1]:+.4f}]{notes}",
+            markup=False,
+        )
     difference = held["log_loss_difference"]
     gate = report["gate"]
     verdict = "passed" if gate["passed"] else ("failed, written anyway (--force)" if gate["forced"] else "failed")
     stderr.print(
-        f"{report['gold']['records']} gold records; held-out log loss difference (trained - base) "
+        f"{report['gold']['records']} gold records; held-out log loss difference (trained - recalibrated base) "
         f"{difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, {difference['ci95'][1]:+.4f}]: "
         f"gate {verdict}",
         markup=False,

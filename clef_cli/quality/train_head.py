@@ -1,11 +1,11 @@
 """`clef train-head`: fit the joint head to a user's gold labels from a checkpoint's stored hidden
-states, and write it only when k-fold held-out proof says it beats the head it started from.
+states, and write it only when k-fold held-out proof says it beats the base head recalibrated to
+the same labels.
 
-The gate: records are split into k folds (exact duplicate prompts, hence duplicate states, share
-a fold); for each fold a copy of the base head is trained on the other folds and both heads
-predict the held-out fold. The head is written when the mean per-record held-out log loss of the
-trained heads is lower than the base head's and the bootstrap 95% interval of the paired
-difference lies below zero; the written head is then trained once on every gold record.
+Records are split into k folds (identical prompts share one); `cross_fit.py` gives every record
+held-out predictions of the base head, the recalibrated base head, the trained head and a linear
+probe, `train_report.py` turns them into the report and the gate's verdict (`gate.py`), and the
+head written is trained on every gold record for the folds' median best epoch count.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
 from clef_cli import __version__
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.model.head import JointSchemaHead, load_joint_head
+from clef_cli.quality.cross_fit import cross_fit
+from clef_cli.quality.folds import assign_folds
 from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
-from clef_cli.quality.head_training import Example, FitSettings, fit, predict
-from clef_cli.quality.metrics import percentile_interval
+from clef_cli.quality.head_training import Example, FitSettings, fit
+from clef_cli.quality.train_report import held_out_report
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
 from clef_cli.store.atomic import ensure_writable_folder, write_bytes, write_text
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
@@ -35,7 +36,6 @@ from clef_cli.store.hidden_store import HiddenReader, load_states
 
 REPORT_FILE = "training_report.json"
 BOOTSTRAP_RESAMPLES = 2000
-GATE_RULE = "held-out log loss lower than the base head's, bootstrap 95% interval of the difference below zero"
 
 
 class GateRefused(ClefError):
@@ -44,9 +44,11 @@ class GateRefused(ClefError):
     def __init__(self, report: dict[str, Any]) -> None:
         self.report = report
         numbers = report["held_out"]["log_loss_difference"]
+        worse = report["gate"]["significantly_worse"]
+        reason = f"; significantly worse on {', '.join(worse)}" if worse else ""
         super().__init__(
-            f"the trained head did not beat the base head on held-out records (log loss difference "
-            f"{numbers['mean']:+.4f}, 95% CI [{numbers['ci95'][0]:+.4f}, {numbers['ci95'][1]:+.4f}]); "
+            f"the trained head did not beat the recalibrated base head on held-out records (log loss difference "
+            f"{numbers['mean']:+.4f}, 95% CI [{numbers['ci95'][0]:+.4f}, {numbers['ci95'][1]:+.4f}]{reason}); "
             "nothing written (--force writes it anyway)"
         )
 
@@ -162,79 +164,6 @@ def _open_inputs(settings: TrainHeadSettings) -> tuple[Checkpoint, HiddenReader,
     return checkpoint, reader, release, settings.base_head or release.path
 
 
-# ----------------------------------------------------------------------------- folds and metrics
-
-
-def assign_folds(examples: Sequence[Example], folds: int, seed: int) -> list[int]:
-    """Fold of each example: groups of identical input ids (identical states) are shuffled with
-    `seed` and dealt, largest first, to the fold with the fewest records."""
-    groups: dict[str, list[int]] = {}
-    for position, example in enumerate(examples):
-        key = hashlib.sha256(np.asarray(example.stored.input_ids, dtype=np.int64).tobytes()).hexdigest()
-        groups.setdefault(key, []).append(position)
-    members = list(groups.values())
-    order = np.random.default_rng(seed).permutation(len(members))
-    order = sorted(order.tolist(), key=lambda group: -len(members[group]))  # stable: shuffled among equals
-    assignment = [0] * len(examples)
-    sizes = [0] * folds
-    for group in order:
-        fold = min(range(folds), key=lambda number: (sizes[number], number))
-        sizes[fold] += len(members[group])
-        for position in members[group]:
-            assignment[position] = fold
-    return assignment
-
-
-def per_record_metrics(examples: Sequence[Example], probabilities: Sequence[Sequence[torch.Tensor]]) -> dict:
-    """Per record: mean over its labelled questions of -ln p(gold), of the Brier score
-    sum_o (p_o - y_o)^2, and of top-1 correctness (ties: first option in head order)."""
-    log_loss, brier, correct, question_ids = [], [], [], []
-    for example, probs in zip(examples, probabilities, strict=True):
-        record_ll, record_brier = [], []
-        for question, target, p in zip(example.stored.encoded.record.questions, example.targets, probs, strict=True):
-            if target < 0:
-                continue
-            onehot = torch.zeros_like(p)
-            onehot[target] = 1.0
-            record_ll.append(-float(torch.log(p[target].clamp(min=1e-300))))
-            record_brier.append(float(((p - onehot) ** 2).sum()))
-            correct.append(int(torch.argmax(p)) == target)
-            question_ids.append(question.id)
-        log_loss.append(float(np.mean(record_ll)))
-        brier.append(float(np.mean(record_brier)))
-    return {
-        "log_loss": np.array(log_loss),
-        "brier": np.array(brier),
-        "correct": np.array(correct, dtype=float),
-        "question_ids": question_ids,
-    }
-
-
-def paired_bootstrap(values: np.ndarray, resamples: int, seed: int) -> tuple[float, float]:
-    """Percentile 95% interval of the mean of `values` (records resampled with replacement)."""
-    rng = np.random.default_rng(seed)
-    means = []
-    for start in range(0, resamples, 256):
-        rows = min(256, resamples - start)
-        means.append(values[rng.integers(0, len(values), size=(rows, len(values)))].mean(axis=1))
-    low, high = percentile_interval(np.concatenate(means))
-    return low, high
-
-
-def _summary(metrics: dict, resamples: int, seed: int) -> dict[str, Any]:
-    by_question: dict[str, list[float]] = {}
-    for question_id, value in zip(metrics["question_ids"], metrics["correct"], strict=True):
-        by_question.setdefault(question_id, []).append(value)
-    return {
-        "log_loss": float(metrics["log_loss"].mean()),
-        "log_loss_ci95": paired_bootstrap(metrics["log_loss"], resamples, seed),
-        "brier": float(metrics["brier"].mean()),
-        "brier_ci95": paired_bootstrap(metrics["brier"], resamples, seed),
-        "accuracy": float(metrics["correct"].mean()),
-        "accuracy_by_question": {qid: float(np.mean(values)) for qid, values in sorted(by_question.items())},
-    }
-
-
 # ----------------------------------------------------------------------------- the job
 
 
@@ -260,7 +189,6 @@ def _report(
     gold: GoldSet,
     examples: Sequence[Example],
     device: str,
-    fold_reports: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """What the run was given and did, for training_report.json (the held-out part is added after)."""
     return {
@@ -289,14 +217,11 @@ def _report(
             "problems": len(gold.problems),
             "first_problems": [problem.message for problem in gold.problems[:20]],
         },
-        "folds": fold_reports,
     }
 
 
-def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHeadResult:
-    from clef_cli.families import family_of
-    from clef_cli.model.backbone import resolve_device
-
+def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
+    """Open and check every input; returns (checkpoint, release, base dir, base head, examples, gold)."""
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
@@ -314,60 +239,37 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
         raise UsageError(f"{len(examples)} gold records with stored states are fewer than --folds {settings.folds}")
     progress.stage(f"verifying {len(reader.shards)} hidden-state shards")
     reader.verify()
+    return checkpoint, release, base_dir, base, examples, gold
+
+
+def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHeadResult:
+    from clef_cli.families import family_of
+    from clef_cli.model.backbone import resolve_device
+
+    checkpoint, release, base_dir, base, examples, gold = _prepare(settings, progress)
     device = resolve_device(settings.device)
     lexical = family_of(release).lexical_rows(release).to(device)
-    tokens = settings.fit.batch_tokens
     folds = assign_folds(examples, settings.folds, settings.seed)
     progress.stage(f"{len(examples)} gold records, {gold.n_labels} labels, {settings.folds} folds")
-
-    base_probs = predict(base, lexical, examples, tokens, device)
-    trained_probs: list[list[torch.Tensor]] = [[] for _ in examples]
-    fold_reports = []
-    for fold in range(settings.folds):
-        train = [example for example, number in zip(examples, folds, strict=True) if number != fold]
-        held = [position for position, number in enumerate(folds) if number == fold]
-        head = copy.deepcopy(base)
-        name = f"fold {fold + 1}/{settings.folds}"
-        curve = fit(
-            head, lexical, train, settings.fit, settings.seed + fold + 1, device,
-            lambda epoch, loss, name=name: progress.epoch(name, epoch, settings.fit.epochs, loss),
-        )  # fmt: skip
-        held_examples = [examples[position] for position in held]
-        for position, probs in zip(held, predict(head, lexical, held_examples, tokens, device), strict=True):
-            trained_probs[position] = probs
-        after = per_record_metrics(held_examples, [trained_probs[p] for p in held])
-        before = per_record_metrics(held_examples, [base_probs[p] for p in held])
-        fold_reports.append(
-            {
-                "fold": fold,
-                "records": len(held),
-                "base": {"log_loss": float(before["log_loss"].mean()), "accuracy": float(before["correct"].mean())},
-                "trained": {"log_loss": float(after["log_loss"].mean()), "accuracy": float(after["correct"].mean())},
-                "loss_curve": curve,
-            }
-        )
-
-    resamples, seed = settings.bootstrap_resamples, settings.seed
-    after, before = per_record_metrics(examples, trained_probs), per_record_metrics(examples, base_probs)
-    difference = after["log_loss"] - before["log_loss"]
-    low, high = paired_bootstrap(difference, resamples, seed)
-    passed = bool(difference.mean() < 0 and high < 0)
-    report = _report(settings, checkpoint, release, base_dir, gold, examples, str(device), fold_reports)
-    report["held_out"] = {
-        "base": _summary(before, resamples, seed),
-        "trained": _summary(after, resamples, seed),
-        "log_loss_difference": {"mean": float(difference.mean()), "ci95": [low, high]},
-    }
-    report["gate"] = {"passed": passed, "forced": settings.force and not passed, "rule": GATE_RULE}
-    if not passed and not settings.force:
+    crossed = cross_fit(
+        base, lexical, examples, folds, settings.fit, settings.seed, device,
+        lambda run, epoch, loss: progress.epoch(run, epoch, settings.fit.epochs, loss),
+    )  # fmt: skip
+    report = _report(settings, checkpoint, release, base_dir, gold, examples, str(device))
+    report["folds"] = crossed.folds
+    report.update(held_out_report(examples, crossed, settings.bootstrap_resamples, settings.seed))
+    report["gate"]["forced"] = settings.force and not report["gate"]["passed"]
+    if not report["gate"]["passed"] and not settings.force:
         raise GateRefused(report)
 
-    progress.stage("training on every gold record")
+    epochs = int(np.median(crossed.best_epochs))
+    progress.stage(f"training on every gold record ({epochs} epochs, the folds' median best)")
     final = copy.deepcopy(base)
+    report["final_epochs"] = epochs
     report["loss_curve"] = fit(
         final, lexical, examples, settings.fit, settings.seed, device,
-        lambda epoch, loss: progress.epoch("all records", epoch, settings.fit.epochs, loss),
-    )  # fmt: skip
+        lambda epoch, loss: progress.epoch("all records", epoch, epochs, loss), stop_after=epochs,
+    ).curve  # fmt: skip
     final = final.cpu().eval()
     save_head(final, base_dir, settings.output, report)
     return TrainHeadResult(report=report, head=final, written=True)
