@@ -11,7 +11,7 @@ from rich.console import Console
 
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_DRIFT
-from clef_cli.cli.options import writable_file_or_stdout
+from clef_cli.cli.options import ReportOption, writable_file_or_stdout
 from clef_cli.errors import UsageError
 from clef_cli.store.atomic import is_stdout
 
@@ -25,12 +25,7 @@ def command(
             "--json", callback=writable_file_or_stdout, help="Write every number and every flip as JSON (- for stdout)."
         ),
     ] = None,
-    report: Annotated[
-        Path | None,
-        typer.Option(
-            "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
-        ),
-    ] = None,
+    report: ReportOption = None,
     fail_above_psi: Annotated[
         float | None,
         typer.Option("--fail-above-psi", min=0.0, help="Exit 5 when any question's PSI exceeds this (after writing)."),

@@ -215,3 +215,10 @@ class ReviewFormat(str, Enum):
     argilla = "argilla"
     jsonl = "jsonl"
     csv = "csv"
+
+ReportOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
+    ),
+]

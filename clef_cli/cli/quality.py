@@ -16,6 +16,7 @@ from clef_cli.cli.options import (
     CalibrationMethod,
     DeviceOption,
     QuietOption,
+    ReportOption,
     RevisionOption,
     TableFormat,
     writable_file_or_stdout,
@@ -69,12 +70,7 @@ def evaluate(
             "--json", callback=writable_file_or_stdout, help="Write every metric as JSON here (- for stdout)."
         ),
     ] = None,
-    report: Annotated[
-        Path | None,
-        typer.Option(
-            "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
-        ),
-    ] = None,
+    report: ReportOption = None,
     bins: BinsOption = 15,
     target_accuracy: Annotated[
         float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
