@@ -37,7 +37,7 @@ def media_files(tmp_path_factory):
     shutil.copy(MEDIA / "image_a.png", folder / "a.png")
     shutil.copy(MEDIA / "image_a.png", folder / "a-copy.png")
     shutil.copy(MEDIA / "image_b.png", folder / "b.png")
-    data_url = "data:image/png;base64," + base64.b64encode((MEDIA / "image_a.png").read_bytes()).decode()
+    data_url = "data:;base64," + base64.b64encode((MEDIA / "image_a.png").read_bytes()).decode()  # judged by content
     return folder, ["a.png", "a-copy.png", str(folder / "a.png"), data_url, "b.png"]
 
 
@@ -135,6 +135,10 @@ def test_the_key_follows_media_bytes_not_paths(tmp_path, media_files):
     assert record_key(build(raw, moved), prompt(), MediaHasher(MediaLimits())) == before
     data_url = build(raw_record("s", None, CRITERIA[0], [images[3]]), tmp_path)
     assert record_key(data_url, prompt(), MediaHasher(MediaLimits())) == before
+    typed = build(
+        raw_record("s", None, CRITERIA[0], ["data:image/png;base64," + images[3].partition(",")[2]]), tmp_path
+    )
+    assert record_key(typed, prompt(), MediaHasher(MediaLimits())) != before  # a declared type is checked, so keyed
     shutil.copy(MEDIA / "image_b.png", tmp_path / "x.png")  # same path, other bytes
     assert record_key(build(raw, tmp_path), prompt(), MediaHasher(MediaLimits())) != before
 

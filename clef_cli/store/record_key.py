@@ -94,9 +94,14 @@ class MediaHasher:
 
     def entry(self, entry: str, base_dir: Path | None) -> str:
         if entry.startswith("data:"):
-            _, _, payload = entry.partition(",")
+            header, _, payload = entry.partition(",")
+            declared = header.removeprefix("data:").split(";")[0].strip().lower()  # its MIME type is checked
             try:
-                return "sha256:" + hashlib.sha256(base64.b64decode(payload, validate=True)).hexdigest()
+                digest = hashlib.sha256(base64.b64decode(payload, validate=True)).hexdigest()
+                # a declared type is checked against the field, so it shapes the outcome; none (or
+                # application/octet-stream) is judged by content, like a file's bytes
+                untyped = declared in ("", "application/octet-stream")
+                return f"sha256:{digest}" if untyped else f"sha256:{digest}:type={declared}"
             except (binascii.Error, ValueError):
                 return "undecodable:" + hashlib.sha256(entry.encode()).hexdigest()
         if entry.startswith(("http://", "https://")):
@@ -113,8 +118,8 @@ class MediaHasher:
             info = os.stat(path)
         except FileNotFoundError:
             return f"missing:{path}"
-        except OSError:
-            return f"unreadable:{path}"
+        except (OSError, ValueError):  # ValueError: a NUL or a lone surrogate in the path
+            return f"unreadable:{path!r}"
         if not stat.S_ISREG(info.st_mode):
             return f"unreadable:{path}"
         if info.st_size > self.limits.max_file_bytes:
@@ -125,7 +130,7 @@ class MediaHasher:
             return self._cache[cached]
         try:
             digest = "sha256:" + _sha256_file(path)
-        except OSError:
+        except (OSError, ValueError):
             return f"unreadable:{path}"
         self._cache[cached] = digest
         if len(self._cache) > self.cache_size:
