@@ -111,7 +111,7 @@ class JobSummary:
     records: int = 0
     scored: int = 0
     failed: int = 0
-    resumed: int = 0
+    reused: int = 0
     """Records whose key's result came from the store (reused)."""
     forwarded: int = 0
     """Records run through the thinker in this run."""
@@ -133,7 +133,7 @@ class JobSummary:
     """Where the time went (stage times are measured by the local engine only)."""
 
     def take_counts(self, counts: RunCounts) -> None:
-        self.run, self.resumed = counts.run, counts.reused
+        self.run, self.reused = counts.run, counts.reused
         self.duplicates, self.retried = counts.duplicates, counts.retried
 
     def run_counts(self) -> dict[str, int]:
@@ -141,7 +141,7 @@ class JobSummary:
         return {
             "run": self.run,
             "forwarded": self.forwarded,
-            "reused": self.resumed,
+            "reused": self.reused,
             "duplicates": self.duplicates,
             "retried": self.retried,
         }

@@ -95,7 +95,7 @@ def test_a_record_that_kills_its_encoding_process_fails_alone(tmp_path, scorer, 
     assert {row["id"]: row["error_kind"] for row in rows if row["error"]} == {"ticket-004": "transient"}
     monkeypatch.delenv("CLEF_TEST_CRASH_ON")
     again = ScoreJob(settings_for(tmp_path, workers=0, window=4, limit=None), scorer=scorer).run()
-    assert (again.run, again.retried, again.resumed, again.failed) == (1, 1, 16, 0)
+    assert (again.run, again.retried, again.reused, again.failed) == (1, 1, 16, 0)
 
 
 def test_media_are_decoded_once_thanks_to_the_spool(tmp_path, scorer, monkeypatch):

@@ -105,7 +105,7 @@ def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_clust
     committed = first.committed
     assert first.run == distinct and 5 <= committed < distinct
     second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)).run()
-    assert second.resumed == committed  # every committed row is one key, reused now
+    assert second.reused == committed  # every committed row is one key, reused now
     # nothing committed is read or scored again; the 2 invalid records and later copies never run
     assert second.committed == second.run == 317 - 2 - second.duplicates - committed
     assert_same_rows(pq.read_table(tmp_path / "resumed.parquet").to_pylist(), local_rows, probability_tolerance=1e-5)

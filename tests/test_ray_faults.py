@@ -187,7 +187,7 @@ def test_killing_the_whole_job_then_rerunning_repeats_nothing(cluster, clean_inp
     first = journaled(checkpoint)
     assert 20 <= len(first) < RECORDS
     second = ray_job(settings_for(tmp_path, [clean_input], "out.parquet", **SMALL_JOB)).run()
-    assert second.resumed == len(first)
+    assert second.reused == len(first)
     assert second.committed == RECORDS - len(first)  # nothing committed is scored again
     everything = journaled(checkpoint)
     assert sorted(everything) == list(range(RECORDS))  # each record committed exactly once

@@ -122,7 +122,7 @@ def print_summary(summary: Any) -> None:
     healed = f", {summary.damaged} again for damaged checkpoint shards" if summary.damaged else ""
     stderr.print(
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
-        f"({summary.forwarded} run through the model, {summary.resumed} from the checkpoint, "
+        f"({summary.forwarded} run through the model, {summary.reused} from the checkpoint, "
         f"{summary.duplicates} duplicates collapsed, {summary.retried} retried{healed}); "
         f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
         markup=False,

@@ -105,7 +105,7 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
         finally:
             target.close()
             shutil.rmtree(workdir, ignore_errors=True)
-    summary.resumed = summary.scored
+    summary.reused = summary.scored
     return summary
 
 
