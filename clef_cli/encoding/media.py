@@ -15,15 +15,17 @@ import math
 import os
 import stat
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 AUDIO_SAMPLE_RATE = 16000
 VIDEO_FPS = 2.0
 MAX_FRAME_PIXELS = 256 * 32 * 32
+T = TypeVar("T")
 
 
 class MediaError(Exception):
@@ -140,6 +142,16 @@ def _download(url: str, limits: MediaLimits) -> bytes:
 
 def decode_image(source: str | io.BytesIO, limits: MediaLimits) -> Any:
     """A PIL RGB image; the pixel count is checked from the header before decoding."""
+    return _with_image(source, limits, lambda image: image.convert("RGB"))
+
+
+def image_size(source: str | io.BytesIO, limits: MediaLimits) -> tuple[int, int]:
+    """(width, height) from the header alone, under the same checks as `decode_image`: an image's
+    token count depends only on its size, so a run can plan it without decoding its pixels."""
+    return _with_image(source, limits, lambda image: image.size)
+
+
+def _with_image(source: str | io.BytesIO, limits: MediaLimits, use: Callable[[Any], T]) -> T:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -149,7 +161,7 @@ def decode_image(source: str | io.BytesIO, limits: MediaLimits) -> Any:
                 raise MediaError(
                     f"image is {width}x{height} = {width * height} pixels, over the limit of {limits.max_image_pixels}"
                 )
-            return image.convert("RGB")
+            return use(image)
     except UnidentifiedImageError:
         raise MediaError("not a decodable image") from None
     except Image.DecompressionBombError as error:

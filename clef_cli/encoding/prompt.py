@@ -10,17 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from clef_cli.choices import OverflowPolicy
 from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import RecordError, unexpected_error
+from clef_cli.families.base import Family, MediaSegment
 from clef_cli.inputs.records import Question, Record
-
-if TYPE_CHECKING:
-
-    from clef_cli.families.base import Family
 
 T = TypeVar("T")
 
@@ -137,6 +134,17 @@ class PromptEncoder:
     def encode(self, record: Record) -> EncodedRecord:
         """The record's token ids, spans and media tensors, or a `RecordError`."""
         media = _guarded(record, "media", lambda: self.family.encode_media(self.processor, record, self.limits))
+        return self._assembled(record, media)
+
+    def plan(self, record: Record) -> EncodedRecord | None:
+        """The same ids and spans as `encode` without the media tensors, from the media's headers
+        alone (images); None when the record's media must be decoded to know them."""
+        if not record.has_media:
+            return None
+        ids = _guarded(record, "media", lambda: self.family.media_ids_from_headers(self.processor, record, self.limits))
+        return None if ids is None else self._assembled(record, MediaSegment(ids))
+
+    def _assembled(self, record: Record, media: MediaSegment) -> EncodedRecord:
         state_ids = _guarded(record, "state", lambda: self._tokens(render(record.state)))
         schema_ids, questions = _guarded(record, "questions", lambda: self._schema(record.questions))
         start = len(self._prefix) + len(media.input_ids)

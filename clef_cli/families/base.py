@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from clef_cli.encoding.media import MediaError, MediaLimits, open_source
+from clef_cli.encoding.media import MediaError, MediaLimits, image_size, open_source
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import Record
 
@@ -73,6 +73,32 @@ def processor_tensors(record: Record, call: Callable[[], Any]) -> tuple[list[int
     return output["input_ids"][0].tolist(), tensors
 
 
+def image_ids_from_headers(
+    processor: Any, record: Record, limits: MediaLimits, text: str, size_kwargs: dict[str, int]
+) -> list[int]:
+    """The ids `processor(text=[text], images=...)` gives the record's images, from their headers.
+
+    The processor expands each image placeholder to one token per merged patch, a count that
+    depends only on the image's size (its `smart_resize`); the expanded text is then tokenized.
+    Doing the same here lets a run plan an image record without decoding or normalising its
+    pixels (tests/test_header_planning.py checks the ids against full encodes).
+    """
+    sizes = decode_entries(record, "images", image_size, limits)
+    image_processor, pad = processor.image_processor, processor.image_token
+    pieces = text.split(pad)
+    if len(pieces) != len(sizes) + 1:
+        raise ValueError(f"{len(pieces) - 1} image placeholders for {len(sizes)} images")
+    try:
+        counts = [
+            image_processor.get_number_of_image_patches(height, width, size_kwargs) // image_processor.merge_size**2
+            for width, height in sizes
+        ]
+    except ValueError as error:  # the same smart_resize refusal a full encode would meet
+        raise RecordError(record.id, "media", f"the processor refused the media: {error}") from None
+    expanded = pieces[0] + "".join(pad * count + piece for count, piece in zip(counts, pieces[1:], strict=True))
+    return list(processor.tokenizer(expanded, add_special_tokens=False)["input_ids"])
+
+
 class Family(ABC):
     """One model family of the Clef release line."""
 
@@ -94,6 +120,11 @@ class Family(ABC):
     @abstractmethod
     def encode_media(self, processor: Any, record: Record, limits: MediaLimits) -> MediaSegment:
         """The record's media segment (empty for a record without media)."""
+
+    def media_ids_from_headers(self, processor: Any, record: Record, limits: MediaLimits) -> list[int] | None:
+        """The media segment's ids without decoding any pixels, where headers tell them (images
+        alone); None where only a full encode can (audio and video lengths, or no support)."""
+        return None
 
     def lexical_rows(self, release: Release) -> torch.Tensor:
         """The lm_head rows alone (for re-scoring stored hidden states without the backbone)."""

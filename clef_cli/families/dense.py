@@ -17,7 +17,14 @@ import torch
 from clef_cli.encoding.batching import ModelBatch
 from clef_cli.encoding.media import MediaLimits, decode_image
 from clef_cli.errors import RecordError
-from clef_cli.families.base import IMAGE_PLACEHOLDER, Family, MediaSegment, decode_entries, processor_tensors
+from clef_cli.families.base import (
+    IMAGE_PLACEHOLDER,
+    Family,
+    MediaSegment,
+    decode_entries,
+    image_ids_from_headers,
+    processor_tensors,
+)
 from clef_cli.inputs.records import Record
 from clef_cli.model.backbone import Backbone, load_strictly, without_lm_head
 from clef_cli.release import Release
@@ -53,6 +60,12 @@ class DenseFamily(Family):
         text = IMAGE_PLACEHOLDER * len(images) + "\n"
         ids, tensors = processor_tensors(record, lambda: processor(text=[text], images=images, return_tensors="pt"))
         return MediaSegment(ids, tensors)
+
+    def media_ids_from_headers(self, processor: Any, record: Record, limits: MediaLimits) -> list[int] | None:
+        if record.audio or record.videos or not record.images:
+            return None  # refused (or empty) by encode_media, which says why
+        text = IMAGE_PLACEHOLDER * len(record.images) + "\n"
+        return image_ids_from_headers(processor, record, limits, text, {})
 
     def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> DenseBackbone:
         import transformers

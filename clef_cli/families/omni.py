@@ -22,6 +22,7 @@ from clef_cli.families.base import (
     Family,
     MediaSegment,
     decode_entries,
+    image_ids_from_headers,
     processor_tensors,
 )
 from clef_cli.inputs.records import Record
@@ -86,6 +87,13 @@ class OmniFamily(Family):
             ),
         )
         return MediaSegment(ids, tensors, use_audio_in_video)
+
+    def media_ids_from_headers(self, processor: Any, record: Record, limits: MediaLimits) -> list[int] | None:
+        if record.audio or record.videos or not record.images:
+            return None
+        text = (IMAGE_PLACEHOLDER + "\n") * len(record.images)
+        size = {"min_pixels": IMAGE_SIZE["shortest_edge"], "max_pixels": IMAGE_SIZE["longest_edge"]}
+        return image_ids_from_headers(processor, record, limits, text, size)
 
     def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> OmniBackbone:
         from transformers.models.qwen3_omni_moe import (
