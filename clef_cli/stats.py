@@ -97,6 +97,10 @@ class JobStats:
         rate.tokens += tokens
         rate.seconds += seconds
 
+    def encoding_time(self, kind: str, seconds: float) -> None:
+        """Time spent encoding records already counted (decoded when their batch was made)."""
+        self.encode.setdefault(kind, EncodeRate()).seconds += seconds
+
     @property
     def measured(self) -> bool:
         """Whether this run timed its stages (the local engine does; Ray and rehead do not)."""

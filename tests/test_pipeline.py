@@ -115,6 +115,23 @@ def test_media_are_decoded_once_thanks_to_the_spool(tmp_path, scorer, monkeypatc
     assert not (tmp_path / "out.parquet.ckpt" / "spool").exists()
 
 
+def test_image_records_are_planned_from_headers_and_decoded_once(tmp_path, scorer, monkeypatch):
+    """An image-only record is planned from its headers and decoded when its batch is made; a
+    record with an image beside audio is encoded (so decoded) while planning, then spooled."""
+    import clef_cli.families.base as base
+    import clef_cli.families.omni as omni
+
+    decoded: list[str] = []
+    measured: list[str] = []
+    real_decode, real_size = omni.decode_image, base.image_size
+    monkeypatch.setattr(omni, "decode_image", lambda src, limits: decoded.append(src) or real_decode(src, limits))
+    monkeypatch.setattr(base, "image_size", lambda src, limits: measured.append(src) or real_size(src, limits))
+    summary = ScoreJob(settings_for(tmp_path, limit=None, max_batch_size=2), scorer=scorer).run()
+    assert summary.scored == 17
+    assert len(measured) == 4  # ticket-003, -005 and -009 (two images), from their headers
+    assert len(decoded) == 5  # those four once each, and ticket-008's image beside its audio
+
+
 def test_without_spool_room_media_are_decoded_again_and_results_agree(tmp_path, scorer, monkeypatch):
     import clef_cli.families.omni as omni
 

@@ -8,16 +8,19 @@ clip, misplaced a row or copied through a pipe would fail.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from clef_cli.choices import OverflowPolicy
 from clef_cli.encoding.batching import collate
 from clef_cli.encoding.media import MediaLimits
-from clef_cli.engines.local.batch_prep import prepare_batch, preparing_crashed
+from clef_cli.engines.local.batch_prep import BatchOrder, prepare_batch, preparing_crashed
+from clef_cli.engines.local.batch_slots import ALIGNMENT, BatchSlots, allocator_for
 from clef_cli.engines.local.workers import EncodePool, EncoderSpec
 
-from .helpers import GOLDEN_MAX_LENGTH
+from .helpers import GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, PROBABILITY_TOLERANCE, settings_for
 
 LARGE = {"a14-webm-odd-frames", "a15-large-frames-and-image"}
 """Left out to keep these quick: the other records already cover every media tensor."""
@@ -45,7 +48,7 @@ def _prepared(release, groups, tmp_path, media_dtype, workers):
         for records in groups:
             planned = [future.result() for future in [pool.plan(record) for record in records]]
             assert all(item.spooled is not None for item in planned)
-            ready = pool.urgent(prepare_batch, planned, preparing_crashed).result()
+            ready = pool.urgent(prepare_batch, BatchOrder(planned), preparing_crashed).result()
             assert ready is not None and not ready.failures
             batches.append(ready.received())
     return batches
@@ -87,3 +90,85 @@ def test_a_worker_batch_arrives_in_shared_memory_and_scores_like_one_collated_he
             assert record.media.keys() == alone.media.keys()
             for key, value in alone.media.items():
                 assert torch.equal(record.media[key], value), (record.record.id, key)
+
+
+def _ptr(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def test_a_batch_is_laid_out_in_its_slot_and_a_batch_too_large_spills_and_grows_it(encoder, groups):
+    """In-process: the allocator a worker uses writes every tensor of the batch into the slot,
+    each aligned, with the values `collate` gives; what does not fit goes to fresh shared memory,
+    and the slot given back is remade large enough for the next such batch."""
+    records = [encoder.encode(record) for record in groups[0]]
+    pad = encoder.processor.tokenizer.pad_token_id
+    want = collate(records, pad)
+    slots = BatchSlots()
+    small = slots.take()
+    spilling = allocator_for(small)
+    first = collate(records, pad, spilling)
+    assert spilling.spilled > 0 and spilling.needed > small.nbytes
+    slots.give_back(small, spilling.needed)
+    grown = slots.take()
+    assert grown.number == small.number and grown.nbytes >= spilling.needed
+    fitting = allocator_for(grown)
+    second = collate(records, pad, fitting)
+    assert fitting.spilled == 0 and fitting.needed == spilling.needed
+    for batch in (first, second):
+        assert torch.equal(batch.input_ids, want.input_ids) and torch.equal(batch.attention_mask, want.attention_mask)
+        assert batch.media.keys() == want.media.keys()
+        for key, value in want.media.items():
+            assert torch.equal(batch.media[key], value), key
+    tensors = [second.input_ids, second.attention_mask, *second.media.values()]
+    assert all(_ptr(tensor) == grown.storage.data_ptr() for tensor in tensors)
+    offsets = sorted(tensor.data_ptr() - grown.storage.data_ptr() for tensor in tensors)
+    assert all(offset % ALIGNMENT == 0 for offset in offsets)
+    sizes = {tensor.data_ptr() - grown.storage.data_ptr(): tensor.nbytes for tensor in tensors}
+    assert all(start + sizes[start] <= end for start, end in itertools.pairwise(offsets))  # no overlap
+
+
+@pytest.mark.slow
+def test_a_worker_reuses_its_slot_and_the_main_process_maps_the_same_pages(release, encoder, groups, tmp_path):
+    spec = EncoderSpec(release.path, GOLDEN_MAX_LENGTH, OverflowPolicy.truncate, MediaLimits(), tmp_path, "omni", 1)
+    slots = BatchSlots()
+    pad = encoder.processor.tokenizer.pad_token_id
+    placed = []
+    with EncodePool(spec, 1) as pool:
+        for records in groups:
+            planned = [future.result() for future in [pool.plan(record) for record in records]]
+            want = collate([encoder.encode(record) for record in records], pad)
+            for _ in range(3):  # the first batch spills and grows the slot; the next ones fit
+                slot = slots.take()
+                ready = pool.urgent(prepare_batch, BatchOrder(planned, slot), preparing_crashed).result()
+                batch = ready.received()
+                in_slot = all(_ptr(value) == slot.storage.data_ptr() for value in batch.media.values())
+                assert in_slot is (ready.slot_bytes <= slot.nbytes)
+                placed.append(in_slot)
+                for key, value in want.media.items():
+                    assert torch.equal(batch.media[key], value), key
+                slots.give_back(slot, ready.slot_bytes)
+                del batch, ready
+    assert placed[0] is False and placed[1:3] == [True, True] and sum(placed) >= 4
+
+
+@pytest.mark.slow
+def test_a_job_with_a_worker_scores_the_golden_records_as_the_reference(tmp_path, scorer, expected):
+    """Images planned from headers, decoded once in the worker, batches through reused slots:
+    every record's probabilities are the reference's."""
+    import pyarrow.parquet as pq
+
+    from clef_cli.engines.local.pipeline import ScoreJob
+
+    settings = settings_for(
+        tmp_path, [GOLDEN_RECORDS], workers=1, max_batch_size=2, max_length=GOLDEN_MAX_LENGTH, limit=None
+    )
+    summary = ScoreJob(settings, scorer=scorer).run()
+    assert summary.scored == len(expected) and summary.failed == 0
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert [row["id"] for row in rows] == [reference["id"] for reference in expected]
+    for row, reference in zip(rows, expected, strict=True):
+        assert row["prompt_tokens"] == reference["num_tokens"], row["id"]
+        for answer, question in zip(row["answers"], reference["questions"], strict=True):
+            assert [label["label"] for label in answer["labels"]] == question["option_ids"]
+            got = [label["probability"] for label in answer["labels"]]
+            assert got == pytest.approx(question["probabilities"], abs=PROBABILITY_TOLERANCE), row["id"]

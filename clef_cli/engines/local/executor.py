@@ -14,13 +14,15 @@ from typing import Any
 from clef_cli import faults
 from clef_cli.encoding.batching import ModelBatch, PlanEntry, PlannedBatch, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
-from clef_cli.engines.local.batch_prep import PreparedBatch, prepare_batch, preparing_crashed
+from clef_cli.engines.local.batch_prep import BatchOrder, PreparedBatch, prepare_batch, preparing_crashed
+from clef_cli.engines.local.batch_slots import BatchSlots, Slot
 from clef_cli.engines.local.committer import BackgroundCommitter
 from clef_cli.engines.local.workers import EncodePool, Planned
 from clef_cli.job import Job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.scoring import BatchRunner, Scorer
 from clef_cli.results import FailedRecord, ScoredRecord, results_table
+from clef_cli.stats import modality
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 PREFETCH_BATCHES = 3
@@ -59,6 +61,7 @@ class BatchExecutor:
         self.stats = job.summary.stats
         self.batch_tokens = job.settings.max_batch_tokens
         self.budget_lowered = budget_lowered
+        self.slots = BatchSlots()
 
     @cached_property
     def runner(self) -> BatchRunner:
@@ -76,14 +79,14 @@ class BatchExecutor:
 
     def run(self, batches: list[PlannedBatch], by_index: dict[int, Planned]) -> None:
         """Run batches in order while the next few are made ready in the background."""
-        prepared: deque[tuple[PlannedBatch, Pending]] = deque()
+        prepared: deque[tuple[PlannedBatch, Pending, Slot | None]] = deque()
         upcoming = iter(batches)
         on_gpu = resolve_device(self.job.settings.device).type == "cuda"
         pinner = ThreadPoolExecutor(1, "clef-pin") if on_gpu else None
 
         def prepare() -> None:
             for batch in upcoming:
-                prepared.append((batch, self._prepare(batch, by_index, pinner)))
+                prepared.append((batch, *self._prepare(batch, by_index, pinner)))
                 if len(prepared) >= PREFETCH_BATCHES:
                     return
 
@@ -92,16 +95,18 @@ class BatchExecutor:
                 prepare()
             while prepared:
                 with self.stats.stage("encode_wait"):
-                    batch, pending = prepared.popleft()
+                    batch, pending, slot = prepared.popleft()
                     prepare()
-                    encoded, model_batch, failures = self._collect(batch, pending, by_index)
+                    encoded, model_batch, failures, slot_bytes = self._collect(batch, pending, by_index)
                 self.commit([], failures)
                 if encoded:
                     self._score_and_commit(encoded, model_batch)
+                if slot is not None:  # the batch has run: its slot can take another
+                    self.slots.give_back(slot, slot_bytes)
                 for index in batch.indices:
                     by_index.pop(index).discard()
                 if self.stop.is_set():
-                    for _, pending in prepared:
+                    for _, pending, _ in prepared:
                         for item in pending if isinstance(pending, list) else [pending]:
                             if isinstance(item, Future):
                                 item.cancel()
@@ -110,26 +115,36 @@ class BatchExecutor:
             if pinner is not None:
                 pinner.shutdown(wait=False, cancel_futures=True)
 
-    def _prepare(self, batch: PlannedBatch, by_index: dict[int, Planned], pinner: ThreadPoolExecutor | None) -> Pending:
-        """A batch with media is collated by an encoding worker (Future of a PreparedBatch, pinned
-        on a helper thread for a GPU); a text batch is collated here, from its planned encodings."""
+    def _prepare(
+        self, batch: PlannedBatch, by_index: dict[int, Planned], pinner: ThreadPoolExecutor | None
+    ) -> tuple[Pending, Slot | None]:
+        """A batch with media is collated by an encoding worker into a shared-memory slot (Future
+        of a PreparedBatch, pinned on a helper thread for a GPU); a text batch is collated here,
+        from its planned encodings."""
         planned = [by_index[index] for index in batch.indices]
-        if any(item.record.has_media for item in planned):
-            future = self.pool.urgent(prepare_batch, planned, preparing_crashed)
-            return future if pinner is None else pinner.submit(_pinned, future)
-        return [item.ready() or self.pool.encode(item.record) for item in planned]
+        if not any(item.record.has_media for item in planned):
+            return [item.ready() or self.pool.encode(item.record) for item in planned], None
+        slot = self.slots.take() if self.pool.workers else None
+        future = self.pool.urgent(prepare_batch, BatchOrder(planned, slot), preparing_crashed)
+        return (future if pinner is None else pinner.submit(_pinned, future)), slot
 
     def _collect(
         self, batch: PlannedBatch, pending: Pending, by_index: dict[int, Planned]
-    ) -> tuple[list[EncodedRecord], ModelBatch | None, list[FailedRecord]]:
+    ) -> tuple[list[EncodedRecord], ModelBatch | None, list[FailedRecord], int]:
+        """The batch's encodings (and the worker's collated batch, and the bytes it took)."""
         if isinstance(pending, Future):
             ready: PreparedBatch | None = pending.result()
             if ready is None:  # a worker crashed on it: encode its records one by one
                 pending = [self.pool.encode(by_index[index].record) for index in batch.indices]
             else:
+                for index, seconds in ready.encode_seconds.items():
+                    record = by_index[index].record
+                    kind = modality(len(record.images), len(record.audio), len(record.videos))
+                    self.stats.encoding_time(kind, seconds)
                 failures = [_failed(by_index[index], error, kind) for index, error, kind in ready.failures]
                 model_batch = ready.received()
-                return (model_batch.records if model_batch is not None else []), model_batch, failures
+                encoded = model_batch.records if model_batch is not None else []
+                return encoded, model_batch, failures, ready.slot_bytes
         encoded: list[EncodedRecord] = []
         failures = []
         for index, item in zip(batch.indices, pending, strict=True):
@@ -138,7 +153,7 @@ class BatchExecutor:
                 failures.append(_failed(by_index[index], *value))
             else:
                 encoded.append(value)
-        return encoded, None, failures
+        return encoded, None, failures, 0
 
     def _score_and_commit(self, records: list[EncodedRecord], batch: ModelBatch | None) -> None:
         """Forward and head for one planned batch, each outcome committed as it comes."""

@@ -95,7 +95,7 @@ class ScoreJob:
             workers = stats.workers = worker_count(job.settings)
             dtype = compute_dtype(job.settings)
             media_dtype = None if dtype == "float32" else dtype
-            with encode_pool(job.settings, job.release, workers, spool, media_dtype) as pool:
+            with encode_pool(job.settings, job.release, workers, spool, media_dtype, images_from_headers=True) as pool:
                 executor = BatchExecutor(
                     job, pool, committer, lambda: self._load_scorer(job), self.stop, self._budget_lowered
                 )

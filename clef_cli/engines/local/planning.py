@@ -41,8 +41,10 @@ def encode_pool(
     workers: int,
     spool: Path | None = None,
     media_dtype: str | None = None,
+    images_from_headers: bool = False,
 ) -> EncodePool:
-    """`media_dtype`: the model's compute dtype, when the workers should cast media to it."""
+    """`media_dtype`: the model's compute dtype, when the workers should cast media to it;
+    `images_from_headers`: plan image records without decoding them (a run, not a dry run)."""
     threads = decode_threads_per_worker(workers)
     spec = EncoderSpec(
         release.path,
@@ -53,6 +55,7 @@ def encode_pool(
         release.family,
         threads,
         media_dtype,
+        images_from_headers,
     )
     return EncodePool(spec, workers)
 

@@ -54,6 +54,9 @@ class EncoderSpec:
     media_dtype: str | None = None
     """The model's compute dtype when it is not float32: floating media are cast to it in the
     worker (the same rounding as the model's own cast), so half the bytes travel and spool."""
+    images_from_headers: bool = False
+    """Plan image records from their headers (their token count depends only on their size) and
+    decode them once, when their batch is made; a dry run decodes them to check them."""
 
     def build(self) -> PromptEncoder:
         from clef_cli.families import family_named
@@ -99,14 +102,16 @@ class Planned:
 _worker_encoder: PromptEncoder | None = None
 _worker_spool: Path | None = None
 _worker_media_dtype: torch.dtype | None = None
+_worker_images_from_headers = False
 _in_pool_worker = False
 
 
 def _init_encoder(spec: EncoderSpec) -> None:
-    global _worker_encoder, _worker_spool, _worker_media_dtype
+    global _worker_encoder, _worker_spool, _worker_media_dtype, _worker_images_from_headers
     set_decode_threads(spec.decode_threads)
     _worker_encoder = spec.build()
     _worker_spool = spec.spool
+    _worker_images_from_headers = spec.images_from_headers
     _worker_media_dtype = torch_dtype(spec.media_dtype) if spec.media_dtype else None
 
 
@@ -157,16 +162,20 @@ def compact(encoded: EncodedRecord) -> EncodedRecord:
 
 
 def plan_record(record: Record) -> Planned:
-    """Encode to measure the prompt; media tensors go to the spool (when there is one)."""
+    """Measure the prompt: from the images' headers where they tell it (the batch decodes them),
+    else by encoding it, its media tensors then going to the spool (when there is one)."""
     faults.maybe_crash(record.id)
     started = time.perf_counter()
     try:
-        encoded = _encoder().encode(record)
+        sketch = _encoder().plan(record) if _worker_images_from_headers else None
+        encoded = sketch or _encoder().encode(record)
     except RecordError as error:
         return Planned(record, error=str(error), error_kind=error.kind or "media")
     faults.slow_encode()
     seconds = time.perf_counter() - started
     planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded), seconds=seconds)
+    if sketch is not None:
+        return replace(planned, encoded=None)
     if not encoded.media:
         return planned
     if _worker_spool is None:
