@@ -18,7 +18,8 @@ from clef_cli.encoding.batching import collate
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.local.batch_prep import BatchOrder, prepare_batch, preparing_crashed
 from clef_cli.engines.local.batch_slots import ALIGNMENT, BatchSlots, allocator_for
-from clef_cli.engines.local.workers import EncodePool, EncoderSpec
+from clef_cli.engines.local.encode_pool import EncodePool
+from clef_cli.engines.local.workers import EncoderSpec
 
 from .helpers import GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, PROBABILITY_TOLERANCE, settings_for
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
-from clef_cli.engines.local.workers import EncodePool, EncoderSpec, Planned, within_budget
+from clef_cli.engines.local.workers import EncoderSpec, Planned, within_budget
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.job import job_records
 from clef_cli.model.dtypes import ITEM_SIZES

@@ -1,25 +1,17 @@
-"""Encoding in background processes while the model runs, through a bounded priority queue.
+"""What runs inside an encoding worker: its encoder, planning a record, encoding one.
 
-Two kinds of work share the pool: encoding the records of the batches about to run (urgent:
-the GPU waits on them) and planning the next window (measuring prompt lengths). A dispatcher
-keeps only a few tasks in the pool at once and always hands it the most urgent one, so planning
-never delays a batch. With `workers=0` everything runs inline, in order.
+Each worker process builds its own `PromptEncoder` from an `EncoderSpec`; the functions here are
+the tasks `EncodePool` sends it (module-level, so that they pickle). With `workers=0` they run in
+the main process, the same way.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,8 +25,6 @@ from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import Record
 from clef_cli.model.dtypes import torch_dtype
-
-URGENT, BACKGROUND = 0, 1
 
 
 @dataclass(frozen=True)
@@ -106,7 +96,7 @@ _worker_images_from_headers = False
 _in_pool_worker = False
 
 
-def _init_encoder(spec: EncoderSpec) -> None:
+def init_encoder(spec: EncoderSpec) -> None:
     global _worker_encoder, _worker_spool, _worker_media_dtype, _worker_images_from_headers
     set_decode_threads(spec.decode_threads)
     _worker_encoder = spec.build()
@@ -123,7 +113,27 @@ def _exit_with_parent(parent: int, interval: float = 1.0) -> None:
     os._exit(1)
 
 
-def _init_pool_worker(spec: EncoderSpec) -> None:
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+"""glibc's `mallopt` parameters."""
+
+
+def _keep_freed_buffers_warm() -> None:
+    """By default glibc hands each freed buffer of a few megabytes back to the system, so every
+    image's float32 patches (21 MB at 720p) land in new pages, and here faulting new pages in
+    costs about as much as normalising the image (issue 24). Buffers up to 32 MiB then come from
+    the heap, which keeps up to 512 MiB of freed memory (within a worker's estimated peak), so a
+    batch reuses the pages of the one before it. Not glibc: nothing to do."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 512 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
+def init_pool_worker(spec: EncoderSpec) -> None:
     """A background worker: one CPU thread for torch, and Ctrl-C left to the main process (which
     finishes its batch and stops the pool) instead of killing the worker mid-task."""
     import signal
@@ -135,7 +145,8 @@ def _init_pool_worker(spec: EncoderSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(1)
-    _init_encoder(spec)
+    _keep_freed_buffers_warm()
+    init_encoder(spec)
 
 
 def _encoder() -> PromptEncoder:
@@ -225,151 +236,3 @@ def planning_crashed(record: Record) -> Planned:
 
 def encoding_crashed(record: Record) -> tuple[str, str]:
     return str(RecordError(record.id, "media", CRASHED)), "transient"
-
-
-class _InlineExecutor:
-    """The pool's interface, run in this process (workers=0)."""
-
-    def submit(self, function: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(function(*args))
-        except BaseException as error:
-            future.set_exception(error)
-        return future
-
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        pass
-
-
-@dataclass(order=True)
-class _Task:
-    priority: int
-    order: int
-    function: Callable[[Any], Any] = field(compare=False)
-    argument: Any = field(compare=False)
-    """A record, or a batch's planned records."""
-    crashed: Callable[[Any], Any] = field(compare=False)
-    result: Future = field(compare=False)
-    suspect: bool = field(default=False, compare=False)
-    """It was in the pool when a worker died: it runs again alone, to tell culprit from bystander."""
-
-
-class EncodePool:
-    """Runs plan/encode tasks with priorities; at most `in_flight` tasks sit in the pool.
-
-    A worker that dies (a media decoder crashing on a hostile file) breaks the process pool. The
-    pool is then rebuilt and every task that was in it runs again alone: the one that crashes
-    again is that record's error, the others are unaffected.
-    """
-
-    def __init__(self, spec: EncoderSpec, workers: int) -> None:
-        self.spec = spec
-        self.workers = workers
-        self._in_flight = max(2, 2 * workers)
-        self._queue: list[_Task] = []
-        self._suspects: list[_Task] = []
-        self._running: dict[int, _Task] = {}
-        self._order = itertools.count()
-        self._condition = threading.Condition()
-        self._closed = False
-        if workers > 0:
-            self._executor: Any = self._new_executor()
-            self._generation = 0
-            threading.Thread(target=self._dispatch, name="clef-encode-dispatch", daemon=True).start()
-        else:
-            _init_encoder(spec)
-            self._executor = _InlineExecutor()
-
-    def _new_executor(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=self.workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_pool_worker,
-            initargs=(self.spec,),
-        )
-
-    def _submit(self, priority: int, function: Callable[[Any], Any], argument: Any, crashed: Any) -> Future:
-        if self.workers == 0:
-            return self._executor.submit(function, argument)
-        task = _Task(priority, next(self._order), function, argument, crashed, Future())
-        with self._condition:
-            heapq.heappush(self._queue, task)
-            self._condition.notify()
-        return task.result
-
-    def plan(self, record: Record) -> Future:
-        return self._submit(BACKGROUND, plan_record, record, planning_crashed)
-
-    def encode(self, record: Record) -> Future:
-        return self._submit(URGENT, encode_record, record, encoding_crashed)
-
-    def urgent(self, function: Callable[[Any], Any], argument: Any, crashed: Callable[[Any], Any]) -> Future:
-        """Any work a batch about to run waits on (a module-level function, for pickling)."""
-        return self._submit(URGENT, function, argument, crashed)
-
-    def _next_task(self) -> _Task | None:
-        """Under the lock: a suspect runs only when the pool is empty, and nothing runs beside it."""
-        if self._suspects:
-            return self._suspects.pop(0) if not self._running else None
-        if self._queue and len(self._running) < self._in_flight:
-            return heapq.heappop(self._queue)
-        return None
-
-    def _dispatch(self) -> None:
-        while True:
-            with self._condition:
-                task = self._next_task()
-                while not self._closed and task is None:
-                    self._condition.wait()
-                    task = self._next_task()
-                if self._closed:
-                    return
-                assert task is not None
-                if not task.suspect and not task.result.set_running_or_notify_cancel():
-                    continue
-                self._running[task.order] = task
-                generation = self._generation
-                executor = self._executor
-            try:
-                inner = executor.submit(task.function, task.argument)
-            except (BrokenProcessPool, RuntimeError):  # broken, or replaced after a breakage
-                inner = Future()
-                inner.set_exception(BrokenProcessPool("the encoding pool was rebuilt"))
-            inner.add_done_callback(lambda done, task=task, generation=generation: self._done(task, generation, done))
-
-    def _done(self, task: _Task, generation: int, done: Future) -> None:
-        with self._condition:
-            self._running.pop(task.order, None)
-            error = done.exception()
-            if isinstance(error, BrokenProcessPool):
-                if task.suspect:  # it crashed the pool again, alone: it is the culprit
-                    task.result.set_result(task.crashed(task.argument))
-                else:
-                    task.suspect = True
-                    self._suspects.append(task)
-                if generation == self._generation:  # the first task to see this breakage rebuilds
-                    self._generation += 1
-                    self._executor.shutdown(wait=False, cancel_futures=True)
-                    self._executor = self._new_executor()
-            elif error is not None:
-                task.result.set_exception(error)
-            else:
-                task.result.set_result(done.result())
-            self._condition.notify_all()
-
-    def close(self) -> None:
-        with self._condition:
-            self._closed = True
-            for task in self._queue + self._suspects:
-                task.result.cancel()
-            self._queue.clear()
-            self._suspects.clear()
-            self._condition.notify_all()
-        self._executor.shutdown(wait=True, cancel_futures=True)
-
-    def __enter__(self) -> EncodePool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
