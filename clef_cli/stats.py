@@ -73,17 +73,24 @@ class JobStats:
     """perf_counter() when scoring began (set by the engine)."""
     first_forward: float | None = None
     """perf_counter() when the first forward began."""
+    _nested: list[float] = field(default_factory=list, repr=False)
+    """Per open stage, the time its nested stages took (counted there, not in it)."""
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        """Add the time spent in the block to stage `name`."""
+        """Add the time spent in the block to stage `name`; a stage opened inside another (a
+        commit while waiting for the next window) counts only in the inner one."""
         started = time.perf_counter()
         if name == "forward" and self.first_forward is None:
             self.first_forward = started
+        self._nested.append(0.0)
         try:
             yield
         finally:
-            self.stages[name] = self.stages.get(name, 0.0) + time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.stages[name] = self.stages.get(name, 0.0) + elapsed - self._nested.pop()
+            if self._nested:
+                self._nested[-1] += elapsed
 
     def forwarded(self, lengths: list[int]) -> None:
         """One forward over right-padded records of these lengths."""

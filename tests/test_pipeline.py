@@ -149,3 +149,34 @@ def test_without_spool_room_media_are_decoded_again_and_results_agree(tmp_path, 
     assert len(inline) == 17
     for a, b in zip(inline, spooled_rows, strict=True):
         assert a["answers"] == b["answers"]
+
+
+def test_the_next_windows_batches_are_made_ready_while_this_windows_last_ones_run(tmp_path, scorer, monkeypatch):
+    """Batches stream across planning windows: a batch of the next window is prepared before the
+    forward of this window's last batch (else the model waits at every window's start)."""
+    import clef_cli.engines.local.executor as executor
+
+    events: list[tuple[str, int]] = []
+    real_prepare, real_forward = executor.prepare_batch, scorer.backbone.hidden_states
+
+    def preparing(order):
+        events.extend(("prepare", item.record.index) for item in order.items)
+        return real_prepare(order)
+
+    def forwarding(batch):
+        events.extend(("forward", record.record.index) for record in batch.records)
+        return real_forward(batch)
+
+    monkeypatch.setattr(executor, "prepare_batch", preparing)
+    monkeypatch.setattr(scorer.backbone, "hidden_states", forwarding)
+    summary = ScoreJob(settings_for(tmp_path, limit=None, window=4, max_batch_size=1), scorer=scorer).run()
+    assert summary.scored == 17
+    window = {index: index // 4 for _, index in events}  # windows of 4 records, in input order
+    ahead = [
+        (earlier, later)
+        for position, (kind, later) in enumerate(events)
+        if kind == "prepare"
+        for other, earlier in events[position + 1 :]
+        if other == "forward" and window[earlier] < window[later]
+    ]
+    assert ahead, events

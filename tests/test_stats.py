@@ -103,3 +103,18 @@ def test_advice_names_media_and_modality_rules():
         "video",
         "mixed",
     ]
+
+
+def test_a_stage_opened_inside_another_counts_only_in_the_inner_one(monkeypatch):
+    """A commit while waiting for the next window: the stages still add up to the wall time."""
+    import clef_cli.stats as stats_module
+
+    clock = iter([0.0, 1.0, 3.0, 4.0, 10.0, 11.0])  # outer in, inner in/out, outer out, then alone
+    monkeypatch.setattr(stats_module.time, "perf_counter", lambda: next(clock))
+    stats = JobStats()
+    with stats.stage("encode_wait"), stats.stage("commit_wait"):
+        pass
+    with stats.stage("commit_wait"):
+        pass
+    assert stats.stages["commit_wait"] == 3.0  # 1 -> 3, and 10 -> 11
+    assert stats.stages["encode_wait"] == 2.0  # 0 -> 4 less the 2 s inside

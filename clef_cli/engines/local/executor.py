@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
@@ -78,8 +78,9 @@ class BatchExecutor:
         entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in planned]
         return plan_batches(entries, self.batch_tokens, self.job.settings.max_batch_size)
 
-    def run(self, batches: list[PlannedBatch], by_index: dict[int, Planned]) -> None:
-        """Run batches in order while the next few are made ready in the background."""
+    def run(self, batches: Iterable[PlannedBatch], by_index: dict[int, Planned]) -> None:
+        """Run batches in order while the next few are made ready in the background (`by_index`
+        holds every planned record of the batches drawn so far; a stream may add to it)."""
         prepared: deque[tuple[PlannedBatch, Pending, Slot | None]] = deque()
         upcoming = iter(batches)
         on_gpu = resolve_device(self.job.settings.device).type == "cuda"

@@ -15,8 +15,10 @@ import shutil
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from clef_cli.encoding.batching import PlannedBatch
 from clef_cli.engines.local.committer import BackgroundCommitter
 from clef_cli.engines.local.executor import BatchExecutor
 from clef_cli.engines.local.plan_report import DryRunReport, plan_report
@@ -28,6 +30,7 @@ from clef_cli.engines.local.planning import (
     planned_windows,
     worker_count,
 )
+from clef_cli.engines.local.workers import Planned
 from clef_cli.errors import ClefError
 from clef_cli.job import Job, open_job
 from clef_cli.model.scoring import Scorer
@@ -122,15 +125,19 @@ class ScoreJob:
 
     def _run_windows(self, job: Job, executor: BatchExecutor, spool_budget: int) -> None:
         """The records the ledger marks (new or retried prompts, first copies), in windows."""
+        by_index: dict[int, Planned] = {}
+        executor.run(self._batches(job, executor, spool_budget, by_index), by_index)
+
+    def _batches(
+        self, job: Job, executor: BatchExecutor, spool_budget: int, by_index: dict[int, Planned]
+    ) -> Iterator[PlannedBatch]:
+        """Every window's batches in order, as one stream: the executor draws on it ahead of the
+        batch it runs, so the next window's first batches are made ready while this window's
+        last ones run (the model would otherwise wait at every window's start)."""
         stats, checked_disk = job.summary.stats, False
         records = job_records(job.settings)
         skip = job.ledger.to_run.skip
-        windows = planned_windows(executor.pool, records, job.settings.window, skip=skip, media_budget=spool_budget)
-        while True:
-            with stats.stage("encode_wait"):
-                window = next(windows, None)
-            if window is None:
-                return
+        for window in planned_windows(executor.pool, records, job.settings.window, skip, spool_budget):
             for planned in window.planned:
                 record = planned.record
                 kind = modality(len(record.images), len(record.audio), len(record.videos))
@@ -143,8 +150,8 @@ class ScoreJob:
             if not checked_disk:
                 _check_disk(job, window)
                 checked_disk = True
-            by_index = {planned.record.index: planned for planned in window.planned}
-            executor.run(executor.plan(window.planned), by_index)
+            by_index.update((planned.record.index, planned) for planned in window.planned)
+            yield from executor.plan(window.planned)
             if self.stop.is_set():
                 return
 
