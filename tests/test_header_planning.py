@@ -1,7 +1,8 @@
 """An image record is planned from its images' headers, without decoding a pixel (issue 24).
 
 `PromptEncoder.plan` must give exactly the ids and spans `PromptEncoder.encode` gives (the
-reference's own processor call), for both families, for sizes around every rounding edge of
+reference's own processor call), and `PromptEncoder.with_images` on that plan exactly its media
+tensors, bit for bit, for both families, for sizes around every rounding edge of
 `smart_resize`, for images it shrinks, refuses or enlarges, several images per record, every
 Pillow mode that converts to RGB, and for the records whose images fail the same checks.
 """
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.encoding.prompt import PromptEncoder
@@ -99,6 +101,11 @@ def _assert_planned_as_encoded(encoder: PromptEncoder, records: list) -> int:
         assert planned.input_ids == encoded.input_ids, record.id
         for name in ("questions", "media_span", "state_span", "state_tokens_cut", "use_audio_in_video"):
             assert getattr(planned, name) == getattr(encoded, name), (record.id, name)
+        completed = encoder.with_images(planned)  # as a batch completes it: the image processor alone
+        assert completed.input_ids == encoded.input_ids and completed.media.keys() == encoded.media.keys(), record.id
+        for name, tensor in encoded.media.items():
+            got = completed.media[name]
+            assert got.dtype == tensor.dtype and torch.equal(got, tensor), (record.id, name)  # bit for bit
     return scored
 
 
@@ -154,3 +161,16 @@ def test_a_truncated_image_plans_and_fails_when_its_batch_encodes_it(processor, 
     assert encoder.plan(record) is not None
     with pytest.raises(RecordError, match=r"'cut', field 'images\[0\]'"):
         encoder.encode(record)
+
+
+def test_an_image_that_changes_size_after_planning_is_that_records_transient_error(processor, tmp_path):
+    path = _image(tmp_path / "swapped.png", (640, 480), "RGB", 1)
+    record = RecordBuilder().build({"id": "swap", "state": "s", "images": [str(path)], "questions": QUESTIONS}, 0, None)
+    encoder = PromptEncoder(processor, ROOMY)
+    planned = encoder.plan(record)
+    _image(path, (1280, 720), "RGB", 2)  # replaced while the job runs
+    with pytest.raises(RecordError, match="changed size") as raised:
+        encoder.with_images(planned)
+    assert raised.value.kind == "transient"
+    _image(path, (640, 480), "RGB", 3)  # other pixels, the same size: the plan still holds
+    assert torch.equal(encoder.with_images(planned).media["pixel_values"], encoder.encode(record).media["pixel_values"])

@@ -125,6 +125,7 @@ def test_image_records_are_planned_from_headers_and_decoded_once(tmp_path, score
     measured: list[str] = []
     real_decode, real_size = omni.decode_image, base.image_size
     monkeypatch.setattr(omni, "decode_image", lambda src, limits: decoded.append(src) or real_decode(src, limits))
+    monkeypatch.setattr(base, "decode_image", lambda src, limits: decoded.append(src) or real_decode(src, limits))
     monkeypatch.setattr(base, "image_size", lambda src, limits: measured.append(src) or real_size(src, limits))
     summary = ScoreJob(settings_for(tmp_path, limit=None, max_batch_size=2), scorer=scorer).run()
     assert summary.scored == 17

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, TypeVar
 
@@ -143,6 +144,15 @@ class PromptEncoder:
             return None
         ids = _guarded(record, "media", lambda: self.family.media_ids_from_headers(self.processor, record, self.limits))
         return None if ids is None else self._assembled(record, MediaSegment(ids))
+
+    def with_images(self, planned: EncodedRecord) -> EncodedRecord:
+        """A record `plan` gave, its images decoded and processed now; its ids stay the plan's."""
+        record = planned.record
+        start, stop = planned.media_span
+        media_ids = [int(token) for token in planned.input_ids[start:stop]]
+        family, processor, limits = self.family, self.processor, self.limits
+        tensors = _guarded(record, "media", lambda: family.image_tensors(processor, record, limits, media_ids))
+        return replace(planned, media=tensors)
 
     def _assembled(self, record: Record, media: MediaSegment) -> EncodedRecord:
         state_ids = _guarded(record, "state", lambda: self._tokens(render(record.state)))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from clef_cli.encoding.media import MediaError, MediaLimits, image_size, open_source
+from clef_cli.encoding.media import MediaError, MediaLimits, decode_image, image_size, open_source
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import Record
 
@@ -99,6 +99,26 @@ def image_ids_from_headers(
     return list(processor.tokenizer(expanded, add_special_tokens=False)["input_ids"])
 
 
+def image_tensors(
+    processor: Any, record: Record, limits: MediaLimits, media_ids: list[int], image_kwargs: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """The tensors a full processor call gives the record's images, from the image processor
+    alone: the ids are the plan's, so the processor's text expansion and tokenization (a fifth
+    of an image's encoding time) are not done twice (tests/test_header_planning.py checks every
+    tensor bit for bit). An image whose size changed since it was planned is refused."""
+    images = decode_entries(record, "images", decode_image, limits)
+    image_processor = processor.image_processor
+    try:
+        output = image_processor(images=images, return_tensors="pt", **image_kwargs)
+    except (ValueError, RuntimeError, TypeError, IndexError) as error:
+        raise RecordError(record.id, "media", f"the processor refused the media: {error}") from None
+    grid = output["image_grid_thw"]
+    if int(grid.prod(-1).sum()) // image_processor.merge_size**2 != media_ids.count(processor.image_token_id):
+        message = "an image changed size while the job ran (it was planned from an earlier version)"
+        raise RecordError(record.id, "images", message, kind="transient")
+    return {"pixel_values": output["pixel_values"], "image_grid_thw": grid}
+
+
 class Family(ABC):
     """One model family of the Clef release line."""
 
@@ -125,6 +145,12 @@ class Family(ABC):
         """The media segment's ids without decoding any pixels, where headers tell them (images
         alone); None where only a full encode can (audio and video lengths, or no support)."""
         return None
+
+    def image_tensors(
+        self, processor: Any, record: Record, limits: MediaLimits, media_ids: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """The media tensors of a record `media_ids_from_headers` planned, its images decoded now."""
+        raise NotImplementedError(f"{self.title} does not plan media from headers")
 
     def lexical_rows(self, release: Release) -> torch.Tensor:
         """The lm_head rows alone (for re-scoring stored hidden states without the backbone)."""

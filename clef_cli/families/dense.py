@@ -23,6 +23,7 @@ from clef_cli.families.base import (
     MediaSegment,
     decode_entries,
     image_ids_from_headers,
+    image_tensors,
     processor_tensors,
 )
 from clef_cli.inputs.records import Record
@@ -66,6 +67,15 @@ class DenseFamily(Family):
             return None  # refused (or empty) by encode_media, which says why
         text = IMAGE_PLACEHOLDER * len(record.images) + "\n"
         return image_ids_from_headers(processor, record, limits, text, {})
+
+    def image_tensors(
+        self, processor: Any, record: Record, limits: MediaLimits, media_ids: list[int]
+    ) -> dict[str, torch.Tensor]:
+        """With the processor's `mm_token_type_ids`: 1 at each image token of the segment."""
+        tensors = image_tensors(processor, record, limits, media_ids, {})
+        image = processor.image_token_id
+        tensors["mm_token_type_ids"] = torch.tensor([[int(token == image) for token in media_ids]])
+        return tensors
 
     def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> DenseBackbone:
         import transformers

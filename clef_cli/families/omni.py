@@ -23,6 +23,7 @@ from clef_cli.families.base import (
     MediaSegment,
     decode_entries,
     image_ids_from_headers,
+    image_tensors,
     processor_tensors,
 )
 from clef_cli.inputs.records import Record
@@ -94,6 +95,11 @@ class OmniFamily(Family):
         text = (IMAGE_PLACEHOLDER + "\n") * len(record.images)
         size = {"min_pixels": IMAGE_SIZE["shortest_edge"], "max_pixels": IMAGE_SIZE["longest_edge"]}
         return image_ids_from_headers(processor, record, limits, text, size)
+
+    def image_tensors(
+        self, processor: Any, record: Record, limits: MediaLimits, media_ids: list[int]
+    ) -> dict[str, torch.Tensor]:
+        return image_tensors(processor, record, limits, media_ids, {"size": IMAGE_SIZE})
 
     def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> OmniBackbone:
         from transformers.models.qwen3_omni_moe import (

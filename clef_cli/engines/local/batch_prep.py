@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 
 from clef_cli.encoding.batching import ModelBatch, collate
 from clef_cli.engines.local.batch_slots import Slot, allocator_for
-from clef_cli.engines.local.workers import Planned, encode_record, in_pool_worker, pad_token_id, worker_media_dtype
+from clef_cli.engines.local.workers import (
+    Planned,
+    complete_record,
+    in_pool_worker,
+    pad_token_id,
+    worker_media_dtype,
+)
 
 
 @dataclass
@@ -52,7 +58,7 @@ def prepare_batch(order: BatchOrder) -> PreparedBatch:
         value = planned.ready()
         if value is None:
             started = time.perf_counter()
-            value = encode_record(planned.record)
+            value = complete_record(planned)
             seconds[planned.record.index] = time.perf_counter() - started
         if isinstance(value, tuple):
             failures.append((planned.record.index, *value))

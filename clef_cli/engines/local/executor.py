@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
 from clef_cli import faults
 from clef_cli.encoding.batching import ModelBatch, PlanEntry, PlannedBatch, plan_batches
@@ -27,6 +27,13 @@ from clef_cli.stats import modality
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 PREFETCH_BATCHES = 3
+
+
+class Waiting(Protocol):
+    """Something a batch stream is still making (a window being planned)."""
+
+    def wait(self) -> None: ...
+
 Pending = Future | list[EncodedRecord | Future]
 """A batch being made ready: one worker's whole batch, or its records one by one."""
 
@@ -78,27 +85,36 @@ class BatchExecutor:
         entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in planned]
         return plan_batches(entries, self.batch_tokens, self.job.settings.max_batch_size)
 
-    def run(self, batches: Iterable[PlannedBatch], by_index: dict[int, Planned]) -> None:
-        """Run batches in order while the next few are made ready in the background (`by_index`
-        holds every planned record of the batches drawn so far; a stream may add to it)."""
+    def run(self, batches: Iterable[PlannedBatch | Waiting], by_index: dict[int, Planned]) -> None:
+        """Run batches in order while the next few are made ready in the background.
+
+        `batches` may hold things still being made (a window in planning): they are waited for
+        only when no batch is ready to run. `by_index` holds every planned record of the
+        batches drawn so far (the stream adds to it)."""
         prepared: deque[tuple[PlannedBatch, Pending, Slot | None]] = deque()
         upcoming = iter(batches)
         on_gpu = resolve_device(self.job.settings.device).type == "cuda"
         pinner = ThreadPoolExecutor(1, "clef-pin") if on_gpu else None
 
-        def prepare() -> None:
-            for batch in upcoming:
-                prepared.append((batch, *self._prepare(batch, by_index, pinner)))
-                if len(prepared) >= PREFETCH_BATCHES:
+        def prepare(may_wait: bool) -> None:
+            while len(prepared) < PREFETCH_BATCHES:
+                item = next(upcoming, None)
+                if item is None:
                     return
+                if isinstance(item, PlannedBatch):
+                    prepared.append((item, *self._prepare(item, by_index, pinner)))
+                elif prepared or not may_wait:
+                    return
+                else:
+                    item.wait()
 
         try:
             with self.stats.stage("encode_wait"):
-                prepare()
+                prepare(may_wait=True)
             while prepared:
                 with self.stats.stage("encode_wait"):
                     batch, pending, slot = prepared.popleft()
-                    prepare()
+                    prepare(may_wait=False)  # this batch runs first if the next ones are not planned yet
                     encoded, model_batch, failures, slot_bytes = self._collect(batch, pending, by_index)
                 self.commit([], failures)
                 if encoded:
@@ -113,6 +129,9 @@ class BatchExecutor:
                             if isinstance(item, Future):
                                 item.cancel()
                     return
+                if not prepared:
+                    with self.stats.stage("encode_wait"):
+                        prepare(may_wait=True)
         finally:
             if pinner is not None:
                 pinner.shutdown(wait=False, cancel_futures=True)

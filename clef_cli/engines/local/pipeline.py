@@ -24,10 +24,11 @@ from clef_cli.engines.local.executor import BatchExecutor
 from clef_cli.engines.local.plan_report import DryRunReport, plan_report
 from clef_cli.engines.local.planning import (
     Window,
+    WindowInPlanning,
     encode_pool,
     hidden_bytes_per_token,
     job_records,
-    planned_windows,
+    windows_in_planning,
     worker_count,
 )
 from clef_cli.engines.local.workers import Planned
@@ -130,14 +131,17 @@ class ScoreJob:
 
     def _batches(
         self, job: Job, executor: BatchExecutor, spool_budget: int, by_index: dict[int, Planned]
-    ) -> Iterator[PlannedBatch]:
+    ) -> Iterator[PlannedBatch | WindowInPlanning]:
         """Every window's batches in order, as one stream: the executor draws on it ahead of the
         batch it runs, so the next window's first batches are made ready while this window's
         last ones run (the model would otherwise wait at every window's start)."""
         stats, checked_disk = job.summary.stats, False
         records = job_records(job.settings)
         skip = job.ledger.to_run.skip
-        for window in planned_windows(executor.pool, records, job.settings.window, skip, spool_budget):
+        for in_planning in windows_in_planning(executor.pool, records, job.settings.window, skip, spool_budget):
+            while not in_planning.done():
+                yield in_planning  # not planned yet: the executor runs the batches it has, or waits
+            window = in_planning.result()
             for planned in window.planned:
                 record = planned.record
                 kind = modality(len(record.images), len(record.audio), len(record.videos))

@@ -73,9 +73,15 @@ class Planned:
     spooled_bytes: int = 0
     seconds: float = 0.0
     """Time spent encoding it (for the job's encode rates)."""
+    from_headers: bool = False
+    """Planned from its images' headers: `encoded` holds its exact ids; its images are decoded
+    when its batch is made (`complete_record`)."""
 
     def ready(self) -> EncodedRecord | None:
-        """The full encoding, media read back from the spool; None when it must be encoded again."""
+        """The full encoding, media read back from the spool; None when its media must be
+        decoded (again) first."""
+        if self.from_headers:
+            return None
         if self.encoded is None or not self.record.has_media:
             return self.encoded
         if self.spooled is None:
@@ -186,7 +192,7 @@ def plan_record(record: Record) -> Planned:
     seconds = time.perf_counter() - started
     planned = Planned(record, encoded.length, encoded.use_audio_in_video, encoded=compact(encoded), seconds=seconds)
     if sketch is not None:
-        return replace(planned, encoded=None)
+        return replace(planned, from_headers=True)
     if not encoded.media:
         return planned
     if _worker_spool is None:
@@ -221,6 +227,20 @@ def encode_record(record: Record) -> EncodedRecord | tuple[str, str]:
     faults.maybe_crash(record.id)
     try:
         encoded = compact(_encoder().encode(record))
+    except RecordError as error:
+        return str(error), error.kind or "media"
+    faults.slow_encode()
+    return encoded
+
+
+def complete_record(planned: Planned) -> EncodedRecord | tuple[str, str]:
+    """What its batch needs of a record `ready()` could not give: the plan's encoding with its
+    images decoded now, or the record encoded again (its spooled media dropped)."""
+    if not planned.from_headers or planned.encoded is None:
+        return encode_record(planned.record)
+    faults.maybe_crash(planned.record.id)
+    try:
+        encoded = _encoder().with_images(planned.encoded)
     except RecordError as error:
         return str(error), error.kind or "media"
     faults.slow_encode()
