@@ -1,25 +1,36 @@
-"""Checks that are one long subprocess and nothing else in this process (the GPU check's CPU
-smoke run: six fresh interpreters, most of a minute of imports) start when the session begins,
-beside the in-process tests, instead of when their test comes up; the test that owns one is run
-last, waits for it and asserts on its exit status and files exactly as if it had run it then.
-A check that nothing started (no session hook saw its test) starts when its test asks for it.
-The session's end kills whatever is still running and removes its folder.
+"""Long, self-contained jobs that the quick loop runs beside its in-process tests: each is a
+subprocess started when the session begins (only when a test that needs it is selected), and the
+tests that own it wait for it and assert on what it left, exactly as they asserted before.
+
+- `gpu-check`: `benchmarks/gpu_check.sh --cpu-smoke`, six fresh interpreters (most of a minute
+  of imports); its test runs last, so the whole session runs beside it.
+- `crash`: the pipeline job whose encoding process dies on a record (three worker-process
+  starts, each importing torch and transformers; tests/background_jobs.py).
+- `planted`: the train-head module's planted task, scored and trained once (tests/background_jobs.py).
+
+A job that nothing started (no session hook saw its tests) starts when a test asks for it. The
+session's end kills whatever is still running and removes the jobs' folders.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
 
 
 @dataclass
@@ -46,6 +57,13 @@ class Run:
             raise subprocess.TimeoutExpired(self.process.args, timeout)
         return status
 
+    def result(self, timeout: float = 900) -> dict:
+        """A Python job's result.json, once it has exited 0."""
+        status = self.wait(timeout)
+        console = (self.folder / "console.txt").read_text(errors="replace")
+        assert status == 0, console[-3000:]
+        return json.loads((self.folder / "result.json").read_text())
+
     def stop(self) -> None:
         """Kill every process of its session: bash, and each step's `timeout` (which leads a
         process group of its own) and python, and the log's `tee`, which may outlive bash."""
@@ -67,14 +85,15 @@ def _session_members(session: int) -> list[int]:
     return members
 
 
-def _gpu_check() -> Run:
-    folder = Path(tempfile.mkdtemp(prefix="clef-gpu-check-"))
+def _launch(name: str, command: list[str], env: dict[str, str] | None = None) -> Run:
+    folder = Path(tempfile.mkdtemp(prefix=f"clef-{name}-"))
     process = subprocess.Popen(
-        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--cpu-smoke"],
+        [part.replace("{folder}", str(folder)) for part in command],
+        cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "OUT": str(folder / "out")},
+        env={**os.environ, **{k: v.replace("{folder}", str(folder)) for k, v in (env or {}).items()}},
         start_new_session=True,
     )
     drained = threading.Thread(target=_drain, args=(process.stdout, folder / "console.txt"), daemon=True)
@@ -83,32 +102,62 @@ def _gpu_check() -> Run:
 
 
 def _drain(stream, path: Path) -> None:
-    with stream, path.open("wb") as console:  # everything is also in OUT/gpu_check.log
+    with stream, path.open("wb") as console:
         shutil.copyfileobj(stream, console)
 
 
-CHECKS = {"tests/test_benchmarks.py::test_gpu_check_cpu_smoke_runs_every_step": _gpu_check}
-"""Test node id -> how to start its subprocess."""
+@dataclass(frozen=True)
+class Job:
+    command: list[str]
+    """Its argv; `{folder}` is the job's own temporary folder."""
+    owns: Callable[[Any], bool]
+    """Whether a collected test item waits for it."""
+    env: dict[str, str] = field(default_factory=dict)
+    last: bool = False
+    """Run its tests at the end of the session (nothing else waits for them)."""
+
+
+def _python_job(name: str) -> list[str]:
+    return [sys.executable, "-m", "tests.background_jobs", name, "{folder}"]
+
+
+GPU_CHECK_TEST = "tests/test_benchmarks.py::test_gpu_check_cpu_smoke_runs_every_step"
+CRASH_TEST = "tests/test_pipeline.py::test_a_record_that_kills_its_encoding_process_fails_alone"
+JOBS = {
+    "gpu-check": Job(
+        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--cpu-smoke"],
+        lambda item: item.nodeid == GPU_CHECK_TEST,
+        env={"OUT": "{folder}/out"},
+        last=True,
+    ),
+    "crash": Job(_python_job("crash"), lambda item: item.nodeid == CRASH_TEST),
+    "planted": Job(
+        _python_job("planted"),
+        lambda item: item.nodeid.startswith("tests/test_train_head.py::") and "planted" in item.fixturenames,
+    ),
+}
 
 _runs: dict[str, Run] = {}
 
 
 def run_last(items: list) -> None:
-    """Put the owners of background checks at the end, so the others run while they do."""
-    owners = [item for item in items if item.nodeid in CHECKS]
-    items[:] = [item for item in items if item.nodeid not in CHECKS] + owners
+    """Put the tests of `last` jobs at the end, so the others run while their jobs do."""
+    waiting = [item for item in items if any(job.last and job.owns(item) for job in JOBS.values())]
+    items[:] = [item for item in items if item not in waiting] + waiting
 
 
-def start(node_ids) -> None:
-    for node_id in node_ids:
-        if node_id in CHECKS and node_id not in _runs:
-            _runs[node_id] = CHECKS[node_id]()
+def start_for(items: list) -> None:
+    for name, job in JOBS.items():
+        if any(job.owns(item) for item in items):
+            run(name)
 
 
-def result(node_id: str) -> Run:
-    """The run this test owns: started with the session, or now."""
-    start([node_id])
-    return _runs[node_id]
+def run(name: str) -> Run:
+    """The job's run: started with the session, or now."""
+    if name not in _runs:
+        job = JOBS[name]
+        _runs[name] = _launch(name, job.command, job.env)
+    return _runs[name]
 
 
 def stop_all() -> None:

@@ -16,9 +16,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the selected subprocess-only checks now (tests/background.py)."""
+    """Start the background jobs the selected tests wait for (tests/background.py)."""
     if not session.config.option.collectonly:
-        background.start(item.nodeid for item in session.items)
+        background.start_for(session.items)
 
 
 def pytest_sessionfinish(session):

@@ -178,12 +178,12 @@ def test_only_wheels_that_fit_the_interpreter_are_unpacked(wheel, python, fits):
     assert load_benchmark("gpu_env").fits(wheel, python) is fits
 
 
-def test_gpu_check_cpu_smoke_runs_every_step(request):
+def test_gpu_check_cpu_smoke_runs_every_step():
     """The script's steps at tiny sizes on the CPU: every step ends with exit 0 and the summary
     holds each step's figures (parity within the float32 fixtures' fallback bound). The run is
     started with the session and this test comes last (tests/background.py): it is six fresh
     interpreters, so it runs beside the in-process tests."""
-    run = background.result(request.node.nodeid)
+    run = background.run("gpu-check")
     returncode = run.wait(timeout=900)
     out = run.folder / "out"
     log = (out / "gpu_check.log").read_text()
