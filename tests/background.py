@@ -1,6 +1,7 @@
 """Long, self-contained jobs that the quick loop runs beside its in-process tests: each is a
-subprocess started when the session begins (only when a test that needs it is selected), and the
-tests that own it wait for it and assert on what it left, exactly as they asserted before.
+subprocess, run one after another from when the session begins (only those that a selected test
+needs), and the tests that own one wait for it and assert on what it left, exactly as they
+asserted before.
 
 - `gpu-check`: `benchmarks/gpu_check.sh --cpu-smoke`, six fresh interpreters (most of a minute
   of imports); its test runs last, so the whole session runs beside it.
@@ -138,6 +139,8 @@ JOBS = {
 }
 
 _runs: dict[str, Run] = {}
+_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 def run_last(items: list) -> None:
@@ -147,21 +150,40 @@ def run_last(items: list) -> None:
 
 
 def start_for(items: list) -> None:
-    for name, job in JOBS.items():
-        if any(job.owns(item) for item in items):
-            run(name)
+    """Run the jobs these tests wait for one after another, the one needed first first: one
+    core for them, the other left to the tests (several at once slowed the tests down more
+    than they saved)."""
+    order: list[str] = []
+    for item in items:
+        order += [name for name, job in JOBS.items() if name not in order and job.owns(item)]
+    if order:
+        threading.Thread(target=_one_after_another, args=(order,), name="clef-background", daemon=True).start()
 
 
-def run(name: str) -> Run:
-    """The job's run: started with the session, or now."""
-    if name not in _runs:
-        job = JOBS[name]
-        _runs[name] = _launch(name, job.command, job.env)
-    return _runs[name]
+def _one_after_another(names: list[str]) -> None:
+    for name in names:
+        started = run(name)
+        if started is None:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):  # killed; its test reports it
+            started.wait(timeout=900)
+
+
+def run(name: str) -> Run | None:
+    """The job's run: started by the session's queue, or now, when a test wants it first (None
+    once the session is ending)."""
+    with _lock:
+        if name not in _runs and not _stopping.is_set():
+            job = JOBS[name]
+            _runs[name] = _launch(name, job.command, job.env)
+        return _runs.get(name)
 
 
 def stop_all() -> None:
-    while _runs:
-        run = _runs.popitem()[1]
+    with _lock:
+        _stopping.set()
+        runs = list(_runs.values())
+        _runs.clear()
+    for run in runs:
         run.stop()
         shutil.rmtree(run.folder, ignore_errors=True)
