@@ -6,7 +6,23 @@ import json
 
 import pytest
 
+from . import background
 from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
+def pytest_collection_modifyitems(config, items):
+    background.run_last(items)
+
+
+def pytest_collection_finish(session):
+    """Start the background jobs the selected tests wait for (tests/background.py)."""
+    if not session.config.option.collectonly:
+        background.start_for(session.items)
+
+
+def pytest_sessionfinish(session):
+    background.stop_all()
 
 
 @pytest.fixture(scope="session")

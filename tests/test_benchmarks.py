@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import background
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -176,19 +178,16 @@ def test_only_wheels_that_fit_the_interpreter_are_unpacked(wheel, python, fits):
     assert load_benchmark("gpu_env").fits(wheel, python) is fits
 
 
-def test_gpu_check_cpu_smoke_runs_every_step(tmp_path):
+def test_gpu_check_cpu_smoke_runs_every_step():
     """The script's steps at tiny sizes on the CPU: every step ends with exit 0 and the summary
-    holds each step's figures (parity within the float32 fixtures' fallback bound)."""
-    out = tmp_path / "out"
-    done = subprocess.run(
-        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--cpu-smoke"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**__import__("os").environ, "OUT": str(out)},
-    )
+    holds each step's figures (parity within the float32 fixtures' fallback bound). The run is
+    started with the session and this test comes last (tests/background.py): it is six fresh
+    interpreters, so it runs beside the in-process tests."""
+    run = background.run("gpu-check")
+    returncode = run.wait(timeout=900)
+    out = run.folder / "out"
     log = (out / "gpu_check.log").read_text()
-    assert done.returncode == 0, log[-3000:]
+    assert returncode == 0, log[-3000:]
     steps = ["environment", "parity", "gpu-omni", "gpu-dense", "score", "feed", "summary"]
     for step in steps:
         assert f"=== {step}: exit 0 " in log, (step, log[-3000:])

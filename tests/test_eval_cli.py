@@ -240,24 +240,34 @@ def test_usage_errors(scored, tmp_path):
 
 
 def test_eval_calibrate_review_and_compare_do_not_import_torch_or_ray(scored, tmp_path):
+    """One fresh interpreter runs the commands one after another and looks at its modules after
+    each (importing is one-way: torch or ray present after a command means that command imported
+    them, since they were absent before it)."""
     import subprocess
     import sys
 
     code = (
-        "import sys\nfrom clef_cli.cli import main\nsys.argv = ['clef'] + sys.argv[1:]\n"
-        "try:\n    main()\nexcept SystemExit as done:\n    assert not done.code, done.code\n"
-        "assert 'torch' not in sys.modules, 'torch was imported'\nassert 'ray' not in sys.modules, 'ray was imported'\n"
+        "import json, sys\nfrom clef_cli.cli import main\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    sys.argv = ['clef', *args]\n"
+        "    try:\n        main()\n    except SystemExit as done:\n        assert not done.code, (args, done.code)\n"
+        "    assert 'torch' not in sys.modules, (args, 'torch was imported')\n"
+        "    assert 'ray' not in sys.modules, (args, 'ray was imported')\n"
+        "    print('ok', args[0], flush=True)\n"
     )
     shutil.copy(scored, tmp_path / "s.parquet")
-    for args in (
+    commands = [
         ["eval", "s.parquet", "--gold", str(GOLD)],
         ["calibrate", "s.parquet", "--gold", str(GOLD), "-o", "c.json"],
         ["review", "s.parquet", "-o", "t.json", "--config-out", "c.xml", "--exclude", str(GOLD)],
         ["review", "s.parquet", "-o", "a.json", "--format", "argilla", "--records", str(POSTS)],
         ["compare", "s.parquet", "s.parquet", "--json", "d.json", "--report", "d.html"],
-    ):
-        done = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True)
-        assert done.returncode == 0, (args, done.stderr)
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(commands)], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line.startswith("ok ")] == [f"ok {c[0]}" for c in commands]
 
 
 def test_report_renders_in_headless_chromium(scored, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
+from tests import background
 from tests.helpers import TINY_MODEL
 from tests.planted import planted_task, write_jsonl
 
@@ -36,13 +38,15 @@ def score_planted(task: str, count: int, folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory):
+def planted():
     """The image task (the colour of a square is the answer), 70 records scored once with hidden
     states kept; gold for the first 45. The keyword task needs more records than the quick loop
-    can afford (90 labelled: trained 0.52, probe 0.68 cross-fitted); it runs at full size below."""
-    root = tmp_path_factory.mktemp("planted")
-    task = score_planted("image", 70, root)
-    task["gold"] = write_jsonl(root / "gold.jsonl", task["answers"][:TRAIN])
+    can afford (90 labelled: trained 0.52, probe 0.68 cross-fitted); it runs at full size below.
+    Scored, with `trained_small`'s run, in a subprocess started with the session
+    (tests/background_jobs.py: planted), beside the other tests."""
+    task = dict(background.run("planted").result()["planted"])
+    for key in ("inputs", "output", "checkpoint", "gold"):
+        task[key] = Path(task[key])
     return task
 
 
@@ -93,11 +97,12 @@ def sklearn_probe_accuracy(checkpoint: Path, train_answers: list[dict], held_ans
 
 
 @pytest.fixture(scope="module")
-def trained_small(planted, tmp_path_factory):
-    """The quick loop's planted task: default recipe, 45 labelled records, 3 folds."""
-    head = tmp_path_factory.mktemp("small") / "head"
-    result = train(planted["checkpoint"], planted["gold"], head, *QUICK)
-    return {"result": result, "head": head}
+def trained_small(planted):
+    """The quick loop's planted task: default recipe, 45 labelled records, 3 folds (`train` with
+    QUICK, run by the planted job; its CliRunner result's exit code and streams come back)."""
+    trained = background.run("planted").result()["trained"]
+    result = SimpleNamespace(**{key: trained[key] for key in ("exit_code", "stdout", "stderr", "output")})
+    return {"result": result, "head": Path(trained["head"])}
 
 
 def test_planted_image_cue_is_learned_up_to_the_probe_and_the_gate_passes(planted, trained_small, tmp_path):
