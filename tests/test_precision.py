@@ -20,9 +20,11 @@ from .test_checkpoint import second_head_release
 runner = CliRunner()
 
 # Measured on the golden records (torch 2.14.1, CPU): bf16 differs from the float32 reference by
-# up to 5.8e-3 in probabilities and 7.0e-2 in logits, fp16 by 4.5e-4 and 4.0e-3. The bounds leave
-# about 2.5x room for another CPU; they are loose because half precision is, not to hide anything.
-HALF_PRECISION_BOUNDS = {"bfloat16": (1.5e-2, 0.2), "float16": (1.5e-3, 1.5e-2)}
+# up to 5.8e-3 in probabilities and 7.0e-2 in logits; fp16 by 4.5e-4 and 4.0e-3 on one CPU but by
+# 4.8e-3 in probabilities on an AMD EPYC without AVX-512 (its fp16 kernels round differently). fp16
+# keeps three more mantissa bits than bf16, so bf16's bounds (about 2.5x its measured error) bound
+# both; they are loose because half precision is, not to hide anything.
+HALF_PRECISION_BOUNDS = {"bfloat16": (1.5e-2, 0.2), "float16": (1.5e-2, 0.2)}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
