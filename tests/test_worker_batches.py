@@ -173,3 +173,17 @@ def test_a_job_with_a_worker_scores_the_golden_records_as_the_reference(tmp_path
             assert [label["label"] for label in answer["labels"]] == question["option_ids"]
             got = [label["probability"] for label in answer["labels"]]
             assert got == pytest.approx(question["probabilities"], abs=PROBABILITY_TOLERANCE), row["id"]
+
+
+def test_every_slot_grows_to_the_largest_batch_yet_so_batches_of_any_size_fit_any_slot():
+    slots = BatchSlots()
+    large, small = slots.take(), slots.take()
+    slots.give_back(large, 10_000)
+    slots.give_back(small, 100)  # its own batch was small, but the next one may be large
+    again = [slots.take(), slots.take()]
+    assert {slot.number for slot in again} == {large.number, small.number}
+    assert all(slot.nbytes >= 10_000 for slot in again)
+    for slot in again:  # shared memory, mapped here as in a worker
+        assert slot.storage.is_shared()
+        view = torch.empty(0, dtype=torch.uint8).set_(slot.storage, 0, (10_000,)).fill_(7)
+        assert int(view.sum()) == 70_000

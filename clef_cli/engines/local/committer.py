@@ -8,11 +8,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from clef_cli.results import FailedRecord, ScoredRecord, results_table
 from clef_cli.store.checkpoint import Checkpoint
 
 
 class BackgroundCommitter:
-    """Commits shards on a thread, so writing hidden states to disk overlaps the next forward.
+    """Commits shards on a thread, so writing hidden states to disk overlaps the next forward;
+    the results' table is built there too (it costs the main thread, which launches forwards,
+    tens of milliseconds a batch).
 
     At most `depth` commits wait; a failed commit is raised on the next `submit` or on `drain`.
     Commits land in submission order, so the journal reads as if they were made inline.
@@ -27,10 +30,10 @@ class BackgroundCommitter:
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
-            results, hidden, committed = item
+            scored, failed, hidden, committed = item
             try:
                 if self._error is None:
-                    self.checkpoint.commit(results, hidden)
+                    self.checkpoint.commit(results_table(scored, failed), hidden)
                     committed()
             except BaseException as error:
                 self._error = error
@@ -43,9 +46,11 @@ class BackgroundCommitter:
             error, self._error = self._error, None
             raise error
 
-    def submit(self, results: Any, hidden: Any, committed: Callable[[], None]) -> None:
+    def submit(
+        self, scored: list[ScoredRecord], failed: list[FailedRecord], hidden: Any, committed: Callable[[], None]
+    ) -> None:
         self._raise()
-        self._queue.put((results, hidden, committed))
+        self._queue.put((scored, failed, hidden, committed))
 
     def drain(self) -> None:
         self._queue.join()

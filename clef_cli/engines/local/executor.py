@@ -22,7 +22,7 @@ from clef_cli.engines.local.workers import Planned
 from clef_cli.job import Job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.scoring import BatchRunner, Scorer
-from clef_cli.results import FailedRecord, ScoredRecord, results_table
+from clef_cli.results import FailedRecord, ScoredRecord
 from clef_cli.stats import modality
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
@@ -204,6 +204,5 @@ class BatchExecutor:
             summary.first_errors.extend(failure.error for failure in failures[:room])
             progress.advance(len(scored) + len(failures), tokens, len(failures))
 
-        table = results_table(scored, failures)
         with self.stats.stage("commit_wait"):
-            self.committer.submit(table, hidden, committed)
+            self.committer.submit(scored, failures, hidden, committed)
