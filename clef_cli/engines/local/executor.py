@@ -5,15 +5,15 @@ token budget for the rest of the job instead of stopping it."""
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 from clef_cli import faults
 from clef_cli.encoding.batching import ModelBatch, PlanEntry, PlannedBatch, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.engines.local.batch_feed import BatchFeed
 from clef_cli.engines.local.batch_prep import BatchOrder, PreparedBatch, prepare_batch, preparing_crashed
 from clef_cli.engines.local.batch_slots import BatchSlots, Slot
 from clef_cli.engines.local.committer import BackgroundCommitter
@@ -27,12 +27,7 @@ from clef_cli.stats import modality
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 PREFETCH_BATCHES = 3
-
-
-class Waiting(Protocol):
-    """Something a batch stream is still making (a window being planned)."""
-
-    def wait(self) -> None: ...
+W = TypeVar("W")
 
 Pending = Future | list[EncodedRecord | Future]
 """A batch being made ready: one worker's whole batch, or its records one by one."""
@@ -85,36 +80,28 @@ class BatchExecutor:
         entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in planned]
         return plan_batches(entries, self.batch_tokens, self.job.settings.max_batch_size)
 
-    def run(self, batches: Iterable[PlannedBatch | Waiting], by_index: dict[int, Planned]) -> None:
-        """Run batches in order while the next few are made ready in the background.
-
-        `batches` may hold things still being made (a window in planning): they are waited for
-        only when no batch is ready to run. `by_index` holds every planned record of the
-        batches drawn so far (the stream adds to it)."""
-        prepared: deque[tuple[PlannedBatch, Pending, Slot | None]] = deque()
-        upcoming = iter(batches)
+    def run(
+        self, stream: Iterable[PlannedBatch | W], by_index: dict[int, Planned], on_other: Callable[[W], None]
+    ) -> None:
+        """Run the stream's batches in order while a feeder thread has the next few made ready in
+        the background; its other items (planned windows) go to `on_other`, on this thread, before
+        their batches. `by_index` holds the planned records of the batches drawn so far."""
         on_gpu = resolve_device(self.job.settings.device).type == "cuda"
         pinner = ThreadPoolExecutor(1, "clef-pin") if on_gpu else None
-
-        def prepare(may_wait: bool) -> None:
-            while len(prepared) < PREFETCH_BATCHES:
-                item = next(upcoming, None)
+        feed: BatchFeed[tuple[Pending, Slot | None]] = BatchFeed(
+            stream, lambda batch: self._prepare(batch, by_index, pinner), PREFETCH_BATCHES
+        )
+        try:
+            while not self.stop.is_set():
+                with self.stats.stage("encode_wait"):
+                    item = feed.next()
                 if item is None:
                     return
-                if isinstance(item, PlannedBatch):
-                    prepared.append((item, *self._prepare(item, by_index, pinner)))
-                elif prepared or not may_wait:
-                    return
-                else:
-                    item.wait()
-
-        try:
-            with self.stats.stage("encode_wait"):
-                prepare(may_wait=True)
-            while prepared:
+                if not isinstance(item, tuple):
+                    on_other(item)
+                    continue
+                batch, (pending, slot) = item
                 with self.stats.stage("encode_wait"):
-                    batch, pending, slot = prepared.popleft()
-                    prepare(may_wait=False)  # this batch runs first if the next ones are not planned yet
                     encoded, model_batch, failures, slot_bytes = self._collect(batch, pending, by_index)
                 self.commit([], failures)
                 if encoded:
@@ -123,16 +110,11 @@ class BatchExecutor:
                     self.slots.give_back(slot, slot_bytes)
                 for index in batch.indices:
                     by_index.pop(index).discard()
-                if self.stop.is_set():
-                    for _, pending, _ in prepared:
-                        for item in pending if isinstance(pending, list) else [pending]:
-                            if isinstance(item, Future):
-                                item.cancel()
-                    return
-                if not prepared:
-                    with self.stats.stage("encode_wait"):
-                        prepare(may_wait=True)
         finally:
+            for _, (pending, _) in feed.close():
+                for waiting in pending if isinstance(pending, list) else [pending]:
+                    if isinstance(waiting, Future):
+                        waiting.cancel()
             if pinner is not None:
                 pinner.shutdown(wait=False, cancel_futures=True)
 

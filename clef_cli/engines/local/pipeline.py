@@ -24,11 +24,10 @@ from clef_cli.engines.local.executor import BatchExecutor
 from clef_cli.engines.local.plan_report import DryRunReport, plan_report
 from clef_cli.engines.local.planning import (
     Window,
-    WindowInPlanning,
     encode_pool,
     hidden_bytes_per_token,
     job_records,
-    windows_in_planning,
+    planned_windows,
     worker_count,
 )
 from clef_cli.engines.local.workers import Planned
@@ -125,39 +124,38 @@ class ScoreJob:
         return self.scorer
 
     def _run_windows(self, job: Job, executor: BatchExecutor, spool_budget: int) -> None:
-        """The records the ledger marks (new or retried prompts, first copies), in windows."""
+        """The records the ledger marks (new or retried prompts, first copies), in windows; the
+        next window's first batches are made ready while this window's last ones run."""
         by_index: dict[int, Planned] = {}
-        executor.run(self._batches(job, executor, spool_budget, by_index), by_index)
+        checked_disk = False
 
-    def _batches(
-        self, job: Job, executor: BatchExecutor, spool_budget: int, by_index: dict[int, Planned]
-    ) -> Iterator[PlannedBatch | WindowInPlanning]:
-        """Every window's batches in order, as one stream: the executor draws on it ahead of the
-        batch it runs, so the next window's first batches are made ready while this window's
-        last ones run (the model would otherwise wait at every window's start)."""
-        stats, checked_disk = job.summary.stats, False
-        records = job_records(job.settings)
-        skip = job.ledger.to_run.skip
-        for in_planning in windows_in_planning(executor.pool, records, job.settings.window, skip, spool_budget):
-            while not in_planning.done():
-                yield in_planning  # not planned yet: the executor runs the batches it has, or waits
-            window = in_planning.result()
-            for planned in window.planned:
-                record = planned.record
+        def planned(window: Window) -> None:
+            """On the main thread, before the window's batches: its counts, its failures, and
+            (once) whether the hidden states will fit."""
+            nonlocal checked_disk
+            for item in window.planned:
+                record = item.record
                 kind = modality(len(record.images), len(record.audio), len(record.videos))
-                stats.encoded(kind, planned.length or 0, planned.seconds)
+                job.summary.stats.encoded(kind, item.length or 0, item.seconds)
             executor.commit([], window.failures)
-            if self.stop.is_set():
-                return
-            if not window.planned:
-                continue
-            if not checked_disk:
+            if window.planned and not checked_disk:
                 _check_disk(job, window)
                 checked_disk = True
-            by_index.update((planned.record.index, planned) for planned in window.planned)
-            yield from executor.plan(window.planned)
+
+        executor.run(self._stream(job, executor, spool_budget, by_index), by_index, planned)
+
+    def _stream(
+        self, job: Job, executor: BatchExecutor, spool_budget: int, by_index: dict[int, Planned]
+    ) -> Iterator[Window | PlannedBatch]:
+        """Each planned window, then its batches (on the executor's feeder thread)."""
+        records = job_records(job.settings)
+        skip = job.ledger.to_run.skip
+        for window in planned_windows(executor.pool, records, job.settings.window, skip, spool_budget):
+            yield window
             if self.stop.is_set():
                 return
+            by_index.update((item.record.index, item) for item in window.planned)
+            yield from executor.plan(window.planned)
 
 
 def _fresh_spool(job: Job) -> tuple[Path, int]:

@@ -6,7 +6,6 @@ current one runs. Shared by the scoring run and the dry run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +21,7 @@ from clef_cli.release import Release
 from clef_cli.results import FailedRecord
 from clef_cli.settings import ScoreSettings
 
-__all__ = [
-    "Window",
-    "WindowInPlanning",
-    "encode_pool",
-    "hidden_bytes_per_token",
-    "job_records",
-    "planned_windows",
-    "windows_in_planning",
-    "worker_count",
-]
+__all__ = ["Window", "encode_pool", "hidden_bytes_per_token", "job_records", "planned_windows", "worker_count"]
 
 
 def worker_count(settings: ScoreSettings) -> int:
@@ -109,58 +99,6 @@ def _chunks(items: Iterable[Any], sizes: Iterator[int]) -> Iterator[list[Any]]:
         yield chunk
 
 
-class WindowInPlanning:
-    """A window whose records the workers are planning: `done()` says whether `result()` would
-    wait, so a caller can run the batches it has meanwhile."""
-
-    def __init__(self, failures: list[FailedRecord], futures: list[Future], media_budget: int) -> None:
-        self.failures, self.futures, self.media_budget = failures, futures, media_budget
-
-    def done(self) -> bool:
-        return all(future.done() for future in self.futures)
-
-    def wait(self) -> None:
-        futures.wait(self.futures)
-
-    def result(self) -> Window:
-        """The planned window (waiting for it); spooled media beyond the budget are dropped."""
-        failures, planned, budget = list(self.failures), [], [self.media_budget]
-        for future in self.futures:
-            result: Planned = future.result()
-            if result.error is not None:
-                record = result.record
-                failures.append(FailedRecord(record.id, record.index, result.error, kind=result.error_kind))
-            else:
-                planned.append(within_budget(result, budget))
-        return Window(planned, failures)
-
-
-def windows_in_planning(
-    pool: EncodePool,
-    records: Iterable[Record | InvalidRecord],
-    window: int,
-    skip: Any = (),
-    media_budget: int = 0,
-) -> Iterator[WindowInPlanning]:
-    """Windows in input order, each submitted for planning before the one ahead of it is handed
-    out, so the next window is planned while the caller runs the current one. Each window keeps
-    at most `media_budget` bytes of spooled media tensors from planning; the rest are decoded
-    again when their batch runs."""
-
-    def submit(chunk: list[Record | InvalidRecord]) -> WindowInPlanning:
-        failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
-        futures = [pool.plan(item) for item in chunk if isinstance(item, Record)]
-        return WindowInPlanning(failures, futures, media_budget)
-
-    pending = (record for record in records if record.index not in skip)
-    chunks = _chunks(pending, window_sizes(window))
-    current = next((submit(chunk) for chunk in chunks), None)
-    while current is not None:
-        upcoming = next((submit(chunk) for chunk in chunks), None)
-        yield current
-        current = upcoming
-
-
 def planned_windows(
     pool: EncodePool,
     records: Iterable[Record | InvalidRecord],
@@ -168,6 +106,30 @@ def planned_windows(
     skip: Any = (),
     media_budget: int = 0,
 ) -> Iterator[Window]:
-    """`windows_in_planning`, each waited for in turn."""
-    for in_planning in windows_in_planning(pool, records, window, skip, media_budget):
-        yield in_planning.result()
+    """Windows in input order; the next one is planned in the background while the caller runs
+    the current one. Each window keeps at most `media_budget` bytes of spooled media tensors
+    from planning; the rest are decoded again when their batch runs."""
+
+    def submit(chunk: list[Record | InvalidRecord]) -> tuple[list[FailedRecord], list[Future]]:
+        failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
+        futures = [pool.plan(item) for item in chunk if isinstance(item, Record)]
+        return failures, futures
+
+    pending = (record for record in records if record.index not in skip)
+    chunks = _chunks(pending, window_sizes(window))
+    current = next((submit(chunk) for chunk in chunks), None)
+    while current is not None:
+        upcoming = next((submit(chunk) for chunk in chunks), None)
+        failures, futures = current
+        planned: list[Planned] = []
+        budget = [media_budget]
+        for future in futures:
+            result: Planned = future.result()
+            if result.error is not None:
+                failures.append(
+                    FailedRecord(result.record.id, result.record.index, result.error, kind=result.error_kind)
+                )
+            else:
+                planned.append(within_budget(result, budget))
+        yield Window(planned, failures)
+        current = upcoming
