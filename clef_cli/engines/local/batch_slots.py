@@ -39,7 +39,8 @@ class Slot:
 def _shared_storage(nbytes: int) -> torch.UntypedStorage:
     """Shared memory whose pages are made when first written (in the worker, off the main
     thread): torch's own `_new_shared` touches all of it on the calling thread, 145 ms for a
-    325 MB slot here, holding the GIL."""
+    325 MB slot here, holding the GIL. An anonymous memfd, not a file in /dev/shm, so a
+    container's small /dev/shm (Docker's 64 MB) does not bound it."""
     if not hasattr(os, "memfd_create"):  # not Linux
         return torch.UntypedStorage._new_shared(nbytes)
     descriptor = os.memfd_create("clef-batch-slot")
@@ -67,7 +68,7 @@ class SlotAllocator:
         self.needed = start + nbytes
         if self.slot is None or self.needed > self.slot.nbytes:
             self.spilled += nbytes
-            return torch.empty(shape, dtype=dtype).share_memory_()
+            return torch.empty(0, dtype=dtype).set_(_shared_storage(max(nbytes, 1)), 0, shape)
         return torch.empty(0, dtype=dtype).set_(self.slot.storage, start // itemsize, shape)
 
 
