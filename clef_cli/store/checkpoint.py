@@ -39,10 +39,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.release import file_crc32, file_sha256
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.store.atomic import write_bytes, write_text
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex
+from clef_cli.store.shard_checks import Stamp, file_matches, read_verified, remember_verified
 
 if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
@@ -166,6 +166,7 @@ class Checkpoint:
         checkpoint = cls(path, stored)
         lines = checkpoint._read_journal(hidden_states=True)
         checkpoint._repair(lines)
+        checkpoint._remember_verified()
         checkpoint._open_index()
         return checkpoint
 
@@ -220,8 +221,9 @@ class Checkpoint:
                     parsed.append(ShardEntry(raw["name"], int(raw["records"]), raw["files"], raw.get("run", "")))
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     continue  # a line cut short by a kill: its shard never counted
+        memo = read_verified(self.path) if hidden_states else {}
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            verified = list(pool.map(lambda entry: self._verify(entry, hidden_states), parsed))
+            verified = list(pool.map(lambda entry: self._verify(entry, hidden_states, memo), parsed))
         self.entries = [entry for entry, ok in zip(parsed, verified, strict=True) if ok]
         self.dropped = [entry for entry, ok in zip(parsed, verified, strict=True) if not ok]
         return seen_lines
@@ -232,21 +234,16 @@ class Checkpoint:
         if self.dropped or journal_lines != len(self.entries):
             self._rewrite_journal()
 
-    def _verify(self, entry: ShardEntry, hidden_states: bool) -> bool:
-        """Every file of the shard has its journaled size and checksum (hidden states only when
-        `hidden_states`: reading them costs one pass over what may be many GB)."""
-        for kind, described in entry.files.items():
-            path = self.shards_path / described["name"]
-            try:
-                if path.stat().st_size != described["bytes"]:
-                    return False
-                if kind == "results" and file_sha256(path) != described["sha256"]:
-                    return False
-                if kind == "hidden" and hidden_states and file_crc32(path) != described["crc32"]:
-                    return False
-            except (FileNotFoundError, KeyError):
-                return False
-        return True
+    def _verify(self, entry: ShardEntry, hidden_states: bool, memo: dict[str, Stamp]) -> bool:
+        """Every file of the shard matches its journal line (store/shard_checks.py)."""
+        return all(
+            file_matches(self.shards_path / described["name"], kind, described, hidden_states, memo)
+            for kind, described in entry.files.items()
+        )
+
+    def _remember_verified(self) -> None:
+        hidden = [self.shards_path / entry.files["hidden"]["name"] for entry in self.entries if entry.has_hidden]
+        remember_verified(self.path, hidden)
 
     def _remove_unjournaled(self) -> None:
         """Shard files without a journal line, and temporaries a killed write left (the caller

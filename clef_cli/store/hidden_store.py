@@ -29,6 +29,7 @@ from clef_cli.inputs.records import Question, Record
 from clef_cli.model.dtypes import HIDDEN_DTYPES as HIDDEN_DTYPE_NAMES
 from clef_cli.model.dtypes import torch_dtype
 from clef_cli.release import file_crc32
+from clef_cli.store.shard_checks import forget_verified
 
 HIDDEN_FORMAT_VERSION = 1
 FORMAT_KEY = "clef.hidden_format"
@@ -195,6 +196,7 @@ def read_shard(path: Path, states: bool = True) -> list[StoredRecord]:
 
 def check_shard(shard: HiddenShardFile) -> None:
     if not shard.verify():
+        forget_verified(shard.path.parent.parent, shard.path.name)  # the next run checks it, and drops it
         raise HiddenStoreError(
             f"hidden-state shard {shard.path} is damaged (checksum mismatch); rerun the job's own command: it "
             "computes that shard's records again"
