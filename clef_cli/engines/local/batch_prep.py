@@ -1,10 +1,12 @@
 """Batches with media are made ready for the model in an encoding worker, not on the main thread.
 
-A 720p image is about 31 MB of float32 patches. Reading them back from the spool and joining
+A 720p image is about 21 MB of float32 patches. Reading them back from the spool and joining
 them into one batch tensor on the main process cost about a third of a simulated H200's time
-(issue 24). The worker that prepares a batch reads or encodes its records, casts their media to
-the model's dtype and writes them once into tensors in shared memory; the main process maps
-those tensors (only a file descriptor is pickled) and hands them to the model as they are.
+(issue 24). The worker that prepares a batch decodes its image records (planned from their
+headers), reads its other records' media from the spool (or encodes them again), casts floating
+media to the model's dtype, and writes the batch once into the order's shared-memory slot; the
+main process maps the slot (only a file descriptor is pickled, once) and hands the tensors to
+the model as they are.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Running planned batches: the next few are encoded in the background while the model runs the
-current one, each outcome is committed as it comes, and running out of GPU memory lowers the
-token budget for the rest of the job instead of stopping it."""
+"""Running planned batches: a feeder thread has the next few made ready in the background while
+the model runs the current one, each outcome is committed as it comes, and running out of GPU
+memory lowers the token budget for the rest of the job instead of stopping it."""
 
 from __future__ import annotations
 
