@@ -50,7 +50,7 @@ def decode_entries(record: Record, name: str, decoder: Callable[[Any, MediaLimit
 
 PIXEL_TENSORS = ("pixel_values", "pixel_values_videos")
 """Normalised 8-bit frames (Pillow and PyAV decode to RGB24): finite by construction, and large
-(31 MB per 720p image), so checking them would double an image's encoding time. Audio features
+(22 MB per 720p image), so checking them would double an image's encoding time. Audio features
 and the small grid tensors are checked; the commit guard checks every result anyway."""
 
 

@@ -1,6 +1,6 @@
 """Batches with media are made ready for the model in an encoding worker, not on the main thread.
 
-A 720p image is about 21 MB of float32 patches. Reading them back from the spool and joining
+A 720p image is about 22 MB of float32 patches. Reading them back from the spool and joining
 them into one batch tensor on the main process cost about a third of a simulated H200's time
 (issue 24). The worker that prepares a batch decodes its image records (planned from their
 headers), reads its other records' media from the spool (or encodes them again), casts floating
