@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -74,7 +74,7 @@ def processor_tensors(record: Record, call: Callable[[], Any]) -> tuple[list[int
 
 
 def image_ids_from_headers(
-    processor: Any, record: Record, limits: MediaLimits, text: str, size_kwargs: dict[str, int]
+    processor: Any, record: Record, limits: MediaLimits, text: str, image_kwargs: dict[str, Any]
 ) -> list[int]:
     """The ids `processor(text=[text], images=...)` gives the record's images, from their headers.
 
@@ -88,12 +88,14 @@ def image_ids_from_headers(
     """
     sizes = decode_entries(record, "images", image_size, limits)
     image_processor, pad = processor.image_processor, processor.image_token_id
+    size = image_kwargs.get("size")  # the processor's own bounds unless the family sets them
+    bounds = {} if size is None else {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]}
     ids = list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     if ids.count(pad) != len(sizes):
         raise ValueError(f"{ids.count(pad)} image placeholders for {len(sizes)} images")
     try:
         counts = [
-            image_processor.get_number_of_image_patches(height, width, size_kwargs) // image_processor.merge_size**2
+            image_processor.get_number_of_image_patches(height, width, bounds) // image_processor.merge_size**2
             for width, height in sizes
         ]
     except ValueError as error:  # the same smart_resize refusal a full encode would meet
@@ -147,16 +149,27 @@ class Family(ABC):
     def encode_media(self, processor: Any, record: Record, limits: MediaLimits) -> MediaSegment:
         """The record's media segment (empty for a record without media)."""
 
+    image_kwargs: ClassVar[dict[str, Any]] = {}
+    """The image processor's options for this family (none: the release's own)."""
+
+    @abstractmethod
+    def image_text(self, count: int) -> str:
+        """The media segment's text for `count` images alone (what `encode_media` passes)."""
+
     def media_ids_from_headers(self, processor: Any, record: Record, limits: MediaLimits) -> list[int] | None:
         """The media segment's ids without decoding any pixels, where headers tell them (images
-        alone); None where only a full encode can (audio and video lengths, or no support)."""
-        return None
+        alone); None where only a full encode can (audio and video lengths; what `encode_media`
+        refuses, it refuses with its reason)."""
+        if record.audio or record.videos or not record.images:
+            return None
+        text = self.image_text(len(record.images))
+        return image_ids_from_headers(processor, record, limits, text, self.image_kwargs)
 
     def image_tensors(
         self, processor: Any, record: Record, limits: MediaLimits, media_ids: list[int]
     ) -> dict[str, torch.Tensor]:
         """The media tensors of a record `media_ids_from_headers` planned, its images decoded now."""
-        raise NotImplementedError(f"{self.title} does not plan media from headers")
+        return image_tensors(processor, record, limits, media_ids, self.image_kwargs)
 
     def lexical_rows(self, release: Release) -> torch.Tensor:
         """The lm_head rows alone (for re-scoring stored hidden states without the backbone)."""

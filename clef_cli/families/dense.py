@@ -22,8 +22,6 @@ from clef_cli.families.base import (
     Family,
     MediaSegment,
     decode_entries,
-    image_ids_from_headers,
-    image_tensors,
     processor_tensors,
 )
 from clef_cli.inputs.records import Record
@@ -49,6 +47,9 @@ class DenseFamily(Family):
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         return config["text_config"]
 
+    def image_text(self, count: int) -> str:
+        return IMAGE_PLACEHOLDER * count + "\n"
+
     def encode_media(self, processor: Any, record: Record, limits: MediaLimits) -> MediaSegment:
         """Images only, refused rather than dropped: the reference ignores `audio` silently."""
         if record.audio:
@@ -58,21 +59,15 @@ class DenseFamily(Family):
         if not record.images:
             return MediaSegment()
         images = decode_entries(record, "images", decode_image, limits)
-        text = IMAGE_PLACEHOLDER * len(images) + "\n"
+        text = self.image_text(len(images))
         ids, tensors = processor_tensors(record, lambda: processor(text=[text], images=images, return_tensors="pt"))
         return MediaSegment(ids, tensors)
-
-    def media_ids_from_headers(self, processor: Any, record: Record, limits: MediaLimits) -> list[int] | None:
-        if record.audio or record.videos or not record.images:
-            return None  # refused (or empty) by encode_media, which says why
-        text = IMAGE_PLACEHOLDER * len(record.images) + "\n"
-        return image_ids_from_headers(processor, record, limits, text, {})
 
     def image_tensors(
         self, processor: Any, record: Record, limits: MediaLimits, media_ids: list[int]
     ) -> dict[str, torch.Tensor]:
         """With the processor's `mm_token_type_ids`: 1 at each image token of the segment."""
-        tensors = image_tensors(processor, record, limits, media_ids, {})
+        tensors = super().image_tensors(processor, record, limits, media_ids)
         image = processor.image_token_id
         tensors["mm_token_type_ids"] = torch.tensor([[int(token == image) for token in media_ids]])
         return tensors

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,8 +22,6 @@ from clef_cli.families.base import (
     Family,
     MediaSegment,
     decode_entries,
-    image_ids_from_headers,
-    image_tensors,
     processor_tensors,
 )
 from clef_cli.inputs.records import Record
@@ -52,6 +50,10 @@ class OmniFamily(Family):
     default_max_length = 64000
     lexical_key = "thinker.lm_head.weight"
     media_kinds = ("images", "audio", "videos")
+    image_kwargs: ClassVar[dict[str, Any]] = {"size": IMAGE_SIZE}
+
+    def image_text(self, count: int) -> str:
+        return (IMAGE_PLACEHOLDER + "\n") * count
 
     def text_config(self, config: dict[str, Any]) -> dict[str, Any]:
         return config["thinker_config"]["text_config"]
@@ -65,11 +67,11 @@ class OmniFamily(Family):
         videos = decode_entries(record, "videos", decode_video, limits)
         use_audio_in_video = bool(videos) and all(video.soundtrack is not None for video in videos)
         text = "".join(
-            [IMAGE_PLACEHOLDER + "\n"] * len(images)
+            [self.image_text(len(images))]
             + [AUDIO_PLACEHOLDER + "\n"] * len(clips)
             + [VIDEO_PLACEHOLDER + "\n"] * len(videos)
         )
-        kwargs: dict[str, Any] = {"images_kwargs": {"size": IMAGE_SIZE}, "return_tensors": "pt"}
+        kwargs: dict[str, Any] = {"images_kwargs": dict(self.image_kwargs), "return_tensors": "pt"}
         audio = list(clips)
         if videos:
             kwargs["videos_kwargs"] = {"fps": 2.0, "do_sample_frames": False, **_uncapped_video_kwargs(processor)}
@@ -88,18 +90,6 @@ class OmniFamily(Family):
             ),
         )
         return MediaSegment(ids, tensors, use_audio_in_video)
-
-    def media_ids_from_headers(self, processor: Any, record: Record, limits: MediaLimits) -> list[int] | None:
-        if record.audio or record.videos or not record.images:
-            return None
-        text = (IMAGE_PLACEHOLDER + "\n") * len(record.images)
-        size = {"min_pixels": IMAGE_SIZE["shortest_edge"], "max_pixels": IMAGE_SIZE["longest_edge"]}
-        return image_ids_from_headers(processor, record, limits, text, size)
-
-    def image_tensors(
-        self, processor: Any, record: Record, limits: MediaLimits, media_ids: list[int]
-    ) -> dict[str, torch.Tensor]:
-        return image_tensors(processor, record, limits, media_ids, {"size": IMAGE_SIZE})
 
     def load_backbone(self, release: Release, device: torch.device, dtype: torch.dtype) -> OmniBackbone:
         from transformers.models.qwen3_omni_moe import (
