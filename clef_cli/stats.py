@@ -22,7 +22,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clef_cli.inputs.records import Record
 
 STAGES = ("load", "encode_wait", "forward", "head", "commit_wait", "output_write")
 """Timed stages of the main thread: model loading, waiting for inputs, the thinker's forward,
@@ -30,6 +33,10 @@ the joint head, waiting for the checkpoint committer, writing the output."""
 MODALITIES = ("text", "image", "audio", "video", "mixed")
 ADVICE_THRESHOLD = 0.10
 """Encoding wait above this share of the scoring time prints one line of advice."""
+
+
+def record_modality(record: Record) -> str:
+    return modality(len(record.images), len(record.audio), len(record.videos))
 
 
 def modality(images: int, audio: int, videos: int) -> str:

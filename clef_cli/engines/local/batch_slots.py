@@ -1,6 +1,6 @@
 """Shared-memory slots that encoding workers write batches into, reused from batch to batch.
 
-New shared memory costs more than the copy into it: the 21 MB of float32 patches of a 720p image
+New shared memory costs more than the copy into it: the 22 MB of float32 patches of a 720p image
 took about 25 ms of page faults in a fresh segment against 3 ms into pages already mapped
 (issue 24), as much as encoding the image. So the main process owns a few slots (one per batch in
 flight). A batch goes to a worker with a free slot; the worker lays the batch's tensors out in it

@@ -23,7 +23,7 @@ from clef_cli.job import Job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.scoring import BatchRunner, Scorer
 from clef_cli.results import FailedRecord, ScoredRecord
-from clef_cli.stats import modality
+from clef_cli.stats import record_modality
 from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
 
 PREFETCH_BATCHES = 3
@@ -141,9 +141,7 @@ class BatchExecutor:
                 pending = [self.pool.encode(by_index[index].record) for index in batch.indices]
             else:
                 for index, seconds in ready.encode_seconds.items():
-                    record = by_index[index].record
-                    kind = modality(len(record.images), len(record.audio), len(record.videos))
-                    self.stats.encoding_time(kind, seconds)
+                    self.stats.encoding_time(record_modality(by_index[index].record), seconds)
                 failures = [_failed(by_index[index], error, kind) for index, error, kind in ready.failures]
                 model_batch = ready.received()
                 encoded = model_batch.records if model_batch is not None else []

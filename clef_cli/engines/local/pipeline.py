@@ -38,7 +38,7 @@ from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import human_size
-from clef_cli.stats import modality
+from clef_cli.stats import record_modality
 
 __all__ = ["JobSummary", "ScoreJob", "ScoreSettings"]
 
@@ -134,9 +134,7 @@ class ScoreJob:
             (once) whether the hidden states will fit."""
             nonlocal checked_disk
             for item in window.planned:
-                record = item.record
-                kind = modality(len(record.images), len(record.audio), len(record.videos))
-                job.summary.stats.encoded(kind, item.length or 0, item.seconds)
+                job.summary.stats.encoded(record_modality(item.record), item.length or 0, item.seconds)
             executor.commit([], window.failures)
             if window.planned and not checked_disk:
                 _check_disk(job, window)

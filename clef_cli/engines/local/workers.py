@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -125,7 +126,7 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 def _keep_freed_buffers_warm() -> None:
     """By default glibc hands each freed buffer of a few megabytes back to the system, so every
-    image's float32 patches (21 MB at 720p) land in new pages, and here faulting new pages in
+    image's float32 patches (22 MB at 720p) land in new pages, and here faulting new pages in
     costs about as much as normalising the image (issue 24). Buffers up to 32 MiB then come from
     the heap, which keeps up to 512 MiB of freed memory (within a worker's estimated peak), so a
     batch reuses the pages of the one before it. Not glibc: nothing to do."""
@@ -222,29 +223,29 @@ def within_budget(planned: Planned, budget: list[int]) -> Planned:
     return replace(planned, encoded=None, spooled=None, spooled_bytes=0)
 
 
-def encode_record(record: Record) -> EncodedRecord | tuple[str, str]:
-    """The encoding, or (the error, its kind)."""
+def _encoding(record: Record, encode: Callable[[], EncodedRecord]) -> EncodedRecord | tuple[str, str]:
+    """One encoding task: the encoding, or (the error, its kind)."""
     faults.maybe_crash(record.id)
     try:
-        encoded = compact(_encoder().encode(record))
+        encoded = encode()
     except RecordError as error:
         return str(error), error.kind or "media"
     faults.slow_encode()
     return encoded
+
+
+def encode_record(record: Record) -> EncodedRecord | tuple[str, str]:
+    """The encoding, or (the error, its kind)."""
+    return _encoding(record, lambda: compact(_encoder().encode(record)))
 
 
 def complete_record(planned: Planned) -> EncodedRecord | tuple[str, str]:
     """What its batch needs of a record `ready()` could not give: the plan's encoding with its
     images decoded now, or the record encoded again (its spooled media dropped)."""
-    if not planned.from_headers or planned.encoded is None:
+    encoded = planned.encoded
+    if not planned.from_headers or encoded is None:
         return encode_record(planned.record)
-    faults.maybe_crash(planned.record.id)
-    try:
-        encoded = _encoder().with_images(planned.encoded)
-    except RecordError as error:
-        return str(error), error.kind or "media"
-    faults.slow_encode()
-    return encoded
+    return _encoding(planned.record, lambda: _encoder().with_images(encoded))
 
 
 CRASHED = "the encoding process crashed on this record (a media decoder failed hard)"
