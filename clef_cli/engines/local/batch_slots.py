@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -58,7 +58,7 @@ class SlotAllocator:
 
     slot: Slot | None
     needed: int = 0
-    spilled: int = field(default=0)
+    spilled: int = 0
     """Bytes that did not fit and went to fresh shared memory."""
 
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
