@@ -19,7 +19,7 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.local.batch_prep import BatchOrder, prepare_batch, preparing_crashed
 from clef_cli.engines.local.batch_slots import ALIGNMENT, BatchSlots, allocator_for
 from clef_cli.engines.local.encode_pool import EncodePool
-from clef_cli.engines.local.workers import EncoderSpec
+from clef_cli.engines.local.workers import EncoderSpec, within_budget
 
 from .helpers import GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, PROBABILITY_TOLERANCE, settings_for
 
@@ -38,9 +38,10 @@ def groups(encoder, golden_records):
     return list(by_flag.values())
 
 
-def _prepared(release, groups, tmp_path, media_dtype, workers):
+def _prepared(release, groups, tmp_path, media_dtype, workers, spooled=True):
     """Plan the records (their media spooled), then collate each group, in one worker or inline
-    (`workers=0`: the same functions, in this process)."""
+    (`workers=0`: the same functions, in this process). `spooled=False` drops the spool first, as
+    a spent disk budget does: the batch then encodes its records again, their media not yet cast."""
     spec = EncoderSpec(
         release.path, GOLDEN_MAX_LENGTH, OverflowPolicy.truncate, MediaLimits(), tmp_path, "omni", 1, media_dtype
     )
@@ -49,16 +50,23 @@ def _prepared(release, groups, tmp_path, media_dtype, workers):
         for records in groups:
             planned = [future.result() for future in [pool.plan(record) for record in records]]
             assert all(item.spooled is not None for item in planned)
+            if not spooled:
+                planned = [within_budget(item, [0]) for item in planned]
+                assert all(item.ready() is None for item in planned)
             ready = pool.urgent(prepare_batch, BatchOrder(planned), preparing_crashed).result()
             assert ready is not None and not ready.failures
             batches.append(ready.received())
     return batches
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_media_cast_in_the_worker_equal_the_models_own_cast_bit_for_bit(release, encoder, groups, tmp_path, dtype):
+@pytest.mark.parametrize(("dtype", "spooled"), [(torch.bfloat16, True), (torch.float16, True), (torch.bfloat16, False)])
+def test_media_cast_in_the_worker_equal_the_models_own_cast_bit_for_bit(
+    release, encoder, groups, tmp_path, dtype, spooled
+):
+    """Spooled media were cast when they were spooled; media encoded again when the batch is
+    made (spool dropped) are cast by the batch's own collate, which this case would miss."""
     pad = encoder.processor.tokenizer.pad_token_id
-    batches = _prepared(release, groups, tmp_path, str(dtype).removeprefix("torch."), workers=0)
+    batches = _prepared(release, groups, tmp_path, str(dtype).removeprefix("torch."), workers=0, spooled=spooled)
     for records, batch in zip(groups, batches, strict=True):
         want = collate([encoder.encode(record) for record in records], pad).model_inputs("cpu", dtype)
         got = batch.model_inputs("cpu", dtype)
