@@ -17,9 +17,17 @@ def test_ci_runs_the_test_command_written_in_the_readme():
     quick_start = re.search(r"## Quick start\n\n```bash\n(.*?)```", readme, re.S).group(1)
     commands = [line for line in quick_start.splitlines() if line and not line.startswith("#")]
     assert commands[0].startswith('pip install -e ".[test]" && clef score sample_data/records.jsonl')
-    test_command = commands[1]
+    quick_loop, everything = commands[1], commands[2]
+    assert quick_loop == "python -m pytest -q"  # the default selection: pyproject.toml's addopts
+    assert everything == 'python -m pytest -q -m "slow or not slow"'
     ci = (ROOT / ".ci" / "run").read_text()
-    assert test_command in ci.splitlines()
+    assert everything in ci.splitlines()
+
+
+def test_the_default_test_selection_is_the_quick_loop():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.pytest.ini_options]", 1)[1].split("\n[", 1)[0]
+    assert 'addopts = ["-m", "not slow"]' in section.splitlines()
 
 
 def test_every_command_has_help_text():
