@@ -17,6 +17,15 @@ class OverflowPolicy(str, Enum):
     error = "error"
 
 
+class SpecialTokens(str, Enum):
+    """Special-token strings written in a record's text (`<|im_end|>` in a post): `text` keeps them
+    ordinary text (records may come from strangers), `parse` reads them as control tokens, as the
+    reference does (for trusted data). The template's own special tokens are the same in both."""
+
+    text = "text"
+    parse = "parse"
+
+
 class Layout(str, Enum):
     """Output rows: one per record (`wide`) or one per (record, question, label) (`long`)."""
 

@@ -11,13 +11,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from clef_cli import __version__
+from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.output import OutputSpec, write_output
@@ -30,6 +31,8 @@ from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, prompt_digest
+
+REMOTE_SPOOL = "remote-media"
 
 
 def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
@@ -59,11 +62,36 @@ def job_ledger(settings: ScoreSettings, release: Release, checkpoint: Checkpoint
     """Key every record of the job (no media decoded) and mark what this run computes."""
     assert checkpoint.index is not None
     assert settings.max_length is not None
-    prompt = prompt_digest(release.path, release.family, settings.max_length, settings.overflow.value, settings.limits)
+    prompt = prompt_digest(
+        release.path,
+        release.family,
+        settings.max_length,
+        settings.overflow.value,
+        settings.limits,
+        settings.special_tokens.value,
+    )
     ledger = Ledger(checkpoint.index, checkpoint.run_seq)
     ledger.build(job_records(settings), prompt, MediaHasher(settings.limits), needs_hidden)
     checkpoint.ledger = ledger
     return ledger
+
+
+def with_remote_spool(settings: ScoreSettings, checkpoint_path: Path) -> tuple[ScoreSettings, RemoteSpool | None]:
+    """With --allow-remote-media, a fresh folder in the checkpoint for the media the job fetches
+    while keying its records, named in the settings' limits: every encoding worker (and a Ray
+    actor that can read the folder) decodes those bytes instead of fetching them again."""
+    if not settings.limits.allow_remote:
+        return settings, None
+    spool = RemoteSpool.fresh(checkpoint_path / REMOTE_SPOOL)
+    return replace(settings, limits=replace(settings.limits, remote_spool=spool.folder)), spool
+
+
+def questions_metadata(settings: ScoreSettings) -> dict[str, str]:
+    """`clef.questions`: the `--questions` schema as JSON, so `clef review` can show reviewers each
+    question's instructions and each option's description."""
+    if not settings.questions:
+        return {}
+    return {"clef.questions": json.dumps(load_questions_file(settings.questions), ensure_ascii=False)}
 
 
 def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, Any]) -> dict[str, str]:
@@ -80,10 +108,12 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.max_length": str(settings.max_length),
         "clef.overflow": settings.overflow.value,
         "clef.struct_nulls": settings.struct_nulls.value,
+        "clef.special_tokens": settings.special_tokens.value,
         "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
         "clef.layout": settings.layout,
         "clef.key_version": str(KEY_VERSION),
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **questions_metadata(settings),
     }
 
 
@@ -144,7 +174,7 @@ class Job:
         counts = write_job_output(self.settings, results, described | (metadata or {}), passthrough)
         self.summary.count(counts)
         if self.checkpoint.index is not None:
-            self.checkpoint.index.finish_run(self.checkpoint.run_id, json.dumps(self.summary.run_counts()))
+            self.checkpoint.index.finish_run(self.checkpoint.run_id, self.summary.run_counts())
         return self.stopped()
 
     def interrupted(self) -> JobSummary:
@@ -181,17 +211,22 @@ def open_job(
             checkpoint = Checkpoint.open_existing(path)
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
+        spool: RemoteSpool | None = None
         try:
             damaged = sum(entry.records for entry in checkpoint.dropped)
             if checkpoint.dropped:
                 shards = len(checkpoint.dropped)
                 progress.note(f"{shards} damaged checkpoint shard(s): their {damaged} records will be computed again")
-            checkpoint.begin_run()
+            checkpoint.begin_run(settings.inputs, settings.output)
+            settings, spool = with_remote_spool(settings, checkpoint.path)
             progress.note("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"
             ledger = job_ledger(settings, release, checkpoint, needs_hidden)
             summary = JobSummary(output=settings.output, damaged=damaged)
+            summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
             yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started)
         finally:
+            if spool is not None:
+                spool.remove()
             checkpoint.close()

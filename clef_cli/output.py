@@ -22,7 +22,7 @@ from clef_cli.errors import ClefError, UsageError
 from clef_cli.inputs.json_values import without_lone_surrogates
 from clef_cli.inputs.readers import iter_column_values, parquet_only
 from clef_cli.inputs.sources import expand_inputs
-from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, long_rows
+from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, failures_of, long_rows
 from clef_cli.store.atomic import write_file
 
 if TYPE_CHECKING:
@@ -205,7 +205,8 @@ def write_output(
 
     write_file(spec.path, write, before_rename=faults.before_output_rename)
     failed = results.num_rows - results.column("error").null_count
-    return OutputCounts(records=results.num_rows, failed=failed)
+    by_kind, first_errors = failures_of(results) if failed else ({}, ())
+    return OutputCounts(records=results.num_rows, failed=failed, failed_by_kind=by_kind, first_errors=first_errors)
 
 
 def _shape(chunk: pa.Table, layout: str, extra: dict[str, pa.Array], start: int, schema: pa.Schema) -> pa.Table:

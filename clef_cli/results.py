@@ -7,7 +7,7 @@ shards (plus pass-through columns), never a recomputation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -40,6 +40,10 @@ class FailedRecord:
 class OutputCounts:
     records: int
     failed: int
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
+    """error_kind -> failed rows of that kind (they add up to `failed`)."""
+    first_errors: tuple[tuple[str, str], ...] = ()
+    """(id, error) of the first failed rows in input order."""
 
 
 @dataclass
@@ -61,6 +65,22 @@ class RunCounts:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
+
+
+FIRST_ERRORS = 5
+
+
+def failures_of(results: pa.Table) -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
+    """The failed rows of `results` counted by error kind, and the first few (id, error) in input
+    order: what a run's summary says about why records failed."""
+    import pyarrow.compute as pc
+
+    failed = results.filter(results.column("error").is_valid())
+    kinds = pc.value_counts(failed.column("error_kind")).to_pylist()
+    by_kind = {entry["values"] or "unknown": entry["counts"] for entry in kinds}
+    first = failed.take(pc.sort_indices(failed, sort_keys=[("record_index", "ascending")])[:FIRST_ERRORS])
+    pairs = zip(first.column("id").to_pylist(), first.column("error").to_pylist(), strict=True)
+    return dict(sorted(by_kind.items())), tuple((str(record_id), str(error)) for record_id, error in pairs)
 
 
 LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])

@@ -17,6 +17,7 @@ from clef_cli.choices import (
     HiddenStates,
     Layout,
     OverflowPolicy,
+    SpecialTokens,
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
@@ -38,7 +39,8 @@ class ScoreSettings:
     inputs: Sequence[str | Path]
     """Local paths or URIs (resolved by `sources`)."""
     output: Path
-    model: str = DEFAULT_MODEL
+    model: str | None = DEFAULT_MODEL
+    """None with `rehead`: the model the checkpoint's manifest names (as train-head does)."""
     revision: str | None = None
     questions: Path | None = None
     max_length: int | None = None
@@ -46,6 +48,9 @@ class ScoreSettings:
     overflow: OverflowPolicy = OverflowPolicy.truncate
     struct_nulls: StructNulls = StructNulls.refuse
     """What a null inside a Parquet struct column of state/questions means (see parquet_rows)."""
+    special_tokens: SpecialTokens = SpecialTokens.text
+    """Whether special-token strings in a record's text stay text (default) or become control
+    tokens, as the reference reads them (`parse`, for trusted data)."""
     limits: MediaLimits = field(default_factory=MediaLimits)
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
@@ -84,10 +89,16 @@ class ScoreSettings:
         return self.checkpoint or self.output.with_name(self.output.name + ".ckpt")
 
     def validate(self) -> None:
+        if self.model is None and self.rehead is None:
+            raise UsageError("give --model: only --rehead takes the model from the checkpoint")
         try:
             self.struct_nulls = StructNulls(self.struct_nulls)  # a library caller may pass the name
         except ValueError:
             raise UsageError(f"--struct-nulls must be refuse, absent or null, not {self.struct_nulls!r}") from None
+        try:
+            self.special_tokens = SpecialTokens(self.special_tokens)
+        except ValueError:
+            raise UsageError(f"--special-tokens must be text or parse, not {self.special_tokens!r}") from None
         for name, choice in (("layout", Layout), ("hidden_states", HiddenStates), ("hidden_dtype", HiddenDtype)):
             value = getattr(self, name)
             if value not in {member.value for member in choice}:
@@ -100,8 +111,11 @@ class ScoreSettings:
             from clef_cli.quality.calibrate import load_calibration
 
             load_calibration(self.calibration)
-        local_inputs = (local_path(location) for location in self.inputs)
-        if self.output.resolve() in {path.resolve() for path in local_inputs if path is not None}:
+        local_inputs = [(location, local_path(location)) for location in self.inputs]
+        for location, path in local_inputs:
+            if path is not None and not path.exists():  # before the checkpoint is made: nothing done
+                raise UsageError(f"input not found: {location}")
+        if self.output.resolve() in {path.resolve() for _, path in local_inputs if path is not None}:
             raise UsageError("the output would overwrite an input")
 
 
@@ -119,6 +133,8 @@ class JobSummary:
     """Records whose prompt this run computes (new, retried, or missing hidden states)."""
     duplicates: int = 0
     """Later copies of a key earlier in this job: run once, every copy gets the result."""
+    invalid: int = 0
+    """Records without a prompt (the record itself is wrong): never keyed, never run."""
     retried: int = 0
     """Of `run`: records whose stored result was a transient error."""
     damaged: int = 0
@@ -128,13 +144,16 @@ class JobSummary:
     tokens: int = 0
     seconds: float = 0.0
     interrupted: bool = False
-    first_errors: list[str] = field(default_factory=list)
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
+    """error_kind -> failed records of the output (they add up to `failed`)."""
+    first_errors: list[tuple[str, str]] = field(default_factory=list)
+    """(id, error) of the output's first failed records, in input order."""
     stats: JobStats = field(default_factory=JobStats)
     """Where the time went (stage times are measured by the local engine only)."""
 
     def take_counts(self, counts: RunCounts) -> None:
         self.run, self.reused = counts.run, counts.reused
-        self.duplicates, self.retried = counts.duplicates, counts.retried
+        self.duplicates, self.retried, self.invalid = counts.duplicates, counts.retried, counts.invalid
 
     def run_counts(self) -> dict[str, int]:
         """README, "Counts": what this run did with its records."""
@@ -144,7 +163,14 @@ class JobSummary:
             "reused": self.reused,
             "duplicates": self.duplicates,
             "retried": self.retried,
+            "invalid": self.invalid,
         }
+
+    @property
+    def failed_running(self) -> int:
+        """Of `run`: records that failed on their way through this run (encoding, media, a
+        forward that failed on them alone), so were not counted as run through the model."""
+        return max(0, self.run - self.forwarded)
 
     def final_stats(self) -> JobStats:
         """The stats with the run's totals: wall time, output records, tokens run this time."""
@@ -159,3 +185,5 @@ class JobSummary:
         self.records = written.records
         self.failed = written.failed
         self.scored = written.records - written.failed
+        self.failed_by_kind = dict(written.failed_by_kind)
+        self.first_errors = list(written.first_errors)

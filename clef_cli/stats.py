@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clef_cli.inputs.records import Record
 
-STAGES = ("load", "encode_wait", "forward", "head", "commit_wait", "output_write")
-"""Timed stages of the main thread: model loading, waiting for inputs, the thinker's forward,
-the joint head, waiting for the checkpoint committer, writing the output."""
+STAGES = ("startup", "load", "encode_wait", "forward", "head", "commit_wait", "output_write")
+"""Timed stages of the main thread: start-up (imports, the processor, starting the encoding
+processes), model loading, waiting for inputs, the thinker's forward, the joint head, waiting
+for the checkpoint committer, writing the output. The stages but `load` and `output_write` add
+up to the scoring time, less untimed bookkeeping."""
 MODALITIES = ("text", "image", "audio", "video", "mixed")
 ADVICE_THRESHOLD = 0.10
 """Encoding wait above this share of the scoring time prints one line of advice."""
@@ -75,6 +77,9 @@ class JobStats:
     workers: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     """run, forwarded, reused, duplicates, retried (README, "Counts")."""
+    special_tokens: str | None = None
+    """The job's --special-tokens mode (text or parse), so a collected file says how its prompts
+    were read."""
     encode: dict[str, EncodeRate] = field(default_factory=dict)
     scoring_started: float | None = None
     """perf_counter() when scoring began (set by the engine)."""
@@ -166,6 +171,7 @@ class JobStats:
             "padding_waste": round(self.padding_waste, 6),
             "workers": self.workers,
             "counts": dict(self.counts),
+            "special_tokens": self.special_tokens,
             "encode": {
                 kind: {
                     "records": rate.records,

@@ -4,7 +4,9 @@ virtual environment pins other numpy/pyarrow than ours), by tests/test_label_stu
 Usage: python label_studio_client.py PLAN.json, where PLAN holds url, token, config (XML text),
 tasks (clef review's JSON), annotations ([record id, [[from_name, choice], ...], was_cancelled]
 in posting order), export (path), and media: {config, tasks, folder} for a second project whose
-tasks show media from a local-files storage on `folder`. Prints a JSON summary on stdout.
+tasks show media from a local-files storage on `folder`, and rating: {config, tasks, annotations
+([record id, from_name, stars]), export} for a project whose score question is a Rating. Prints a
+JSON summary on stdout.
 """
 
 from __future__ import annotations
@@ -49,6 +51,19 @@ def media_project(client: LabelStudio, plan: dict) -> dict:
     return {"task_count": imported.task_count, "prediction_count": imported.prediction_count, "served": served}
 
 
+def rating_project(client: LabelStudio, rating: dict) -> None:
+    """A project whose score question is a Rating: post each record's stars, export as JSON."""
+    project = client.projects.create(title="clef ratings", label_config=rating["config"])
+    client.projects.import_tasks(id=project.id, request=rating["tasks"])
+    stored = {t.data["id"]: t for t in client.tasks.list(project=project.id, fields="all")}
+    for record_id, name, stars in rating["annotations"]:
+        result = [{"from_name": name, "to_name": "state", "type": "rating", "value": {"rating": stars}}]
+        client.annotations.create(id=stored[record_id].id, result=result)
+    export = b"".join(client.projects.exports.download_sync(project.id, export_type="JSON", download_all_tasks=True))
+    with open(rating["export"], "wb") as handle:
+        handle.write(export)
+
+
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as handle:
         plan = json.load(handle)
@@ -78,6 +93,7 @@ def main() -> None:
         "bad_prediction_status": refused,
         "media": media_project(client, plan),
     }
+    rating_project(client, plan["rating"])
     print(json.dumps(summary, default=str))
 
 

@@ -57,9 +57,8 @@ def write_scored(
     if layout == "long":
         table = long_rows(table)
     for name, values in (extra or {}).items():
-        if layout == "long":
-            by_id = dict(zip([r[0] for r in records], values, strict=True))
-            values = [by_id[record_id] for record_id in table.column("id").to_pylist()]
+        if layout == "long":  # each row of a record repeats its record's value
+            values = [values[index] for index in table.column("record_index").to_pylist()]
         if name in table.column_names:  # a column clef writes (record_key): filled in place
             table = table.set_column(table.column_names.index(name), name, pa.array(values, pa.string()))
         else:

@@ -167,8 +167,10 @@ def test_calibration_round_trips_through_json(tmp_path):
     loaded = load_calibration(path)
     assert loaded.default == run.calibration.default and loaded.method == "global"
     assert set(json.loads(path.read_text())) == {
-        "version", "method", "temperatures", "type_temperatures", "default", "fitted_on", "cross_fitted"
+        "version", "method", "temperatures", "type_temperatures", "default", "fitted_on", "cross_fitted",
+        "at_search_bound",
     }  # fmt: skip
+    assert loaded.at_search_bound == run.calibration.at_search_bound == []
 
 
 def test_question_temperatures_follow_the_shrinkage_formula_exactly():

@@ -362,6 +362,42 @@ def test_rehead_needs_stored_hidden_states(job, tmp_path):
     assert result.exit_code == 1 and "--hidden-states drop" in result.stderr
 
 
+def test_rehead_without_model_uses_the_checkpoints_and_counts_only_the_jobs_tokens(job, tmp_path, monkeypatch):
+    """No --model: the release the store's manifest names (not a download of the default). A job
+    of 5 records over a store of 24 counts (and runs) those 5 keys' real prompt tokens only."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True, raising=False)
+    inputs, output = job
+    assert in_process(inputs, output).exit_code == 0
+    second_head_release(tmp_path)
+    stats, reheaded = tmp_path / "stats.json", tmp_path / "rehead.parquet"
+    result = runner.invoke(
+        app,
+        ["score", str(inputs), "-o", str(reheaded), "--checkpoint", str(output) + ".ckpt", "--rehead",
+         str(tmp_path / "head-b"), "--limit", "5", "--quiet", "--stats-json", str(stats)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert pq.read_schema(reheaded).metadata[b"clef.model"].decode() == str(TINY_MODEL)
+    tokens = sum(row["prompt_tokens"] for row in rows(reheaded))
+    assert [row["id"] for row in rows(reheaded)] == [f"r{i:03d}" for i in range(5)]
+    assert json.loads(stats.read_text())["tokens"] == tokens
+    assert f"{tokens} tokens in" in result.stderr
+
+
+def test_rehead_at_a_file_or_an_empty_folder_is_a_usage_error_naming_rehead(job, tmp_path):
+    inputs, output = job
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("not a head")
+    checkpoint = str(output) + ".ckpt"
+    cases = (("a-file", "is a file"), ("empty", "has no joint_head_config.json"), ("nowhere", "does not exist"))
+    for head, what in cases:
+        rehead = ("--checkpoint", checkpoint, "--rehead", str(tmp_path / head))
+        result = in_process(inputs, tmp_path / "r.parquet", *rehead)
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(f"error: --rehead {tmp_path / head} {what}")
+        assert "Errno" not in result.stderr and "Traceback" not in result.output
+
+
 def test_disk_guard_refuses_a_job_that_cannot_fit(job, monkeypatch):
     inputs, output = job
     monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
@@ -417,11 +453,61 @@ def test_checkpoint_info(job):
     assert info["shards_with_hidden_states"] == info["shards"] > 0
     assert info["size_bytes"] >= info["results_bytes"] + info["hidden_bytes"] > info["hidden_bytes"] > 0
     assert info["settings"] == {"dtype": "float32"}
-    assert [json.loads(run["counts"])["forwarded"] for run in info["runs"]] == [24]
+    assert [run["counts"]["forwarded"] for run in info["runs"]] == [24]  # an object, not JSON text
+    assert [(run["inputs"], run["output"]) for run in info["runs"]] == [([str(inputs)], str(output))]
     human = runner.invoke(app, ["checkpoint", "info", str(output) + ".ckpt"])
     assert "keys: 24" in human.stdout
+    assert "dtype: float32\n" in human.stdout and '"' not in human.stdout  # no JSON quotes
+    assert f"  inputs: {inputs}\n  output: {output}\n" in human.stdout
     missing = runner.invoke(app, ["checkpoint", "info", str(inputs.parent)])
-    assert missing.exit_code == 1 and "is not a clef checkpoint" in missing.stderr
+    assert missing.exit_code == 2 and "is not a clef checkpoint" in missing.stderr
+
+
+def test_checkpoint_info_says_a_shard_is_damaged(job):
+    inputs, output = job
+    checkpoint = Path(str(output) + ".ckpt")
+    assert in_process(inputs, output, "--hidden-states", "drop", "--max-batch-size", "4").exit_code == 0
+    entries = [json.loads(line) for line in (checkpoint / "journal.jsonl").read_text().splitlines()]
+    shard = checkpoint / "shards" / entries[1]["files"]["results"]["name"]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = runner.invoke(app, ["checkpoint", "info", str(checkpoint), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.stdout)
+    assert info["damaged_shards"] == [entries[1]["name"]]
+    assert info["damaged_records"] == entries[1]["records"] and info["keys"] == 24 - entries[1]["records"]
+    human = runner.invoke(app, ["checkpoint", "info", str(checkpoint)]).stdout
+    assert f"damaged: 1 shard(s) fail their check ({entries[1]['records']} records" in human
+
+
+def test_a_key_index_from_before_runs_named_their_files_still_opens(tmp_path):
+    """An index whose runs table has no inputs/output columns (an older clef's) opens; those runs
+    name no files."""
+    import sqlite3
+
+    from clef_cli.store.key_index import KeyIndex
+
+    path = tmp_path / "keys.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE runs (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT UNIQUE NOT NULL, "
+        "started REAL NOT NULL, finished REAL, counts TEXT);"
+        "INSERT INTO runs(run_id, started, finished, counts) VALUES ('old', 1.0, 2.0, '{\"run\": 3, \"reused\": 0}');"
+    )
+    old.commit()
+    old.close()
+    index = KeyIndex(path)
+    try:
+        index.begin_run("new", inputs=["a.jsonl"], output="out.parquet")
+        runs = index.runs()
+    finally:
+        index.close()
+    assert [(run["run_id"], run["counts"], run["inputs"], run["output"]) for run in runs] == [
+        ("old", {"run": 3, "reused": 0}, [], None),
+        ("new", None, ["a.jsonl"], "out.parquet"),
+    ]
+    assert [run["counted"] for run in runs] == [True, False]
 
 
 def test_a_damaged_hidden_state_shard_is_computed_again_and_rehead_then_works(job, tmp_path):

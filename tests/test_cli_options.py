@@ -206,8 +206,11 @@ def test_unexpected_errors_are_one_line_and_show_the_traceback_only_with_v(tmp_p
 def test_job_errors_exit_1_usage_errors_2_and_an_interrupt_130(tmp_path, monkeypatch):
     from clef_cli.store.checkpoint import Checkpoint
 
-    missing = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])
-    assert missing.exit_code == 1 and missing.stderr.startswith("error: ") and len(missing.stderr.splitlines()) == 1
+    missing = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])  # not a checkpoint: the user's slip
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: ") and len(missing.stderr.splitlines()) == 1
+    (tmp_path / "manifest.json").write_text('{"format_version": 1}')  # a checkpoint this clef cannot use
+    old = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])
+    assert old.exit_code == 1 and old.stderr.startswith("error: ") and len(old.stderr.splitlines()) == 1
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -4,6 +4,7 @@ JS against scipy, the join on `record_key`, and the exit code for cron."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -13,7 +14,6 @@ from scipy.stats import entropy
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.quality.compare import PSI_SMOOTHING
 
 from .helpers import require_program
 from .scored_files import SCHEMA, random_probabilities, random_records, write_scored
@@ -63,6 +63,17 @@ def direct(old_path, new_path, key: str) -> dict:
     return result
 
 
+def readme_psi(old: list[int], new: list[int]) -> float:
+    """The README's definition in a plain loop: Σ (q − p) ln(q / p) over shares smoothed as
+    (count + 0.5) / (n + 0.5 K)."""
+    total = 0.0
+    for old_count, new_count in zip(old, new, strict=True):
+        p = (old_count + 0.5) / (sum(old) + 0.5 * len(old))
+        q = (new_count + 0.5) / (sum(new) + 0.5 * len(new))
+        total += (q - p) * math.log(q / p)
+    return total
+
+
 @pytest.mark.parametrize("keyed", [False, True])
 def test_compare_against_a_direct_loop_and_scipy(tmp_path, keyed):
     old, new = runs(tmp_path, keyed)
@@ -85,12 +96,11 @@ def test_compare_against_a_direct_loop_and_scipy(tmp_path, keyed):
         assert [found["only_old"]["counts"][o] for o in options] == want["only_old"]
         assert found["old"]["mean_confidence"] == pytest.approx(want["mean"][0], abs=1e-12)
         assert found["new"]["mean_confidence"] == pytest.approx(want["mean"][1], abs=1e-12)
+        assert found["psi"] == pytest.approx(readme_psi(*want["counts"]), abs=1e-12)
         p, q = (np.array(c, float) for c in want["counts"])
-        shares_p, shares_q = p / p.sum(), q / q.sum()
-        smooth_p = (p + PSI_SMOOTHING) / (p.sum() + PSI_SMOOTHING * len(p))
-        smooth_q = (q + PSI_SMOOTHING) / (q.sum() + PSI_SMOOTHING * len(q))
+        smooth_p, smooth_q = (p + 0.5) / (p.sum() + 0.5 * len(p)), (q + 0.5) / (q.sum() + 0.5 * len(q))
         assert found["psi"] == pytest.approx(entropy(smooth_q, smooth_p) + entropy(smooth_p, smooth_q), abs=1e-12)
-        assert found["js"] == pytest.approx(jensenshannon(shares_p, shares_q, base=2) ** 2, abs=1e-12)
+        assert found["js"] == pytest.approx(jensenshannon(p / p.sum(), q / q.sum(), base=2) ** 2, abs=1e-12)
     assert len(document["flips"]) == flipped_total
     if keyed:
         assert all(f["id"].startswith("new-") for f in document["flips"])
@@ -142,3 +152,76 @@ def test_report_and_its_rendering_in_headless_chromium(tmp_path):
     subprocess.run([*command, "--window-size=1100,900", report.as_uri()], capture_output=True, timeout=120)
     image = np.asarray(Image.open(shot).convert("L"), dtype=float)
     assert image.shape == (900, 1100) and image.std() > 10
+
+
+TEAM = {"billing": (0.8, 0.1, 0.1), "sales": (0.1, 0.8, 0.1)}
+
+
+def test_psi_and_js_of_a_hand_computed_case(tmp_path):
+    """team: old billing ×3, sales ×1; new billing ×1, sales ×3 (tech never). By hand, K = 3, n = 4:
+    p = (3.5, 1.5, 0.5) / 5.5, q = (1.5, 3.5, 0.5) / 5.5, PSI = (4 / 5.5) ln(7 / 3) = 0.61621662573...;
+    JS = 0.75 log2(1.5) − 0.25 = 0.18872187554... (both halves equal)."""
+    old = [(f"r{i}", {"team": TEAM[a]}) for i, a in enumerate(["billing", "billing", "billing", "sales"])]
+    new = [(f"r{i}", {"team": TEAM[a]}) for i, a in enumerate(["billing", "sales", "sales", "sales"])]
+    out = tmp_path / "d.json"
+    result = runner.invoke(app, ["compare", str(write_scored(tmp_path / "o.parquet", old)),
+                                 str(write_scored(tmp_path / "n.parquet", new)), "--json", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    team = json.loads(out.read_text())["questions"]["team"]
+    assert team["psi"] == pytest.approx(0.6162166257361481, abs=1e-12)
+    assert team["js"] == pytest.approx(0.1887218755408671, abs=1e-12)
+    assert team["flipped"] == 2 and team["old"]["counts"] == {"billing": 3, "sales": 1, "tech": 0}
+
+
+def with_copies(path, extra_ids: dict[str, list[str]]):
+    """The file at `path` plus, for each record id in `extra_ids`, copies of its row under the
+    given ids (the same record_key and answers: what `clef score` writes for a copied prompt)."""
+    rows = pq.read_table(path).to_pylist()
+    records = [(row["id"], {a["question_id"]: tuple(o["probability"] for o in a["labels"]) for a in row["answers"]}
+                if row["answers"] else None) for row in rows]  # fmt: skip
+    keys = [row["record_key"] for row in rows]
+    for row in list(rows):
+        for copy in extra_ids.get(row["id"], []):
+            records.append((copy, records[rows.index(row)][1]))
+            keys.append(row["record_key"])
+    return write_scored(path, records, extra={"record_key": keys})
+
+
+def test_copies_of_a_prompt_count_once(tmp_path):
+    """Defect: a table with copies (one record_key under several ids, as `clef score` writes them)
+    was refused. Now a key counts once: the numbers equal those of the files without copies."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    reference = json.loads(runner.invoke(app, ["compare", *map(str, runs(plain, keyed=True)), "--json", "-"]).stdout)
+    old, new = runs(tmp_path, keyed=True)
+    with_copies(old, {"r000": ["c1", "c2"], "r004": ["c3"], "r065": ["c4"]})  # r065: only in old
+    with_copies(new, {"new-r000": ["d1"], "new-r010": ["d2", "d3"], "new-n001": ["d4"]})  # n001: only in new
+    out = tmp_path / "d.json"
+    result = runner.invoke(app, ["compare", str(old), str(new), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["old"]["copies"] == 4 and document["new"]["copies"] == 4
+    for found in (document, reference):
+        for run in ("old", "new"):
+            del found[run]
+    assert document == reference
+
+
+def test_runs_that_share_no_record_warn_and_fail_the_drift_check(tmp_path):
+    old = write_scored(tmp_path / "o.parquet", random_records(seed=1, n=12, prefix="a"))
+    new = write_scored(tmp_path / "n.parquet", random_records(seed=2, n=12, prefix="b"))
+    result = runner.invoke(app, ["compare", str(old), str(new)])
+    assert result.exit_code == 0 and "warning: the two runs share no scored record (joined on id" in result.stderr
+    result = runner.invoke(app, ["compare", str(old), str(new), "--fail-above-psi", "0"])
+    assert result.exit_code == 5 and "no shared record, so the drift check cannot pass" in result.stderr
+
+
+def test_the_tables_are_plain_text_in_a_pipe(tmp_path):
+    """Off a terminal the tables are eval's plain aligned text: no box drawing, nothing cut."""
+    old, new = runs(tmp_path)
+    result = runner.invoke(app, ["compare", str(old), str(new)], env={"COLUMNS": "40"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1].split() == ["question", "n", "flipped", "PSI", "JS", "mean", "conf.", "old", "→", "new"]
+    assert set(lines[2]) == {"-", " "} and not set("─━│┃╇") & set(result.stdout)
+    assert any(line.split()[:2] == ["team", "tech"] for line in lines)

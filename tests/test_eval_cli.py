@@ -270,6 +270,21 @@ def test_eval_calibrate_review_and_compare_do_not_import_torch_or_ray(scored, tm
     assert [line for line in done.stdout.splitlines() if line.startswith("ok ")] == [f"ok {c[0]}" for c in commands]
 
 
+def test_review_of_a_real_output_shows_the_questions_file(scored, tmp_path):
+    """`clef score --questions FILE` keeps the schema in the output (`clef.questions`), so the
+    review config shows its instructions and descriptions without being told the file again."""
+    schema = json.loads(QUESTIONS.read_text())
+    metadata = pq.read_schema(scored).metadata
+    assert json.loads(metadata[b"clef.questions"]) == schema.get("questions", schema)
+    config = tmp_path / "c.xml"
+    result = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "t.json"), "--config-out", str(config)])
+    assert result.exit_code == 0, result.output
+    text = config.read_text()
+    assert f'<Header value="category: {schema["category"]["instructions"]}"/>' in text
+    assert f'<Choice value="safe" html="safe: {schema["category"]["criteria"]["safe"]}"/>' in text
+    assert f'<Choice value="0" html="0: {schema["toxicity"]["criteria"][0]}"/>' in text
+
+
 def test_report_renders_in_headless_chromium(scored, tmp_path):
     import subprocess
 

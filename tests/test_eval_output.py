@@ -212,6 +212,47 @@ def test_calibrate_warns_about_skipped_labels_and_says_its_fold_count(tmp_path):
     assert result.exit_code == 0 and "cross-fitted (5 folds of records)" in result.stdout
 
 
+def test_calibrate_says_when_a_temperature_is_only_the_edge_of_its_search(tmp_path):
+    """Equally sure of every answer and right half the time: the NLL falls as T grows, so the
+    search stops at its upper bound, 50. calibrate warns (naming it and the 16 labels) and lists
+    it in the file; a temperature inside the range is not flagged."""
+    records = [(f"r{i}", {"q": ("noul", NOUL, [0.9, 0.1])}) for i in range(16)]
+    scored = write_scored(tmp_path / "s.parquet", records)
+    labels = {rid: {"q": "true" if i % 2 else "false"} for i, (rid, _) in enumerate(records)}
+    gold = write_gold(tmp_path / "g.jsonl", labels)
+    out = tmp_path / "c.json"
+    result = runner.invoke(app, ["calibrate", str(scored), "--gold", str(gold), "-o", str(out), "--method", "global"])
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text())
+    assert written["default"] == pytest.approx(50.0, rel=1e-3) and written["at_search_bound"] == ["default"]
+    assert "warning: temperature default = 50 is the edge of the search range [0.02, 50] (16 labels)" in result.stderr
+    fine, gold_fine, _, _ = noul_case(tmp_path)
+    result = runner.invoke(app, ["calibrate", str(fine), "--gold", str(gold_fine), "-o", str(out)])
+    assert result.exit_code == 0 and "edge of the search" not in result.stderr
+    assert json.loads(out.read_text())["at_search_bound"] == []
+
+
+def test_calibrate_table_formats(tmp_path):
+    """Every column has a header; `--format` as eval's: plain off a terminal, markdown, tsv."""
+    scored, gold, _, _ = noul_case(tmp_path)
+    out = tmp_path / "c.json"
+    args = ["calibrate", str(scored), "--gold", str(gold), "-o", str(out)]
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    lines = plain.stdout.splitlines()
+    assert re.split(r"\s{2,}", lines[1]) == ["method", "log loss", "Brier", "ECE", "chosen"]
+    assert lines[-1].startswith("temperatures: ")
+    chosen = json.loads(out.read_text())["method"]
+    tsv = runner.invoke(app, [*args, "--format", "tsv"])
+    assert tsv.exit_code == 0, tsv.output
+    rows = list(csv.DictReader(io.StringIO(tsv.stdout), delimiter="\t"))
+    assert [row["method"] for row in rows] == ["none", "global", "type", "question"]
+    assert [row["method"] for row in rows if row["chosen"] == "true"] == [chosen]
+    assert all(float(row["log_loss"]) > 0 for row in rows) and "temperatures: " in tsv.stderr
+    markdown = runner.invoke(app, [*args, "--format", "markdown"])
+    assert "| method | log loss | Brier | ECE | chosen |" in markdown.stdout
+
+
 def test_gold_files_without_a_usable_label_say_why(tmp_path):
     scored, _, _, _ = noul_case(tmp_path, n=3)
     empty, blank = tmp_path / "empty.csv", tmp_path / "blank.jsonl"

@@ -91,3 +91,50 @@ def test_plain_tables_stay_tables(tmp_path):
     path.write_text(json.dumps({"records": [], "settings": {}}))  # an empty Argilla document
     with pytest.raises(UsageError, match="holds no rows"):
         read_gold_rows(path)
+
+
+def rated_task(task_id: int, record_id: str, stars: int | None, when: str = "2026-01-05T10:00:00.000000Z") -> dict:
+    """A task as Label Studio 1.23's JSON export writes it, for a config whose score question is a
+    `<Rating name="severity" toName="state" maxRating="4"/>` beside a `Choices` question."""
+    result = [{"value": {"choices": ["sales"]}, "id": f"c{task_id}", "from_name": "team", "to_name": "state",
+               "type": "choices", "origin": "manual"}]  # fmt: skip
+    if stars is not None:
+        result.append({"value": {"rating": stars}, "id": f"r{task_id}", "from_name": "severity", "to_name": "state",
+                       "type": "rating", "origin": "manual"})  # fmt: skip
+    annotation = {
+        "id": 100 + task_id, "completed_by": 1, "result": result, "was_cancelled": False, "ground_truth": False,
+        "created_at": when, "updated_at": when, "draft_created_at": None, "lead_time": 4.2, "prediction": {},
+        "result_count": len(result), "unique_id": f"u-{task_id}", "import_id": None, "last_action": None,
+        "bulk_created": False, "task": task_id, "project": 3, "updated_by": 1, "parent_prediction": None,
+        "parent_annotation": None, "last_created_by": None,
+    }  # fmt: skip
+    return {
+        "id": task_id, "annotations": [annotation], "file_upload": None, "drafts": [], "predictions": [],
+        "data": {"id": record_id, "state": f"text of {record_id}", "record_index": task_id, "confidence": 0.5},
+        "meta": {}, "created_at": when, "updated_at": when, "inner_id": task_id, "total_annotations": 1,
+        "cancelled_annotations": 0, "total_predictions": 0, "comment_count": 0, "unresolved_comment_count": 0,
+        "last_comment_updated_at": None, "project": 3, "updated_by": 1, "comment_authors": [],
+    }  # fmt: skip
+
+
+def test_a_rating_of_k_stars_is_score_level_k_minus_1(tmp_path):
+    """A score question labelled with Label Studio's Rating: 1 star is level "0", 4 stars "3"
+    (an off-by-one reading passes no other test); the labels reach eval as such."""
+    stars = {"r000": 1, "r001": 4, "r002": 3, "r003": 2, "r004": None}
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps([rated_task(n, rid, k) for n, (rid, k) in enumerate(stars.items(), start=1)]))
+    rows = dict(read_gold_rows(export)[0])
+    assert {rid: labels.get("severity") for rid, labels in rows.items()} == {
+        "r000": 0, "r001": 3, "r002": 2, "r003": 1, "r004": None
+    }  # fmt: skip
+    assert all(labels["team"] == "sales" for labels in rows.values())
+    records = [(rid, {"severity": p, "team": (0.2, 0.7, 0.1)}) for rid, p in (
+        ("r000", (0.7, 0.1, 0.1, 0.1)), ("r001", (0.1, 0.1, 0.1, 0.7)), ("r002", (0.1, 0.1, 0.1, 0.7)),
+        ("r003", (0.1, 0.7, 0.1, 0.1)), ("r004", (0.7, 0.1, 0.1, 0.1)),
+    )]  # fmt: skip  (levels 0, 3, 3, 1, 0: right for r000, r001 and r003, wrong for r002)
+    scored = write_scored(tmp_path / "s.parquet", records)
+    metrics = tmp_path / "m.json"
+    result = runner.invoke(app, ["eval", str(scored), "--gold", str(export), "--json", str(metrics)])
+    assert result.exit_code == 0, result.output
+    severity = json.loads(metrics.read_text())["questions"]["severity"]
+    assert severity["n"] == 4 and severity["accuracy"] == pytest.approx(0.75)

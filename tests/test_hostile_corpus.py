@@ -1,6 +1,8 @@
 """One `clef score` job over a corpus of hostile records (tests/hostile.py: over 60 kinds) among
 good ones: exit 3, one row per record in input order, one named error per bad record, every good
-record scored with finite numbers, and no hang (the job runs under a timeout)."""
+record scored with finite numbers, and no hang (the job runs under a timeout). Records that write
+special-token strings into their text are among the good ones: they score, their strings read as
+text."""
 
 from __future__ import annotations
 
@@ -13,12 +15,32 @@ import pytest
 
 from clef_cli.errors import UNEXPECTED
 
-from .helpers import TINY_MODEL
-from .hostile import JSONL_CASES, RAW_LINES, build_corpus
+from .helpers import MEDIA, TINY_MODEL
+from .hostile import INJECTIONS, JSONL_CASES, RAW_LINES, build_corpus
 
 
 def test_the_corpus_has_over_forty_kinds():
     assert len(JSONL_CASES) + len(RAW_LINES) + 5 >= 40
+    assert len(INJECTIONS) >= 9
+
+
+def test_injected_records_hold_no_control_token_of_their_own(processor):
+    """Outside its media segment, each injection's prompt holds the template's added tokens
+    alone (`--special-tokens text`); under `parse` it holds more."""
+    from clef_cli.encoding.prompt import PromptEncoder
+    from clef_cli.inputs.records import RecordBuilder
+
+    added = set(processor.tokenizer.added_tokens_decoder)
+    counts = {}
+    for mode in ("text", "parse"):
+        encoder = PromptEncoder(processor, 4096, special_tokens=mode)
+        for kind, raw in INJECTIONS:
+            encoded = encoder.encode(RecordBuilder(check_duplicates=False).build(raw, 0, MEDIA))
+            start, stop = encoded.media_span
+            outside = encoded.input_ids[:start] + encoded.input_ids[stop:]
+            counts[mode, kind] = sum(token in added for token in outside)
+    assert {counts["text", kind] for kind, _ in INJECTIONS} == {7}  # <|im_start|> x3, <|im_end|> x2, <think>, </think>
+    assert all(counts["parse", kind] > 7 for kind, _ in INJECTIONS)
 
 
 @pytest.mark.slow

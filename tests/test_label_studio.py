@@ -148,10 +148,18 @@ def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
         third: {"toxicity": "3"},
     }
     export = tmp_path / "export.json"
+    rating = {  # toxicity (a score question) as a Rating: k stars are level k - 1
+        "config": '<View><Text name="state" value="$state"/>'
+                  '<Rating name="toxicity" toName="state" maxRating="4"/></View>',
+        "tasks": [{"data": task["data"]} for task in tasks],
+        "annotations": [[first, "toxicity", 1], [second, "toxicity", 4], [third, "toxicity", 3]],
+        "export": str(tmp_path / "rating_export.json"),
+    }  # fmt: skip
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({
         "url": label_studio, "token": TOKEN, "config": config_path.read_text(), "tasks": tasks,
         "annotations": annotations, "export": str(export), "media": media_review(media_root, tmp_path),
+        "rating": rating,
     }))  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     client = Path(__file__).parent / "label_studio_client.py"
@@ -193,4 +201,9 @@ def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
             options = answers[rid][qid]
             hits.append(options[int(np.argmax([o["probability"] for o in options]))]["label"] == truth)
         assert found["n"] == len(labelled) and found["accuracy"] == pytest.approx(float(np.mean(hits)))
+    rated = {record_id: labels for record_id, labels in read_gold_rows(Path(rating["export"]))[0] if labels}
+    assert rated == {first: {"toxicity": 0}, second: {"toxicity": 3}, third: {"toxicity": 2}}
+    result = runner.invoke(app, ["eval", str(scored), "--gold", rating["export"], "--json", str(metrics)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(metrics.read_text())["questions"]["toxicity"]["n"] == 3
     assert sys.modules.get("label_studio_sdk") is None  # the SDK stays in its own environment

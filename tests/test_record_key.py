@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.inputs.records import RecordBuilder
-from clef_cli.store.record_key import MediaHasher, prompt_digest, record_key
+from clef_cli.store.record_key import MediaHasher, PromptShape, prompt_digest, record_key
 
 from .helpers import MEDIA, TINY_MODEL
 
@@ -46,8 +46,21 @@ def encoder(processor):
     return PromptEncoder(processor, max_length=4096)
 
 
-def prompt(max_length: int = 4096, overflow: str = "truncate", limits: MediaLimits | None = None) -> str:
-    return prompt_digest(TINY_MODEL, "omni", max_length, overflow, limits or MediaLimits())
+def prompt(
+    max_length: int = 4096, overflow: str = "truncate", limits: MediaLimits | None = None, special_tokens: str = "text"
+) -> PromptShape:
+    return prompt_digest(TINY_MODEL, "omni", max_length, overflow, limits or MediaLimits(), special_tokens)
+
+
+def _injected(raw: dict, field: str, token: str) -> dict:
+    question = dict(raw["questions"]["q"])
+    if field == "state":
+        return {**raw, "state": {"text": "late " + token}}
+    if field == "instructions":
+        question["instructions"] = "Is it urgent?" + token
+    else:
+        question["criteria"] = {**question["criteria"], "x" + token: "a hidden option"}
+    return {**raw, "questions": {**raw["questions"], "q": question}}
 
 
 def build(raw: dict, folder: Path, index: int = 0):
@@ -118,8 +131,16 @@ def test_every_prompt_shaping_change_changes_the_key(media_files):
     for variant in variants:
         assert record_key(build(variant, folder), prompt(), hasher) != key, variant
     record = build(base, folder)
-    for other in (prompt(max_length=2048), prompt(overflow="error"), prompt(limits=MediaLimits(max_image_pixels=10))):
+    others = (prompt(max_length=2048), prompt(overflow="error"), prompt(limits=MediaLimits(max_image_pixels=10)))
+    for other in others:
         assert record_key(record, other, hasher) != key
+    # the special-token mode shapes only a prompt whose text holds an added-token string
+    assert record_key(record, prompt(special_tokens="parse"), hasher) == key
+    for field in ("state", "instructions", "criteria"):
+        injected = build(_injected(base, field, "<|im_end|>"), folder)
+        assert record_key(injected, prompt(special_tokens="parse"), hasher) != record_key(injected, prompt(), hasher)
+    unknown = PromptShape(prompt().digest, None)  # a release whose added tokens clef cannot list
+    assert record_key(record, unknown, hasher) != key
     # never the id or the position
     assert record_key(build({**base, "id": "other"}, folder, index=99), prompt(), hasher) == key
 
@@ -147,7 +168,7 @@ def test_processor_files_are_part_of_the_key(tmp_path):
     release = tmp_path / "release"
     shutil.copytree(TINY_MODEL, release)
     limits = MediaLimits()
-    before = prompt_digest(release, "omni", 4096, "truncate", limits)
+    before = prompt_digest(release, "omni", 4096, "truncate", limits, "text")
     config = release / "tokenizer_config.json"
     config.write_text(config.read_text().replace("{", '{"clef_test": 1, ', 1))
-    assert prompt_digest(release, "omni", 4096, "truncate", limits) != before
+    assert prompt_digest(release, "omni", 4096, "truncate", limits, "text") != before

@@ -290,3 +290,146 @@ def test_state_and_media_from_the_inputs(tmp_path):
     outside = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "x.json"), "--records",
                                   str(records_path), "--media-root", str(tmp_path / "img")])  # fmt: skip
     assert outside.exit_code == 2 and "record 'r001', field 'audio'" in outside.stderr
+
+
+# ----------------------------------------------------------------------------- records that share an id
+
+
+SCORED_ROWS = {
+    "a": {"urgent": (0.9, 0.1), "team": (0.6, 0.3, 0.1)},
+    "b": {"urgent": (0.2, 0.8), "team": (0.1, 0.2, 0.7)},
+    "c": {"urgent": (0.7, 0.3), "team": (0.3, 0.4, 0.3)},
+}
+
+
+@pytest.mark.parametrize("layout", ["wide", "long"])
+@pytest.mark.parametrize("failed_first", [False, True])
+def test_a_failed_row_with_a_scored_rows_id_enters_no_command(tmp_path, layout, failed_first):
+    """A duplicate id is an invalid row that carries a scored row's id ("b"). It is no record:
+    eval counts 3 records (not 4), calibrate fits 6 labels (not 8), and review writes one task
+    per scored record, b's with b's own text and answers (not the failed row's)."""
+    rows = [(rid, answers) for rid, answers in SCORED_ROWS.items()]
+    texts = [f"text of {rid}" for rid in SCORED_ROWS]
+    failed = ("b", None)
+    if failed_first:
+        rows, texts = [failed, *rows], ["the failed row's text", *texts]
+    else:
+        rows, texts = [*rows, failed], [*texts, "the failed row's text"]
+    scored = write_scored(tmp_path / "s.parquet", rows, layout=layout, extra={"state": texts})
+    gold = tmp_path / "gold.jsonl"
+    labels = {"a": {"urgent": "true", "team": "billing"}, "b": {"urgent": "false", "team": "tech"},
+              "c": {"urgent": "false", "team": "billing"}}  # fmt: skip
+    gold.write_text("".join(json.dumps({"id": rid, "labels": found}) + "\n" for rid, found in labels.items()))
+
+    metrics = tmp_path / "m.json"
+    result = runner.invoke(app, ["eval", str(scored), "--gold", str(gold), "--json", str(metrics)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(metrics.read_text())
+    assert document["records"] == 3
+    for qid in ("urgent", "team"):
+        hits = [SCHEMA[qid][1][int(np.argmax(SCORED_ROWS[rid][qid]))] == labels[rid][qid] for rid in labels]
+        assert document["questions"][qid]["n"] == 3
+        assert document["questions"][qid]["accuracy"] == pytest.approx(np.mean(hits))
+
+    cal = tmp_path / "cal.json"
+    result = runner.invoke(app, ["calibrate", str(scored), "--gold", str(gold), "-o", str(cal)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(cal.read_text())["fitted_on"]["n"] == 6
+
+    tasks = review(scored, tmp_path)
+    assert sorted(task["data"]["id"] for task in tasks) == ["a", "b", "c"]
+    for task in tasks:
+        rid = task["data"]["id"]
+        assert task["data"]["state"] == f"text of {rid}"
+        [prediction] = task["predictions"]
+        answers = {r["from_name"]: r["value"]["choices"][0] for r in prediction["result"]}
+        assert answers == {q: SCHEMA[q][1][int(np.argmax(p))] for q, p in SCORED_ROWS[rid].items()}
+
+
+# ----------------------------------------------------------------------------- what reviewers read
+
+QUESTIONS = {
+    "urgent": {"type": "noul", "instructions": "Is this urgent?"},
+    "team": {"type": "choice", "instructions": "Who handles it?",
+             "criteria": {"billing": "Payments & refunds", "sales": "Buying <more>", "tech": None}},
+    "severity": {"type": "score", "criteria": ["none", "minor", "major", "critical"]},
+}  # fmt: skip
+
+
+def test_reviewers_read_the_instructions_and_the_options_descriptions(tmp_path):
+    """The `--questions` schema the job was scored with (`clef.questions`) reaches the Label Studio
+    config (a Header with the instructions, each Choice's `html` with its description, its value
+    still the option id) and the Argilla settings (instructions and level criteria as the
+    question's description, each label's text); a record's own `questions` in `--records` win."""
+    scored = write_scored(tmp_path / "s.parquet", random_records(seed=8, n=6), extra={"state": ["x"] * 6},
+                          metadata={"clef.questions": json.dumps(QUESTIONS)})  # fmt: skip
+    config = tmp_path / "c.xml"
+    review(scored, tmp_path, "--config-out", str(config))
+    view = ElementTree.fromstring(config.read_text())
+    headers = [h.get("value") for h in view.iter("Header")]
+    assert headers == ["Record $id", "urgent: Is this urgent?", "team: Who handles it?", "severity"]
+    shown = {c.get("name"): {o.get("value"): o.get("html") for o in c.findall("Choice")} for c in view.iter("Choices")}
+    assert shown["urgent"] == {
+        "true": "true: The proposition is true or the answer is yes.",
+        "false": "false: The proposition is false or the answer is no.",
+    }
+    # `html` is HTML: the text is escaped once more inside it
+    assert shown["team"] == {
+        "billing": "billing: Payments &amp; refunds",
+        "sales": "sales: Buying &lt;more&gt;",
+        "tech": None,
+    }
+    assert shown["severity"] == {"0": "0: none", "1": "1: minor", "2": "2: major", "3": "3: critical"}
+
+    rg = offline_argilla()
+    out = tmp_path / "argilla.json"
+    assert runner.invoke(app, ["review", str(scored), "-o", str(out), "--format", "argilla"]).exit_code == 0
+    settings = rg.Settings._from_dict(json.loads(out.read_text())["settings"])
+    questions = {q.name: q for q in settings.questions}
+    assert questions["urgent"].description == "Is this urgent?"
+    assert questions["team"]._model.settings.options == [
+        {"text": "billing: Payments & refunds", "value": "billing"},
+        {"text": "sales: Buying <more>", "value": "sales"},
+        {"text": "tech", "value": "tech"},
+    ]
+    assert questions["severity"].values == [0, 1, 2, 3]
+    assert questions["severity"].description == "0: none\n1: minor\n2: major\n3: critical"
+
+    own = {"urgent": {"type": "noul", "instructions": "Does it need an answer today?"}}
+    inputs = [tmp_path / "one.jsonl", tmp_path / "two.jsonl"]
+    lines = [json.dumps({"id": f"r00{i}", "state": "s", **({"questions": own} if i < 3 else {})}) for i in range(6)]
+    inputs[0].write_text("\n".join(lines[:3]) + "\n")
+    inputs[1].write_text("\n".join(lines[3:]) + "\n")
+    tasks = review(scored, tmp_path, "--config-out", str(config), "--records", str(inputs[0]), "--records",
+                   str(inputs[1]))  # fmt: skip
+    assert {task["data"]["state"] for task in tasks} == {"s"}  # every record found in the two files
+    headers = [h.get("value") for h in ElementTree.fromstring(config.read_text()).iter("Header")]
+    assert headers == ["Record $id", "urgent: Does it need an answer today?", "team: Who handles it?", "severity"]
+
+
+def test_the_ids_only_note_is_for_formats_that_show_records(tmp_path):
+    scored = write_scored(tmp_path / "s.parquet", random_records(seed=8, n=6))
+    for form, noted in (("label-studio", True), ("argilla", True), ("csv", False), ("jsonl", False)):
+        result = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "out"), "--format", form])
+        assert result.exit_code == 0, result.output
+        assert ("tasks hold ids only" in result.stderr) == noted, form
+
+
+def test_identical_prompts_are_queued_once(tmp_path):
+    """Ids with the same record_key (copies of one prompt) make one task, under the copy with the
+    smallest record_index; --exclude naming any copy leaves the prompt out."""
+    drawn = random_records(seed=9, n=8)
+    keys = ["k0", "k1", "k0", "k2", "k1", "k0", "k3", "k4"]
+    first = {key: drawn[keys.index(key)][1] or drawn[0][1] for key in keys}  # a copy has its key's result
+    records = [(rid, first[key]) for (rid, _), key in zip(drawn, keys, strict=True)]
+    scored = write_scored(tmp_path / "s.parquet", records, extra={"record_key": keys})
+    out = tmp_path / "tasks.json"
+    result = runner.invoke(app, ["review", str(scored), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    ids = sorted(task["data"]["id"] for task in json.loads(out.read_text()))
+    assert ids == ["r000", "r001", "r003", "r006", "r007"]  # r002, r005 copy r000; r004 copies r001
+    assert "3 record(s) repeat the prompt of a queued record" in result.stderr
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text(json.dumps({"id": "r005", "labels": {"urgent": "true"}}) + "\n")
+    ids = [t["data"]["id"] for t in review(scored, tmp_path, "--exclude", str(gold))]
+    assert sorted(ids) == ["r001", "r003", "r006", "r007"]

@@ -179,6 +179,7 @@ def test_provenance_metadata(scored_sample):
         "clef.max_length": "64000",
         "clef.overflow": "truncate",
         "clef.struct_nulls": "refuse",
+        "clef.special_tokens": "text",
         "clef.dtype": "float32",
         "clef.layout": "wide",
         "clef.key_version": "1",
@@ -189,6 +190,7 @@ def test_provenance_metadata(scored_sample):
         "clef.records_reused": "0",
         "clef.records_duplicates": "0",
         "clef.records_retried": "0",
+        "clef.records_invalid": "1",
     }
     made = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert abs(made.timestamp() - out.stat().st_mtime) < 120
@@ -258,11 +260,47 @@ def expected_dry_run(records: list, processor, max_batch_tokens: int, max_batch_
     )
 
 
-def test_dry_run_reports_invalid_records(sample_with_bad_records, tmp_path):
+def test_dry_run_reports_failing_records_by_the_kind_a_run_gives_them(sample_with_bad_records, tmp_path):
     result = score(str(sample_with_bad_records), "-o", str(tmp_path / "x.parquet"), "--dry-run")
     assert result.exit_code == 0, result.output
-    assert "records: 19 (17 valid, 2 invalid)" in result.stdout
-    assert "invalid: record 'bad-image', field 'images[0]'" in result.stdout
+    assert "records: 19 (17 valid, 1 invalid, 1 media)" in result.stdout  # an undecodable image is media
+    assert "media: record 'bad-image', field 'images[0]'" in result.stdout
+    assert "invalid: record 'bad-schema', field 'questions.q.criteria'" in result.stdout
+
+
+def test_dry_run_counts_a_missing_image_as_media_as_a_run_does(tmp_path):
+    records = [
+        {"id": "ok", "state": "fine", "questions": {"q": {"type": "noul"}}},
+        {"id": "no-image", "state": "photo", "images": ["missing.png"], "questions": {"q": {"type": "noul"}}},
+        {"id": "no-state", "questions": {"q": {"type": "noul"}}},
+    ]
+    inputs = write_jsonl(tmp_path / "in.jsonl", records)
+    planned = score(str(inputs), "-o", str(tmp_path / "plan.parquet"), "--dry-run")
+    assert planned.exit_code == 0, planned.output
+    done = score(str(inputs), "-o", str(tmp_path / "run.parquet"), "--hidden-states", "drop")
+    assert done.exit_code == 3, done.output
+    kinds = {row["id"]: row["error_kind"] for row in pq.read_table(tmp_path / "run.parquet").to_pylist()}
+    assert kinds == {"ok": None, "no-image": "media", "no-state": "invalid"}  # the real run: the oracle
+    assert "records: 3 (1 valid, 1 invalid, 1 media)" in planned.stdout
+    assert "media: record 'no-image', field 'images[0]'" in planned.stdout
+
+
+def test_a_failed_run_says_why_and_its_counts_add_up(scored_sample):
+    """Counts by error kind, the first errors (id and message), the `error` column named; the
+    bracket's counts (all but retried) add up to the records: the media failure is one of them."""
+    result, out = scored_sample
+    lines = result.stderr.splitlines()
+    summary = next(line for line in lines if " failed of " in line)
+    records = int(summary.split(" failed of ")[1].split()[0])
+    bracket = summary.split(" records (", 1)[1].split(");", 1)[0].split(", ")
+    counted = {" ".join(item.split()[1:]): int(item.split()[0]) for item in bracket}
+    assert counted["failed while running"] == 1 and counted["invalid"] == 1  # bad-image, bad-schema
+    assert sum(count for what, count in counted.items() if what != "retried") == records == 19
+    why = [line for line in lines[lines.index(summary) + 1 :] if not line.startswith("the model waited")]
+    assert why[0].startswith("failed by kind: 1 invalid, 1 media; every failed row's `error` column says why")
+    assert str(out) in why[0]
+    assert why[1].startswith("  record 'bad-image', field 'images[0]': not a decodable image")
+    assert why[2].startswith("  record 'bad-schema', field 'questions.q.criteria'")
 
 
 @pytest.mark.parametrize(
@@ -352,4 +390,8 @@ def test_dry_run_counts_records_already_in_the_checkpoint(tmp_path):
     assert score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--limit", "5").exit_code == 0
     result = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--dry-run")
     assert "already in the checkpoint: 5 (not planned again)" in result.stdout
-    assert "records: 12 (12 valid, 0 invalid)" in result.stdout
+    assert "records: 17 (17 valid, 0 invalid)" in result.stdout  # every record, those stored too
+    planned = result.stdout.split("total prompt tokens: ")[1].split()[0]
+    fresh = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(tmp_path / "fresh.parquet"), "--dry-run")
+    skipped = sum(row["prompt_tokens"] for row in pq.read_table(out).to_pylist())
+    assert int(planned) == int(fresh.stdout.split("total prompt tokens: ")[1].split()[0]) - skipped

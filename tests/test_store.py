@@ -86,7 +86,8 @@ def test_night_two_runs_only_the_new_prompts_and_equals_a_fresh_run(tmp_path):
     counts = score(inputs, tmp_path / "n2.parquet", "--checkpoint", str(store), "--stats-json", str(stats))
     assert counts == (new, reused, len(valid) - len(set(valid)), 0)
     assert json.loads(stats.read_text())["counts"] == {
-        "run": new, "forwarded": new, "reused": reused, "duplicates": len(valid) - len(set(valid)), "retried": 0
+        "run": new, "forwarded": new, "reused": reused, "duplicates": len(valid) - len(set(valid)), "retried": 0,
+        "invalid": len(night2) - len(valid),
     }  # fmt: skip
     assert score(inputs, tmp_path / "fresh.parquet") == (new + reused, 0, 2, 0)
     assert_same_output(tmp_path / "n2.parquet", tmp_path / "fresh.parquet")
@@ -128,7 +129,7 @@ def test_a_transient_failure_is_retried_on_the_next_run(tmp_path):
     url = f"http://127.0.0.1:{server.server_address[1]}/photo.png"
     inputs = write_jsonl(tmp_path / "in.jsonl", [ticket(0), {**ticket(1), "images": [url]}])
     store = str(tmp_path / "store.ckpt")
-    remote = ("--allow-remote-media", "--checkpoint", store)
+    remote = ("--allow-remote-media", "--allow-private-media-hosts", "--checkpoint", store)
     server.server_close()  # night 1: the server is down, the fetch fails
     assert score(inputs, tmp_path / "a.parquet", *remote) == (1, 0, 0, 0)
     failed = rows(tmp_path / "a.parquet")[1]
@@ -137,8 +138,10 @@ def test_a_transient_failure_is_retried_on_the_next_run(tmp_path):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        assert score(inputs, tmp_path / "b.parquet", *remote) == (1, 1, 0, 1)
-        assert score(inputs, tmp_path / "fresh.parquet", "--allow-remote-media") == (2, 0, 0, 0)
+        # run again: its key now hashes the fetched bytes (night 1 keyed the failed fetch), so it is new
+        assert score(inputs, tmp_path / "b.parquet", *remote) == (1, 1, 0, 0)
+        fresh = ("--allow-remote-media", "--allow-private-media-hosts")
+        assert score(inputs, tmp_path / "fresh.parquet", *fresh) == (2, 0, 0, 0)
     finally:
         server.shutdown()
         server.server_close()
@@ -169,10 +172,10 @@ def test_info_and_prune_keep_what_recent_runs_used(tmp_path):
     info = json.loads(runner.invoke(app, ["checkpoint", "info", str(store), "--json"]).stdout)
     assert info["keys"] == 6 and len(info["runs"]) == 2
     assert info["hidden_bytes"] > 0 and info["results_bytes"] > 0
-    assert json.loads(info["runs"][1]["counts"])["reused"] == 2
+    assert info["runs"][1]["counts"]["reused"] == 2
     pruned = runner.invoke(app, ["checkpoint", "prune", str(store), "--keep-runs", "1"])
     assert pruned.exit_code == 0, pruned.output
-    assert "dropped 2 keys" in pruned.stdout  # tickets 0 and 1: only the first run used them
+    assert "dropped 2 of 6 keys" in pruned.stdout  # tickets 0 and 1: only the first run used them
     after = json.loads(runner.invoke(app, ["checkpoint", "info", str(store), "--json"]).stdout)
     assert after["keys"] == 4 and after["size_bytes"] < info["size_bytes"]
     assert score(new, tmp_path / "again.parquet", "--checkpoint", str(store)) == (0, 4, 0, 0)

@@ -267,11 +267,12 @@ def test_the_choice_is_checked_in_the_library_and_the_cli(tmp_path):
     from clef_cli.engines.local.pipeline import ScoreSettings
     from clef_cli.errors import UsageError
 
-    settings = ScoreSettings(inputs=["r.jsonl"], output=tmp_path / "o.parquet", struct_nulls="absent")
+    inputs = [str(write_jsonl(tmp_path / "r.jsonl", []))]  # an input that exists: validate checks that too
+    settings = ScoreSettings(inputs=inputs, output=tmp_path / "o.parquet", struct_nulls="absent")
     settings.validate()
     assert settings.struct_nulls is StructNulls.absent
     with pytest.raises(UsageError, match=r"^--struct-nulls must be refuse, absent or null, not 'maybe'$"):
-        ScoreSettings(inputs=["r.jsonl"], output=tmp_path / "o.parquet", struct_nulls="maybe").validate()
+        ScoreSettings(inputs=inputs, output=tmp_path / "o.parquet", struct_nulls="maybe").validate()
     result = runner.invoke(app, ["score", "r.jsonl", "-o", str(tmp_path / "o.parquet"), "--struct-nulls", "maybe"])
     assert result.exit_code == 2 and "'maybe' is not one of 'refuse', 'absent', 'null'" in result.output
 

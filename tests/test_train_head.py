@@ -273,6 +273,70 @@ def test_refusals_are_one_line(planted, tmp_path):
     assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
 
 
+def edited_store(folder: Path) -> dict:
+    """A store used by two runs of 30 text records; the second edits r0, r1 and r2 (the same ids,
+    other text), so the store holds 33 prompts, three of them under an id used twice."""
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
+
+    questions = folder / "questions.json"
+    questions.write_text(json.dumps({"urgent": {"type": "noul", "instructions": "Is it urgent?"}}))
+    checkpoint = folder / "store"
+    outputs = []
+    for run, edited in enumerate(((), ("r0", "r1", "r2"))):
+        rows = [{"id": f"r{i}", "state": f"post {i}" + (" (edited)" if f"r{i}" in edited else "")} for i in range(30)]
+        inputs = write_jsonl(folder / f"in{run}.jsonl", rows)
+        output = folder / f"out{run}.parquet"
+        ScoreJob(ScoreSettings([inputs], output, model=str(TINY_MODEL), device="cpu", hidden_dtype="float32",
+                               workers=0, questions=questions, checkpoint=checkpoint)).run()  # fmt: skip
+        outputs.append(output)
+    gold = write_jsonl(folder / "gold.jsonl", [{"id": f"r{i}", "urgent": i % 2 == 0} for i in range(30)])
+    return {"checkpoint": checkpoint, "outputs": outputs, "gold": gold, "questions": questions}
+
+
+def test_a_gold_id_names_the_prompt_of_the_latest_run_not_every_stored_one(tmp_path):
+    """Defect: 30 gold rows trained 33 records (r0..r2 old and edited). Now the latest run's
+    prompt is taken (30 records, r0's the edited one); `--scored` of the first run maps to the
+    old ones; once a later run used neither, train-head refuses naming the ids and the fix."""
+    from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
+    from clef_cli.quality.stored_gold import stored_keys
+    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.store.checkpoint import Checkpoint
+
+    store = edited_store(tmp_path)
+    tables = [pq.read_table(out, columns=["id", "record_key"]).to_pydict() for out in store["outputs"]]
+    keys = [dict(zip(table["id"], table["record_key"], strict=True)) for table in tables]
+    assert all(keys[0][f"r{i}"] != keys[1][f"r{i}"] for i in range(3)) and keys[0]["r3"] == keys[1]["r3"]
+
+    def examples(scored: Path | None = None) -> tuple[dict[str, str], list[str]]:
+        """Gold id -> the record_key of the stored prompt it trains, and the notes."""
+        checkpoint = Checkpoint.open_existing(store["checkpoint"])
+        key_of = {(r.shard, r.index): key for key, r in stored_keys(checkpoint, checkpoint.hidden_reader())}
+        notes: list[str] = []
+        found, _ = gold_examples(checkpoint.hidden_reader(), store["gold"], checkpoint=checkpoint, scored=scored,
+                                 notes=notes)  # fmt: skip
+        checkpoint.close()
+        trained = [(e.stored.id, key_of[(e.stored.shard, e.stored.index)]) for e in found]
+        assert len(trained) == len(dict(trained))  # one stored prompt per gold id
+        return dict(trained), notes
+
+    latest, notes = examples()
+    assert latest == keys[1] and len(latest) == 30  # not 33
+    assert len(notes) == 1 and notes[0].startswith("3 gold id(s) name several stored prompts")
+    assert examples(store["outputs"][0]) == (keys[0], [])
+    assert examples(store["outputs"][1]) == (keys[1], [])
+
+    other = write_jsonl(tmp_path / "other.jsonl", [{"id": "x", "state": "another table"}])
+    ScoreJob(ScoreSettings([other], tmp_path / "other.parquet", model=str(TINY_MODEL), device="cpu",
+                           hidden_dtype="float32", workers=0, questions=store["questions"],
+                           checkpoint=store["checkpoint"])).run()  # fmt: skip
+    result = train(store["checkpoint"], store["gold"], tmp_path / "head", *QUICK)
+    assert result.exit_code == 2, result.output
+    assert "3 gold id(s)" in result.stderr and "'r0', 'r1', 'r2'" in result.stderr
+    assert "--scored OUT.parquet" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "head").exists()
+    assert examples(store["outputs"][1]) == (keys[1], [])
+
+
 # ----------------------------------------------------------------------------- oracles
 
 

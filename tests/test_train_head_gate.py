@@ -32,6 +32,44 @@ def test_a_mean_below_zero_is_not_enough_without_the_interval():
     assert verdict.overall["mean"] < 0 and verdict.overall["ci95"][1] > 0 and not verdict.passed
 
 
+def test_an_interval_that_ends_exactly_at_zero_does_not_pass():
+    """19 records unchanged and one better: the mean is below zero, and a third of the bootstrap
+    resamples draw no better record at all, so the interval's upper end is exactly 0. The rule
+    asks for an interval below zero: `high <= 0` would pass this."""
+    values = np.zeros(20)
+    values[7] = -0.5
+    verdict = gate_verdict(values, {"q": values}, 2000, 0)
+    assert verdict.overall["mean"] < 0 and verdict.overall["ci95"][1] == 0.0
+    assert not verdict.passed and verdict.worse == []
+
+
+def test_the_held_out_table_is_plain_text_off_a_terminal(monkeypatch):
+    """train-head's table on stderr in a pipe or a file: eval's plain aligned text, no boxes."""
+    import io
+
+    from rich.console import Console
+
+    from clef_cli.cli import quality
+
+    captured = io.StringIO()
+    monkeypatch.setattr(quality, "stderr", Console(file=captured, width=40, soft_wrap=True))
+    numbers = {"log_loss": 0.6931, "brier": 0.5, "accuracy": 0.5}
+    gate = {"labels": 30, "mean": -0.1, "ci95": [-0.2, -0.01], "significantly_worse": False, "few_labels": True}
+    question = {"base": numbers, "calibrated_base": numbers, "trained": numbers, "probe": numbers, "gate": gate}
+    report = {
+        "held_out": {"base": numbers, "calibrated_base": numbers, "trained": numbers,
+                     "log_loss_difference": {"mean": -0.1, "ci95": [-0.2, -0.01]}},
+        "by_question": {"a_rather_long_question_id": question}, "gate": {"passed": True, "forced": False},
+        "gold": {"records": 30},
+    }  # fmt: skip
+    quality.print_gate(report)
+    lines = captured.getvalue().splitlines()
+    assert lines[0] == "held-out (k-fold cross-fitted)"
+    assert lines[1].split() == ["metric", "base", "recalibrated", "trained", "probe"]
+    assert set(lines[2]) == {"-", " "} and not set("─━│┃") & set(captured.getvalue())
+    assert lines[6].split() == ["a_rather_long_question_id", "accuracy", "0.5000", "0.5000", "0.5000", "0.5000"]
+
+
 def test_one_significantly_worse_question_refuses_an_overall_gain():
     """Records with two questions: `a` gains a lot, `b` loses a little but surely; per record the
     mean is a gain, yet `b` is named and the gate refuses."""

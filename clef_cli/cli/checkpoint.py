@@ -24,12 +24,27 @@ def _when(stamp: float | None) -> str:
 
 def _print_runs(runs: list[dict[str, Any]]) -> None:
     for run in runs:
-        counts = json.loads(run["counts"]) if run["counts"] else {}
-        done = ", ".join(f"{name} {value}" for name, value in counts.items()) or "not finished"
+        if run["finished"] is None:
+            done = "not finished (stopped, failed or still running)"
+        else:
+            counts = ", ".join(f"{name} {value}" for name, value in (run["counts"] or {}).items())
+            done = f"finished {_when(run['finished'])} UTC ({counts})"
+        if not run["counted"]:
+            done += "; not counted by prune --keep-runs"
         stdout.print(
             f"run {run['run_id']}: started {_when(run['started'])} UTC, {done}; "
-            f"last user of {run['keys_last_used']} keys"
+            f"last user of {run['keys_last_used']} keys",
+            markup=False,
         )
+        if run["inputs"]:
+            stdout.print(f"  inputs: {', '.join(run['inputs'])}", markup=False)
+        if run["output"]:
+            stdout.print(f"  output: {run['output']}", markup=False)
+
+
+def _plain(value: Any) -> str:
+    """A setting as text: strings without JSON quotes, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 @app.command("info", cls=ClefCommand)
@@ -54,7 +69,7 @@ def checkpoint_info(
     if as_json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
-    stdout.print(f"checkpoint: {info['path']}")
+    stdout.print(f"checkpoint: {info['path']}", markup=False)
     stdout.print(
         f"keys: {info['keys']} in {info['shards']} shards ({info['shards_with_hidden_states']} with hidden states)"
     )
@@ -62,12 +77,19 @@ def checkpoint_info(
         f"size on disk: {human_size(info['size_bytes'])} (results {human_size(info['results_bytes'])}, "
         f"hidden states {human_size(info['hidden_bytes'])})"
     )
-    stdout.print(f"model: {info['model'].get('id')}")
+    if info["damaged_shards"]:
+        stdout.print(
+            f"damaged: {len(info['damaged_shards'])} shard(s) fail their check ({info['damaged_records']} records: "
+            f"{', '.join(info['damaged_shards'])}); the next `clef score` on this store drops them and computes "
+            "their records again",
+            markup=False,
+        )
+    stdout.print(f"model: {info['model'].get('id')}", markup=False)
     for key, value in sorted(info["model"].items()):
         if key != "id":
-            stdout.print(f"  {key}: {value}")
+            stdout.print(f"  {key}: {_plain(value)}", markup=False)
     for key, value in sorted(info["settings"].items()):
-        stdout.print(f"{key}: {json.dumps(value)}")
+        stdout.print(f"{key}: {_plain(value)}", markup=False)
     _print_runs(info["runs"])
 
 
@@ -75,24 +97,46 @@ def checkpoint_info(
 def checkpoint_prune(
     directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
     keep_runs: Annotated[
-        int | None, typer.Option("--keep-runs", min=0, help="Keep the keys the last N runs used.")
+        int | None,
+        typer.Option(
+            "--keep-runs",
+            help="Keep the keys the last N completed runs used (runs where every record was invalid, and "
+            "interrupted runs, do not count; what a later run touched is kept too). At least 1.",
+        ),
     ] = None,
     older_than: Annotated[
-        float | None, typer.Option("--older-than", min=0, help="Drop the keys no run of the last DAYS used.")
+        float | None,
+        typer.Option("--older-than", help="Drop the keys no run started in the last DAYS used. Above 0."),
     ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would go (keys, rows, shards, bytes); change nothing.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Allow a prune that drops every key (refused without it).")
+    ] = False,
 ) -> None:
     """Drop the keys (results and hidden states) that no recent run used; crash-safe.
 
+    Given both options, a key is kept only when both keep it: used by one of the last N
+    completed runs (or a run since) and by a run started in the last DAYS. A prune that would
+    drop every key is refused (exit 2) unless --force.
+
     \b
     Examples:
+      clef checkpoint prune out.parquet.ckpt --keep-runs 7 --dry-run
       clef checkpoint prune out.parquet.ckpt --keep-runs 7
       clef checkpoint prune out.parquet.ckpt --older-than 30
+      clef checkpoint prune out.parquet.ckpt --keep-runs 14 --older-than 30
     """
     from clef_cli.store.prune import prune
 
-    report = prune(directory, keep_runs, older_than)
+    report = prune(directory, keep_runs, older_than, force=force, dry_run=dry_run)
+    verb, freed = ("would drop", "would free about") if report.dry_run else ("dropped", "freed")
     stdout.print(
-        f"dropped {report.keys_dropped} keys ({report.rows_dropped} rows) from {report.shards_rewritten} "
-        f"rewritten and {report.shards_removed} removed shards; freed {human_size(max(0, report.bytes_freed))}; "
-        f"kept the keys of {len(report.kept_runs)} runs"
+        f"{verb} {report.keys_dropped} of {report.keys_before} keys ({report.rows_dropped} rows) from "
+        f"{report.shards_rewritten} rewritten and {report.shards_removed} removed shards; {freed} "
+        f"{human_size(max(0, report.bytes_freed))}; kept the keys of {len(report.kept_runs)} completed runs",
+        markup=False,
     )
+    if report.dry_run and report.drops_every_key:
+        stdout.print("that is every key: without --dry-run this prune is refused unless --force", markup=False)

@@ -28,11 +28,16 @@ def command(
     report: ReportOption = None,
     fail_above_psi: Annotated[
         float | None,
-        typer.Option("--fail-above-psi", min=0.0, help="Exit 5 when any question's PSI exceeds this (after writing)."),
+        typer.Option(
+            "--fail-above-psi",
+            min=0.0,
+            help="Exit 5 when any question's PSI exceeds this, or the runs share no record (after writing).",
+        ),
     ] = None,
 ) -> None:
     """Per question: answer distributions, PSI, Jensen–Shannon divergence, mean confidence and
-    flipped records between two runs, joined on `record_key` when both files have it, else `id`.
+    flipped records between two runs, joined on `record_key` when both files have it, else `id`
+    (a prompt held under several ids counts once).
 
     \b
     Examples:
@@ -41,11 +46,14 @@ def command(
       clef compare yesterday.parquet today.parquet --fail-above-psi 0.2 || echo "labels drifted"
     """
     from clef_cli.cli.quality import tables_console
-    from clef_cli.quality.compare import above, compare
+    from clef_cli.quality.compare import compare, drift_failure, no_shared_records
 
     if is_stdout(json_path or "") and is_stdout(report or ""):
         raise UsageError("--json and --report cannot both be - (stdout)")
     comparison = compare(old, new)
+    nothing = no_shared_records(comparison)
+    if nothing:
+        stderr.print(f"warning: {nothing}", markup=False)
     print_comparison(comparison.document, tables_console(json_path, report))
     if json_path is not None:
         from clef_cli.cli.quality import write_json
@@ -56,39 +64,15 @@ def command(
 
         write_report(report, comparison)
     if fail_above_psi is not None:
-        drifted = above(comparison, fail_above_psi)
-        if drifted:
-            stderr.print(f"PSI above {fail_above_psi:g} for: {', '.join(drifted)}", markup=False)
+        failure = drift_failure(comparison, fail_above_psi)
+        if failure:
+            stderr.print(failure, markup=False)
             raise typer.Exit(EXIT_DRIFT)
 
 
-def _share(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
-
-
 def print_comparison(document: dict[str, Any], console: Console = stdout) -> None:
-    from rich import box
-    from rich.table import Table
+    """The two tables: rich on a terminal, plain text in a pipe or a file (as eval's)."""
+    from clef_cli.quality.tables import compare_tables
+    from clef_cli.quality.text_table import print_tables
 
-    title = (
-        f"{document['shared_records']} records in both runs (joined on {document['join']}); "
-        f"{document['only_old_records']} only in old, {document['only_new_records']} only in new"
-    )
-    table = Table(title=title, title_justify="left", box=box.SIMPLE)
-    for column in ("question", "n", "flipped", "PSI", "JS", "mean conf. old → new"):
-        table.add_column(column, no_wrap=True, justify="left" if column == "question" else "right")
-    for qid, found in document["questions"].items():
-        confidence = f"{_share(found['old']['mean_confidence'])} → {_share(found['new']['mean_confidence'])}"
-        flipped = f"{found['flipped']} ({_share(found['flipped_share'])})"
-        psi, js = (f"{found[name]:.4f}" if found[name] is not None else "—" for name in ("psi", "js"))
-        table.add_row(qid, str(found["n"]), flipped, psi, js, confidence)
-    console.print(table)
-    shares = Table(title="answer shares, old → new (shared records)", title_justify="left", box=box.SIMPLE)
-    for column in ("question", "answer", "old", "new"):
-        shares.add_column(column, no_wrap=True, justify="left" if column in ("question", "answer") else "right")
-    for qid, found in document["questions"].items():
-        for option, count in found["old"]["counts"].items():
-            new_count = found["new"]["counts"][option]
-            shares.add_row(qid, option, f"{count} ({_share(found['old']['shares'][option])})",
-                           f"{new_count} ({_share(found['new']['shares'][option])})")  # fmt: skip
-    console.print(shares)
+    print_tables(console, compare_tables(document))

@@ -3,10 +3,18 @@ escapes it into one line on stderr and an exit code, through one table. Commands
 
 Exit codes: 0 success, 1 fatal error, 2 usage error, 3 finished but some records failed,
 4 train-head's gate refused the head, 5 compare's PSI exceeded --fail-above-psi, 130 interrupted.
+
+A reader that closes the pipe early (`clef compare ... | head -1`) ends the command quietly with
+0: the reader had what it wanted. Not 141 (a shell's code for a process killed by SIGPIPE, what
+`yes | head -1` gives): `set -o pipefail` reports the last command that failed, so 141 would fail
+every cron pipeline through `head`, while a failing reader still fails the pipeline itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import traceback
 from typing import Any
 
@@ -44,12 +52,38 @@ def exit_for(error: BaseException, verbose: bool) -> int:
     raise error
 
 
+def reader_gone() -> int:
+    """stdout's reader closed the pipe: what is left to print goes nowhere (so the flush at exit
+    cannot fail again), nothing is said, and the exit code is 0 (see the module's note)."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+    return EXIT_OK
+
+
+def _flush_stdout() -> None:
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        reader_gone()
+
+
 class ClefGroup(TyperGroup):
     """The top-level group: runs the chosen command and maps its failures through `EXIT_TABLE`."""
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                result = super().invoke(ctx)
+            except typer.Exit:
+                _flush_stdout()  # the command's own exit code stands
+                raise
+            sys.stdout.flush()  # output that fit in the buffer meets a closed pipe here
+            return result
+        except BrokenPipeError:
+            raise typer.Exit(reader_gone()) from None
         except PASS_THROUGH:
             raise
         except (Exception, KeyboardInterrupt) as error:

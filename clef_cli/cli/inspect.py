@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from clef_cli.choices import OverflowPolicy
+from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.cli.console import stdout
 from clef_cli.cli.options import (
     MaxLengthOption,
@@ -18,6 +18,7 @@ from clef_cli.cli.options import (
     OverflowOption,
     QuestionsOption,
     RevisionOption,
+    SpecialTokensOption,
     StructNullsOption,
     with_media_limits,
 )
@@ -26,6 +27,7 @@ from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
 
 QUESTION_STYLES = ("bold magenta", "bold cyan", "bold yellow", "bold blue")
+SPECIAL_TOKEN_MODES = {"text": "read as text", "parse": "read as control tokens"}
 OPTION_STYLES = ("black on green", "black on bright_yellow", "black on bright_cyan", "black on bright_magenta")
 
 
@@ -40,6 +42,7 @@ def inspect_spans(
     max_length: MaxLengthOption = None,
     on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
+    special_tokens: SpecialTokensOption = SpecialTokens.text,
     questions: QuestionsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
     limits: MediaLimits | None = None,  # replaced by the five media-limit options (with_media_limits)
@@ -71,13 +74,13 @@ def inspect_spans(
     processor = load_processor(release)
     encoder = PromptEncoder(
         processor, max_length=max_length, overflow=on_overflow, limits=limits,
-        family=family_of(release),
+        family=family_of(release), special_tokens=special_tokens,
     )  # fmt: skip
     try:
         encoded = encoder.encode(record)
     except RecordError as error:
         raise ClefError(str(error)) from None
-    report = span_report(encoded, processor.tokenizer)
+    report = span_report(encoded, processor.tokenizer, encoder.special_tokens)
     if as_json:
         sys.stdout.write(json.dumps(report, ensure_ascii=False) + "\n")
     else:
@@ -146,7 +149,9 @@ def print_span_view(encoded: Any, tokenizer: Any, report: dict[str, Any]) -> Non
         f"prompt tokens: {report['prompt_tokens']} of max length {report['max_length']}\n"
         f"media tokens: image {media['image']}, audio {media['audio']}, video {media['video']}"
         f"{' (audio in video)' if report['use_audio_in_video'] else ''}\n"
-        f"state tokens: {report['state_tokens']} kept, {report['state_tokens_cut']} cut"
+        f"state tokens: {report['state_tokens']} kept, {report['state_tokens_cut']} cut\n"
+        f"special tokens in the record's text: {report['special_tokens']} "
+        f"({SPECIAL_TOKEN_MODES[report['special_tokens']]})"
     )
 
 

@@ -15,8 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from clef_cli.choices import OverflowPolicy
+from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.encoding.media import MediaLimits
+from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.sizes import parse_size
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
@@ -127,6 +128,16 @@ StructNullsOption = Annotated[
         "set it to null. JSON-text and map columns keep each record's own keys and need no choice.",
     ),
 ]
+SpecialTokensOption = Annotated[
+    SpecialTokens,
+    typer.Option(
+        "--special-tokens",
+        case_sensitive=False,
+        help="Special-token strings in a record's text (<|im_end|>, <|image_pad|>...): 'text' keeps them ordinary "
+        "text, so a record cannot write control tokens into its prompt; 'parse' reads them as control tokens, as "
+        "the reference does (trusted data only). Records without such strings get the same prompt either way.",
+    ),
+]
 QuestionsOption = Annotated[
     Path | None,
     typer.Option("--questions", help="JSON file with one question schema for records that carry none."),
@@ -168,15 +179,66 @@ MEDIA_LIMIT_OPTIONS = {
         False,
         typer.Option(
             "--allow-remote-media",
-            help="Fetch http(s) media URLs. Off by default: records may come from untrusted sources.",
+            help="Fetch http(s) media URLs (public addresses only, every redirect checked). Off by default: "
+            "records may come from untrusted sources.",
+        ),
+    ),
+    "allowed_media_domains": (
+        list[str] | None,
+        None,
+        typer.Option(
+            "--allowed-media-domains",
+            metavar="HOST",
+            help="With --allow-remote-media, fetch only from these hosts (repeat the option, or separate them "
+            "with commas): exact names, '*.example.com' for its subdomains; checked at every redirect.",
+        ),
+    ),
+    "allow_private_media_hosts": (
+        bool,
+        False,
+        typer.Option(
+            "--allow-private-media-hosts",
+            help="With --allow-remote-media, also fetch from loopback, private and link-local addresses "
+            "(a local media server). Off by default: a record's URL must not reach the machine's own network.",
+        ),
+    ),
+    "media_roots": (
+        list[Path] | None,
+        None,
+        typer.Option(
+            "--media-root",
+            metavar="DIR",
+            exists=True,
+            file_okay=False,
+            help="Confine local media paths to this folder (repeatable; symlinks and '..' resolved; an escape "
+            "is that record's error). Default: any file the user can read.",
         ),
     ),
 }
+REMOTE_ONLY = {
+    "allowed_media_domains": "--allowed-media-domains",
+    "allow_private_media_hosts": "--allow-private-media-hosts",
+}
+
+
+def media_limits(values: dict[str, Any]) -> MediaLimits:
+    """The options' values as `MediaLimits`; a remote-fetch option without --allow-remote-media
+    is refused (exit 2) rather than silently doing nothing."""
+    if isinstance(values["max_file_bytes"], str):
+        values["max_file_bytes"] = parse_size(values["max_file_bytes"])
+    if not values["allow_remote"]:
+        for name, option in REMOTE_ONLY.items():
+            if values[name]:
+                raise UsageError(f"{option} applies to remote media only: add --allow-remote-media")
+    domains = [part.strip() for value in values["allowed_media_domains"] or () for part in value.split(",")]
+    values["allowed_media_domains"] = tuple(domain for domain in domains if domain)
+    values["media_roots"] = tuple(path.resolve() for path in values["media_roots"] or ())
+    return MediaLimits(**values)
 
 
 def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a command the five media-limit options, written once here; it receives them as one
-    `limits: MediaLimits` argument (which must be its last parameter)."""
+    """Give a command the media options (limits, remote fetching, media roots), written once here;
+    it receives them as one `limits: MediaLimits` argument (which must be its last parameter)."""
     signature = inspect.signature(command)
     hints = typing.get_type_hints(command, include_extras=True)  # evaluated in the command's module
     kept = [
@@ -191,10 +253,8 @@ def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> Any:
-        values = {name: kwargs.pop(name) for name in MEDIA_LIMIT_OPTIONS}
-        if isinstance(values["max_file_bytes"], str):
-            values["max_file_bytes"] = parse_size(values["max_file_bytes"])
-        return command(**kwargs, limits=MediaLimits(**values))
+        limits = media_limits({name: kwargs.pop(name) for name in MEDIA_LIMIT_OPTIONS})
+        return command(**kwargs, limits=limits)
 
     wrapper.__signature__ = signature.replace(parameters=kept + added, return_annotation=None)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {parameter.name: parameter.annotation for parameter in kept + added}

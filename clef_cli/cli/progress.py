@@ -119,23 +119,41 @@ def print_summary(summary: Any) -> None:
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
     stats = summary.stats
     busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
-    healed = f", {summary.damaged} again for damaged checkpoint shards" if summary.damaged else ""
+    startup = f", start-up {stats.stages['startup']:.1f} s" if stats.stages["startup"] >= 0.05 else ""
+    # The bracket adds up to the records; `retried` and the damaged-shard count are among those run.
+    extra = [(summary.failed_running, "failed while running"), (summary.invalid, "invalid")]
+    extra += [(summary.damaged, "again for damaged checkpoint shards")]
+    more = "".join(f", {count} {what}" for count, what in extra if count)
     stderr.print(
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
         f"({summary.forwarded} run through the model, {summary.reused} from the checkpoint, "
-        f"{summary.duplicates} duplicates collapsed, {summary.retried} retried{healed}); "
-        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}) -> {summary.output}",
+        f"{summary.duplicates} duplicates collapsed, {summary.retried} retried{more}); "
+        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}",
         markup=False,
     )
     advice = stats.advice()
     if advice:
         stderr.print(advice, markup=False)
-    for error in summary.first_errors[:3]:
-        stderr.print(f"  error: {error}", markup=False)
+    print_failures(summary)
+
+
+def print_failures(summary: Any) -> None:
+    """Why records failed: counts by error kind, the first few errors, where the rest are."""
+    if not summary.failed:
+        return
+    kinds = ", ".join(f"{count} {kind}" for kind, count in summary.failed_by_kind.items())
+    stderr.print(
+        f"failed by kind: {kinds}; every failed row's `error` column says why (`error_kind` its kind) "
+        f"in {summary.output}; the first {len(summary.first_errors)}:",
+        markup=False,
+    )
+    for record_id, error in summary.first_errors:
+        stderr.print(f"  {error}" if repr(record_id) in error else f"  {record_id}: {error}", markup=False)
 
 
 def print_dry_run(report: Any, settings: Any) -> None:
-    stdout.print(f"records: {report.records} ({report.valid} valid, {report.invalid} invalid)")
+    failing = ", ".join(f"{count} {kind}" for kind, count in sorted(report.failed_by_kind.items())) or "0 invalid"
+    stdout.print(f"records: {report.records} ({report.valid} valid, {failing})", markup=False)
     if report.already_done:
         stdout.print(f"already in the checkpoint: {report.already_done} (not planned again)")
     percentiles = report.percentiles()
@@ -149,5 +167,5 @@ def print_dry_run(report: Any, settings: Any) -> None:
     stdout.print(f"padding waste: {report.padding_waste:.2%}")
     if settings.hidden_states == "keep":
         stdout.print(f"hidden states on disk: about {human_size(report.hidden_state_bytes)}")
-    for error in report.first_errors:
-        stdout.print(f"invalid: {error}")
+    for kind, error in report.first_errors:
+        stdout.print(f"{kind}: {error}", markup=False)

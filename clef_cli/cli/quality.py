@@ -45,6 +45,14 @@ GoldColumnOption = Annotated[
     typer.Option("--gold-column", help="Take gold from this column of the scored file (kept with --keep-columns)."),
 ]
 BinsOption = Annotated[int, typer.Option("--bins", min=1, help="Equal-width confidence bins for ECE.")]
+FormatOption = Annotated[
+    TableFormat,
+    typer.Option(
+        "--format",
+        help="table: rich on a terminal, plain aligned text in a pipe or file; tsv: one value per cell, "
+        "full precision; markdown.",
+    ),
+]
 
 
 def write_json(path: Path, document: Any) -> None:
@@ -81,14 +89,7 @@ def evaluate(
     by: Annotated[
         str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
     ] = None,
-    form: Annotated[
-        TableFormat,
-        typer.Option(
-            "--format",
-            help="table: rich on a terminal, plain aligned text in a pipe or file; tsv: one value per cell, "
-            "full precision; markdown.",
-        ),
-    ] = TableFormat.table,
+    form: FormatOption = TableFormat.table,
 ) -> None:
     """Accuracy, calibration and an accept-without-review threshold per question, against gold labels.
 
@@ -135,6 +136,7 @@ def calibrate(
         ),
     ] = CalibrationMethod.auto,
     bins: BinsOption = 15,
+    form: FormatOption = TableFormat.table,
 ) -> None:
     """Fit temperature scaling (p = softmax(logit / T)) to gold labels; apply it with
     `clef score --calibration` or `clef eval --calibration`.
@@ -146,17 +148,20 @@ def calibrate(
         --checkpoint out.parquet.ckpt --calibration cal.json
     """
     from clef_cli.quality import jobs, tables
-    from clef_cli.quality.text_table import print_tables
+    from clef_cli.quality.text_table import print_tables, write
 
     console = tables_console(output)
     inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
     tables.print_problems(stderr, inputs.gold.problems)
     run, data = jobs.run_calibrate(inputs, method.value, bins)
-    tables.print_problems(stderr, (), data.warnings)
-    print_tables(console, [tables.calibrate_table(run)])
-    if not run.improved:
-        console.print(f"{method.value}: calibration does not improve the cross-fitted log loss", markup=False)
-    console.print(tables.temperatures_line(run), markup=False)
+    tables.print_problems(stderr, (), [*data.warnings, *tables.bound_warnings(run)])
+    lines = tables.calibrate_lines(run, method.value)
+    if form is TableFormat.tsv:
+        write(console, tables.calibrate_tsv(run))
+        for line in lines:
+            stderr.print(line, markup=False)
+    else:
+        print_tables(console, [tables.calibrate_table(run, lines)], form.value)
     write_json(output, run.calibration.as_json())
 
 
@@ -178,7 +183,11 @@ def train_head(
     ] = None,
     scored: Annotated[
         Path | None,
-        typer.Option("--scored", help="A `clef score` output whose record_key maps the gold ids to stored states."),
+        typer.Option(
+            "--scored",
+            help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "
+            "prompt it labels (without it, an id that names several stored prompts takes the latest run's).",
+        ),
     ] = None,
     epochs: Annotated[
         int, typer.Option("--epochs", min=1, help="Most passes over the training records (early stopping ends sooner).")
@@ -210,7 +219,7 @@ def train_head(
     \b
     Examples:
       clef score records.jsonl -o out.parquet
-      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --scored out.parquet
       clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 5e-4 --folds 10
       clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
@@ -242,22 +251,13 @@ def train_head(
 
 
 def print_gate(report: dict[str, Any]) -> None:
-    from rich import box
-    from rich.table import Table
+    """The held-out table on stderr (rich on a terminal, plain text in a pipe or a file), then
+    the gate's numbers per question and overall."""
+    from clef_cli.quality.tables import gate_table
+    from clef_cli.quality.text_table import print_tables
 
     held = report["held_out"]
-    models = {"base": "base", "calibrated_base": "recalibrated", "trained": "trained"}
-    table = Table(title="held-out (k-fold cross-fitted)", title_justify="left", box=box.SIMPLE)
-    for column in ("", *models.values(), "probe"):
-        table.add_column(column, no_wrap=True)
-    for name, label in (("log_loss", "log loss"), ("brier", "Brier"), ("accuracy", "accuracy")):
-        table.add_row(label, *(f"{held[m][name]:.4f}" for m in models), "")
-    for question, numbers in report["by_question"].items():
-        probe = numbers.get("probe")
-        for name, label in (("accuracy", "accuracy"), ("log_loss", "log loss")):
-            cells = [f"{numbers[m][name]:.4f}" for m in models]
-            table.add_row(f"  {question} {label}", *cells, f"{probe[name]:.4f}" if probe else "-")
-    stderr.print(table)
+    print_tables(stderr, [gate_table(report)])
     for question, numbers in report["by_question"].items():
         gate = numbers["gate"]
         notes = " SIGNIFICANTLY WORSE" if gate["significantly_worse"] else ""

@@ -40,7 +40,11 @@ def command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of --order random.")] = 0,
     records: Annotated[
         list[Path] | None,
-        typer.Option("--records", help="The scored inputs, for state and media (default: kept columns)."),
+        typer.Option(
+            "--records",
+            help="A scored input, for state, media and the questions' texts (default: kept columns); repeat it "
+            "for several inputs.",
+        ),
     ] = None,
     media_root: Annotated[
         Path, typer.Option("--media-root", help="Media URLs are paths relative to this folder (Label Studio's "
@@ -61,6 +65,7 @@ def command(
       clef review out.parquet -o tasks.json --limit 200 --config-out label_config.xml
       clef review out.parquet -o review.json --format argilla --questions category --order margin
       clef review out.parquet -o review.csv --format csv --exclude reviewed_export.json
+      clef review out.parquet -o tasks.json --records part1.jsonl --records part2.jsonl
     """
     from clef_cli.quality.jobs import ReviewSettings, run_review
 

@@ -17,6 +17,7 @@ from clef_cli.choices import (
     HiddenStates,
     Layout,
     OverflowPolicy,
+    SpecialTokens,
 )
 from clef_cli.cli.console import stderr
 from clef_cli.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RECORDS_FAILED
@@ -28,6 +29,7 @@ from clef_cli.cli.options import (
     OverflowOption,
     QuestionsOption,
     RevisionOption,
+    SpecialTokensOption,
     StructNullsOption,
     with_media_limits,
 )
@@ -93,6 +95,7 @@ def score(
     max_length: MaxLengthOption = None,
     on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
+    special_tokens: SpecialTokensOption = SpecialTokens.text,
     max_batch_tokens: MaxBatchTokensOption = DEFAULT_MAX_BATCH_TOKENS,
     max_batch_size: MaxBatchSizeOption = DEFAULT_MAX_BATCH_SIZE,
     device: DeviceOption = "auto",
@@ -135,10 +138,12 @@ def score(
     progress = RichProgress(enabled=not quiet and stderr.is_terminal)
     if dry_run:
         return show_plan(settings, progress)
+    if rehead is not None and ctx.get_parameter_source("model") is ParameterSource.DEFAULT:
+        settings.model = None  # the model the checkpoint names, as train-head takes it
     summary = run_engine(settings, ctx.params, progress, quiet=quiet or not stderr.is_terminal)
-    print_summary(summary)
-    if stats_json is not None:
+    if stats_json is not None:  # first: a reader that stops reading the summary must not cost the file
         summary.final_stats().write_json(stats_json)
+    print_summary(summary)
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     raise typer.Exit(EXIT_RECORDS_FAILED if summary.failed else EXIT_OK)

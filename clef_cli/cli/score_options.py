@@ -157,7 +157,8 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
 
     columns = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
     check_keep_columns(columns)
-    same = ("inputs", "output", "model", "revision", "questions", "max_length", "struct_nulls", "max_batch_tokens")
+    same = ("inputs", "output", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
+    same += ("max_batch_tokens",)
     same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
     return ScoreSettings(
         **{name: options[name] for name in same},

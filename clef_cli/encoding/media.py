@@ -4,6 +4,10 @@ Images: Pillow, RGB. Audio: the first audio stream through PyAV's resampler to 1
 (its stereo mix-down and its filter are part of the contract; priming samples stay). Video: the
 first video stream at 2 fps, frames capped at 262144 pixels with even sides, an even frame count,
 plus the soundtrack when there is one.
+
+Where the bytes come from (`open_source`): a local path (fenced by `media_root` under
+--media-root), a data: URL, or an http(s) URL through the one checked fetcher (`remote_fetch`),
+read from the job's copy (`remote_spool`) when it has one.
 """
 
 from __future__ import annotations
@@ -14,48 +18,22 @@ import io
 import math
 import os
 import stat
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
+
+from clef_cli.encoding.media_limits import MediaError, MediaLimits
+from clef_cli.encoding.media_root import open_confined
+from clef_cli.encoding.remote_fetch import FetchError, fetch
+from clef_cli.encoding.remote_spool import RemoteSpool
 
 AUDIO_SAMPLE_RATE = 16000
 VIDEO_FPS = 2.0
 MAX_FRAME_PIXELS = 256 * 32 * 32
 T = TypeVar("T")
-
-
-class MediaError(Exception):
-    """A media entry that cannot be used; the encoder attaches the record and field. `transient`:
-    it may work next time (a remote fetch that failed), so the result is not stored as final."""
-
-    def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
-
-
-@dataclass(frozen=True)
-class MediaLimits:
-    """Bounds on what one media entry may cost; each breach is that record's error."""
-
-    max_image_pixels: int = 40_000_000
-    max_audio_seconds: float = 1800.0
-    max_video_seconds: float = 300.0
-    max_file_bytes: int = 256 * 1024 * 1024
-    allow_remote: bool = False
-    remote_timeout_seconds: float = 30.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "max_image_pixels": self.max_image_pixels,
-            "max_audio_seconds": self.max_audio_seconds,
-            "max_video_seconds": self.max_video_seconds,
-            "max_file_bytes": self.max_file_bytes,
-            "allow_remote": self.allow_remote,
-        }
 
 
 @dataclass(frozen=True)
@@ -74,20 +52,25 @@ DATA_URL_TYPES = {"images": ("image/",), "audio": ("audio/", "video/"), "videos"
 no type, or application/octet-stream, leaves it to the content."""
 
 
-def open_source(entry: str, base_dir: Path | None, limits: MediaLimits, field: str | None = None) -> str | io.BytesIO:
-    """A local path (checked) or the bytes of a data: / http(s) URL, within the byte limit."""
+Source = str | io.BytesIO | BinaryIO
+"""What a decoder reads: a path, fetched or decoded bytes, or a file opened inside a media root."""
+
+
+def open_source(entry: str, base_dir: Path | None, limits: MediaLimits, field: str | None = None) -> Source:
+    """A local path (checked; an open file under --media-root) or the bytes of a data: / http(s)
+    URL, within the byte limit. The caller closes it (`close_source`)."""
     if entry.startswith("data:"):
         _check_data_url_type(entry, field)
         return io.BytesIO(_data_url_bytes(entry, limits))
     if entry.startswith(("http://", "https://")):
-        if not limits.allow_remote:
-            raise MediaError("http(s) media are refused; pass --allow-remote-media to fetch them")
-        return io.BytesIO(_download(entry, limits))
+        return io.BytesIO(remote_bytes(entry, limits))
     path = Path(entry)
     if not path.is_absolute():
         if base_dir is None:
             raise MediaError(f"relative media path {entry!r} in a remote input: use absolute paths or data: URLs")
         path = base_dir / path
+    if limits.media_roots:
+        return open_confined(path, limits.media_roots, limits.max_file_bytes)
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -101,6 +84,23 @@ def open_source(entry: str, base_dir: Path | None, limits: MediaLimits, field: s
     if info.st_size > limits.max_file_bytes:
         raise MediaError(f"file is {info.st_size} bytes, over the limit of {limits.max_file_bytes}: {path}")
     return str(path)
+
+
+def close_source(source: Source) -> None:
+    if not isinstance(source, str):
+        source.close()
+
+
+def remote_bytes(url: str, limits: MediaLimits) -> bytes:
+    """The bytes of an http(s) medium: the ones the job fetched while keying it (so they are
+    the bytes its key hashes), else fetched now through the one checked fetcher."""
+    if not limits.allow_remote:
+        raise MediaError("http(s) media are refused; pass --allow-remote-media to fetch them")
+    try:
+        spooled = RemoteSpool(limits.remote_spool).stored(url) if limits.remote_spool is not None else None
+        return spooled if spooled is not None else fetch(url, limits.fetch_policy())
+    except FetchError as error:
+        raise MediaError(str(error), transient=error.transient) from None
 
 
 def _check_data_url_type(entry: str, field: str | None) -> None:
@@ -126,32 +126,21 @@ def _data_url_bytes(entry: str, limits: MediaLimits) -> bytes:
         raise MediaError("data: URL is not valid base64") from None
 
 
-def _download(url: str, limits: MediaLimits) -> bytes:
-    try:
-        with urllib.request.urlopen(url, timeout=limits.remote_timeout_seconds) as response:
-            data = response.read(limits.max_file_bytes + 1)
-    except OSError as error:
-        raise MediaError(f"cannot fetch {url}: {error}", transient=True) from None
-    if len(data) > limits.max_file_bytes:
-        raise MediaError(f"{url} is over the limit of {limits.max_file_bytes} bytes")
-    return data
-
-
 # --------------------------------------------------------------------------- images
 
 
-def decode_image(source: str | io.BytesIO, limits: MediaLimits) -> Any:
+def decode_image(source: Source, limits: MediaLimits) -> Any:
     """A PIL RGB image; the pixel count is checked from the header before decoding."""
     return _with_image(source, limits, lambda image: image.convert("RGB"))
 
 
-def image_size(source: str | io.BytesIO, limits: MediaLimits) -> tuple[int, int]:
+def image_size(source: Source, limits: MediaLimits) -> tuple[int, int]:
     """(width, height) from the header alone, under the same checks as `decode_image`: an image's
     token count depends only on its size, so a run can plan it without decoding its pixels."""
     return _with_image(source, limits, lambda image: image.size)
 
 
-def _with_image(source: str | io.BytesIO, limits: MediaLimits, use: Callable[[Any], T]) -> T:
+def _with_image(source: Source, limits: MediaLimits, use: Callable[[Any], T]) -> T:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -173,13 +162,13 @@ def _with_image(source: str | io.BytesIO, limits: MediaLimits, use: Callable[[An
 # --------------------------------------------------------------------------- audio
 
 
-def _rewind(source: str | io.BytesIO) -> str | io.BytesIO:
-    if isinstance(source, io.BytesIO):
+def _rewind(source: Source) -> Source:
+    if not isinstance(source, str):
         source.seek(0)
     return source
 
 
-def _open_container(source: str | io.BytesIO) -> Any:
+def _open_container(source: Source) -> Any:
     import av
 
     try:
@@ -233,7 +222,7 @@ def _decode_audio_stream(container: Any, max_seconds: float) -> np.ndarray:
         raise MediaError(f"cannot decode audio: {error}") from None
 
 
-def decode_audio(source: str | io.BytesIO, limits: MediaLimits) -> np.ndarray:
+def decode_audio(source: Source, limits: MediaLimits) -> np.ndarray:
     """16 kHz mono float32 samples of the first audio stream."""
     with _open_container(source) as container:
         if not container.streams.audio:
@@ -317,7 +306,7 @@ def set_decode_threads(threads: int) -> None:
     DECODE_THREADS = max(1, int(threads))
 
 
-def decode_video(source: str | io.BytesIO, limits: MediaLimits) -> DecodedVideo:
+def decode_video(source: Source, limits: MediaLimits) -> DecodedVideo:
     """Frames at 2 fps (capped, even count) and the soundtrack, if the file has one, from one
     open and one demux pass (frame threading when this process may use several cores)."""
     import av

@@ -2,7 +2,9 @@
 
 Every segment is tokenized on its own with `add_special_tokens=False` and the id lists are
 concatenated; tokenizing the joined text would merge tokens across the joins and break parity
-with the reference. Spans are half-open ranges into the final sequence, after media expansion.
+with the reference. The record's segments (its state, and each question's header, instruction
+and options) never turn special-token strings into control tokens unless `--special-tokens parse`
+says so (`record_text`). Spans are half-open ranges into the final sequence, after media expansion.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from clef_cli.choices import OverflowPolicy
+from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.encoding.media import MediaLimits
+from clef_cli.encoding.record_text import SegmentTokenizer
 from clef_cli.errors import RecordError, unexpected_error
 from clef_cli.families.base import Family, MediaSegment
 from clef_cli.inputs.records import Question, Record
@@ -59,7 +62,8 @@ class PromptEncoder:
     """Encodes records with one release's tokenizer and processor (no weights needed).
 
     The family (default Clef-Omni) decides how media enter the prompt and the default max length;
-    the rest of the prompt is the same for every family.
+    the rest of the prompt is the same for every family. `special_tokens` says whether the
+    record's text may hold control tokens (`parse`, the reference) or not (`text`, the default).
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class PromptEncoder:
         overflow: OverflowPolicy | str = OverflowPolicy.truncate,
         limits: MediaLimits | None = None,
         family: Family | None = None,
+        special_tokens: SpecialTokens | str = SpecialTokens.text,
     ) -> None:
         if family is None:
             from clef_cli.families import family_named
@@ -80,33 +85,29 @@ class PromptEncoder:
         self.max_length = max_length or family.default_max_length
         self.overflow = OverflowPolicy(overflow)
         self.limits = limits or MediaLimits()
-        self._prefix = self._tokens(PREFIX)
-        self._suffix = self._tokens(SUFFIX)
-        self._cached_tokens = lru_cache(maxsize=4096)(self._tokens)
-
-    def _tokens(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _many_tokens(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        self.segments = SegmentTokenizer(self.tokenizer, special_tokens)
+        self.special_tokens = self.segments.mode
+        self._prefix = self.segments.template(PREFIX)
+        self._suffix = self.segments.template(SUFFIX)
+        self._cached_tokens = lru_cache(maxsize=4096)(self.segments.template)
 
     # ------------------------------------------------------------------- text
 
     def _schema(self, questions: tuple[Question, ...]) -> tuple[list[int], list[EncodedQuestion]]:
-        """Schema ids and spans counted from the schema's first token."""
+        """Schema ids and spans counted from the schema's first token. The segments that hold the
+        record's text (each field header, which names the question id, its instruction and its
+        options) are tokenized in one batched call."""
         texts: list[str] = []
-        for question in questions:
+        for number, question in enumerate(questions, start=1):
+            texts.append(f"\nFIELD {number}\nID: {question.id}\nTYPE: {question.type}\nINSTRUCTION: ")
             texts.append(render_instructions(question))
             texts.extend(render_option(option_id, description) for option_id, description in question.options)
-        variable = iter(self._many_tokens(texts))
+        variable = iter(self.segments.record(texts))
 
         ids = list(self._cached_tokens(SCHEMA_HEADER))
         encoded: list[EncodedQuestion] = []
-        for number, question in enumerate(questions, start=1):
-            header = f"\nFIELD {number}\nID: {question.id}\nTYPE: {question.type}\nINSTRUCTION: "
-            ids += self._tokens(header)
+        for question in questions:
+            ids += next(variable)
             question_ids = next(variable)
             question_span = (len(ids), len(ids) + len(question_ids))
             ids += question_ids
@@ -155,7 +156,7 @@ class PromptEncoder:
         return replace(planned, media=tensors)
 
     def _assembled(self, record: Record, media: MediaSegment) -> EncodedRecord:
-        state_ids = _guarded(record, "state", lambda: self._tokens(render(record.state)))
+        state_ids = _guarded(record, "state", lambda: self.segments.record([render(record.state)])[0])
         schema_ids, questions = _guarded(record, "questions", lambda: self._schema(record.questions))
         start = len(self._prefix) + len(media.input_ids)
         fixed = start + len(schema_ids) + len(self._suffix)

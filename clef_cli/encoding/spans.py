@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from clef_cli.choices import SpecialTokens
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.inputs.records import QUESTION_TYPE_NAMES
 
@@ -35,8 +36,9 @@ def media_token_counts(encoded: EncodedRecord, tokenizer: Any) -> dict[str, int]
     return {kind: sum(1 for token in encoded.input_ids if token == token_id) for kind, token_id in ids.items()}
 
 
-def span_report(encoded: EncodedRecord, tokenizer: Any) -> dict[str, Any]:
-    """Everything inspect-spans prints, as JSON-ready data (input ids included)."""
+def span_report(encoded: EncodedRecord, tokenizer: Any, special_tokens: SpecialTokens | str) -> dict[str, Any]:
+    """Everything inspect-spans prints, as JSON-ready data (input ids included); `special_tokens`
+    is the mode the record was encoded under."""
     decode = lambda start, end: tokenizer.decode(encoded.input_ids[start:end])  # noqa: E731
     questions = []
     for question, source in zip(encoded.questions, encoded.record.questions, strict=True):
@@ -74,6 +76,7 @@ def span_report(encoded: EncodedRecord, tokenizer: Any) -> dict[str, Any]:
         "state_tokens": encoded.state_tokens,
         "state_tokens_cut": encoded.state_tokens_cut,
         "use_audio_in_video": encoded.use_audio_in_video,
+        "special_tokens": SpecialTokens(special_tokens).value,
         "option_order": {question.question_id: list(question.option_ids) for question in encoded.questions},
         "questions": questions,
         "input_ids": list(encoded.input_ids),

@@ -7,25 +7,27 @@ only other backbone tensor the head needs (the lm_head rows) is read from its we
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from clef_cli.encoding.batching import PlanEntry, plan_batches
-from clef_cli.errors import ClefError, ModelLoadError
+from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.families import family_of
 from clef_cli.job import Job, open_job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.head import JointSchemaHead, load_joint_head
 from clef_cli.model.scoring import head_logits, non_finite_failure, scored_record
 from clef_cli.progress import Progress
+from clef_cli.release import DEFAULT_MODEL, HEAD_CONFIG, HEAD_FILES, HEAD_WEIGHTS
 from clef_cli.results import FailedRecord, ScoredRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
-from clef_cli.store.checkpoint import MANIFEST, Checkpoint, describe_differences
-from clef_cli.store.hidden_store import StoredRecord, pad_states
+from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.hidden_store import HiddenShardFile, StoredRecord, check_shard, pad_states, read_shard
+from clef_cli.store.manifest import describe_differences, read_manifest, scored_model
 
 REHEAD_BATCH_TOKENS = 65536
 
@@ -72,17 +74,35 @@ def _check_complete(job: Job) -> None:
         )
 
 
+def check_head_folder(path: Path) -> None:
+    """`--rehead` names a head folder (what train-head's -o writes); a file, an empty folder or a
+    wrong path is the user's slip, answered naming the option (exit 2)."""
+    if not path.exists() or path.is_file():
+        what = "is a file" if path.exists() else "does not exist"
+    else:
+        missing = [name for name in HEAD_FILES if not (path / name).is_file()]
+        if not missing:
+            return
+        what = f"has no {' and no '.join(missing)}"
+    raise UsageError(
+        f"--rehead {path} {what}: give a head folder holding {HEAD_CONFIG} and {HEAD_WEIGHTS} "
+        "(what `clef train-head -o` writes)"
+    )
+
+
 def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
-    """Score the job's stored hidden states with the head in `settings.rehead`; write the output."""
+    """Score the job's stored hidden states with the head in `settings.rehead`; write the output.
+    Without a model (`settings.model` None) the release is the one the store's manifest names."""
     assert settings.rehead is not None
     progress = progress or Progress()
     head_dir = Path(settings.rehead)
+    check_head_folder(head_dir)
+    path = settings.checkpoint_path
+    manifest = read_manifest(path) if path.is_dir() else None
+    if manifest is None:
+        raise UsageError(f"no checkpoint at {path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)")
+    settings = replace(settings, model=scored_model(manifest, settings.model) or DEFAULT_MODEL)
     head = load_joint_head(head_dir)
-    if not (settings.checkpoint_path / MANIFEST).exists():
-        raise ClefError(
-            f"no checkpoint at {settings.checkpoint_path}; --rehead re-scores a finished job's checkpoint "
-            "(see --checkpoint)"
-        )
     with open_job(settings, progress, "float32", head_dir=head_dir, existing=True) as job:
         release, source = job.release, job.checkpoint
         if head.config.hidden_size != release.hidden_size:
@@ -105,34 +125,52 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
         finally:
             target.close()
             shutil.rmtree(workdir, ignore_errors=True)
-    summary.reused = summary.scored
     return summary
 
 
 def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Checkpoint, device: torch.device) -> None:
-    """Every stored record through the new head, shard by shard (keyed as in the store); final
-    errors stay errors."""
+    """The job's stored keys (each once, and no other record of the store) through the new head,
+    shard by shard, keyed as in the store; final errors stay errors."""
     source = job.checkpoint
-    results = source.results()
-    failed = results.filter(pc.and_(results.column("error").is_valid(), results.column("record_key").is_valid()))
-    if failed.num_rows:
-        target.commit(failed)
-    entry_of = {entry.files["hidden"]["name"]: entry.name for entry in source.entries if entry.has_hidden}
-    for shard, stored in source.hidden_reader().by_shard():
-        table = source.shard_table(entry_of[shard.path.name])
-        indices, stored_keys = table.column("record_index").to_pylist(), table.column("record_key").to_pylist()
-        key_of = dict(zip(indices, stored_keys, strict=True))
-        lengths = {record.encoded.record.index: record.length for record in stored}
-        checked = [
-            non_finite_failure(result, lengths[result.index]) or result
-            for result in _score_stored(head, lexical, stored, device)
-        ]
-        rows = results_table(
-            [result for result in checked if isinstance(result, ScoredRecord)],
-            [result for result in checked if isinstance(result, FailedRecord)],
-        )
-        keys = pa.array([key_of.get(index) for index in rows.column("record_index").to_pylist()], pa.string())
-        target.commit(rows.set_column(rows.schema.get_field_index("record_key"), "record_key", keys))
-        tokens = sum(record.length for record in stored)
-        job.summary.tokens += tokens
-        job.progress.advance(len(checked), tokens, len(rows) - rows.column("error").null_count)
+    entries = {entry.name: entry for entry in source.entries}
+    hidden_files = {shard.path.name: shard for shard in source.hidden_shards()}
+    for name, rows in job.ledger.stored_rows().items():
+        table = source.shard_table(name).take(pa.array(rows, pa.int64()))
+        failed = table.filter(table.column("error").is_valid())
+        if failed.num_rows:
+            target.commit(failed)
+        wanted = table.filter(table.column("error").is_null())
+        if wanted.num_rows:
+            shard = hidden_files[entries[name].files["hidden"]["name"]]
+            _rescore_rows(job, head, lexical, target, device, shard, wanted)
+
+
+def _rescore_rows(
+    job: Job,
+    head: JointSchemaHead,
+    lexical: torch.Tensor,
+    target: Checkpoint,
+    device: torch.device,
+    shard: HiddenShardFile,
+    wanted: pa.Table,
+) -> None:
+    """The `wanted` rows' stored states (read from their one shard) through the head, committed.
+    Their tokens are the records' real prompt tokens, as a scoring run counts them."""
+    check_shard(shard)
+    indices, stored_keys = wanted.column("record_index").to_pylist(), wanted.column("record_key").to_pylist()
+    key_of = dict(zip(indices, stored_keys, strict=True))
+    stored = read_shard(shard.path, only=key_of.keys())
+    lengths = {record.encoded.record.index: record.length for record in stored}
+    checked = [
+        non_finite_failure(result, lengths[result.index]) or result
+        for result in _score_stored(head, lexical, stored, device)
+    ]
+    rows = results_table(
+        [result for result in checked if isinstance(result, ScoredRecord)],
+        [result for result in checked if isinstance(result, FailedRecord)],
+    )
+    keys = pa.array([key_of.get(index) for index in rows.column("record_index").to_pylist()], pa.string())
+    target.commit(rows.set_column(rows.schema.get_field_index("record_key"), "record_key", keys))
+    tokens = sum(record.length for record in stored)
+    job.summary.tokens += tokens
+    job.progress.advance(len(checked), tokens, len(rows) - rows.column("error").null_count)

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from clef_cli.encoding.media import MediaError, MediaLimits, decode_image, image_size, open_source
+from clef_cli.encoding.media import (
+    MediaError,
+    MediaLimits,
+    close_source,
+    decode_image,
+    image_size,
+    open_source,
+)
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import Record
 
@@ -41,7 +48,11 @@ def decode_entries(record: Record, name: str, decoder: Callable[[Any, MediaLimit
     decoded = []
     for position, entry in enumerate(getattr(record, name)):
         try:
-            decoded.append(decoder(open_source(entry, record.base_dir, limits, name), limits))
+            source = open_source(entry, record.base_dir, limits, name)
+            try:
+                decoded.append(decoder(source, limits))
+            finally:
+                close_source(source)
         except MediaError as error:
             kind = "transient" if error.transient else "media"
             raise RecordError(record.id, f"{name}[{position}]", str(error), kind) from None

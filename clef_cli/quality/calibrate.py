@@ -21,7 +21,11 @@ from clef_cli.quality import metrics
 from clef_cli.quality.scored import QuestionData, softmax
 
 METHODS = ("none", "global", "type", "question")
-LOG_T_BOUNDS = (math.log(0.02), math.log(50.0))
+T_BOUNDS = (0.02, 50.0)
+"""The range the temperature is searched in; a fit that ends on an edge is reported (`at_bound`)."""
+LOG_T_BOUNDS = (math.log(T_BOUNDS[0]), math.log(T_BOUNDS[1]))
+AT_BOUND = 1e-3
+"""|ln T − ln bound| below this counts as on the edge (the bounded search stops within ~1e-5)."""
 SHRINK_RECORDS = 50
 """`question`: log T_q = (n_q log T̂_q + 50 log T_type) / (n_q + 50)."""
 FOLDS = 5
@@ -37,6 +41,8 @@ class Calibration:
     default: float = 1.0
     fitted_on: dict[str, Any] = field(default_factory=dict)
     cross_fitted: dict[str, Any] = field(default_factory=dict)
+    at_search_bound: list[str] = field(default_factory=list)
+    """The temperatures that ended on an edge of T_BOUNDS (see `at_bound`)."""
     sha256: str | None = None
     """Of the file it was loaded from."""
 
@@ -54,6 +60,7 @@ class Calibration:
             "default": self.default,
             "fitted_on": self.fitted_on,
             "cross_fitted": self.cross_fitted,
+            "at_search_bound": self.at_search_bound,
         }
 
 
@@ -81,6 +88,7 @@ def load_calibration(path: Path) -> Calibration:
         default=float(data["default"]),
         fitted_on=data.get("fitted_on", {}),
         cross_fitted=data.get("cross_fitted", {}),
+        at_search_bound=[str(name) for name in data.get("at_search_bound", [])],
         sha256=file_sha256(path),
     )
 
@@ -127,6 +135,25 @@ def fit(method: str, questions: Mapping[str, QuestionData]) -> Calibration:
         own, prior = math.log(fit_temperature([blocks[qid]])), math.log(types[data.type])
         shrunk[qid] = math.exp((data.n * own + SHRINK_RECORDS * prior) / (data.n + SHRINK_RECORDS))
     return Calibration("question", temperatures=shrunk, type_temperatures=types, default=overall)
+
+
+def named_temperatures(calibration: Calibration) -> dict[str, float]:
+    """Every temperature of a calibration by name: "default", "type noul", "question urgent"."""
+    if calibration.method == "none":
+        return {}
+    named = {"default": calibration.default}
+    named |= {f"type {name}": value for name, value in calibration.type_temperatures.items()}
+    return named | {f"question {name}": value for name, value in calibration.temperatures.items()}
+
+
+def at_bound(calibration: Calibration) -> list[str]:
+    """The temperatures the search left on an edge of T_BOUNDS: the labels did not pin them down
+    (too few, or answers wrong with full confidence), so T is the search's limit, not a fit."""
+    return [
+        name
+        for name, value in named_temperatures(calibration).items()
+        if min(abs(math.log(value) - bound) for bound in LOG_T_BOUNDS) < AT_BOUND
+    ]
 
 
 def apply(calibration: Calibration, data: QuestionData) -> np.ndarray:
@@ -200,6 +227,7 @@ def calibrate(
         chosen = min(tried, key=lambda name: (candidates[name]["log_loss"], name != "none"))
     improved = candidates[chosen]["log_loss"] < candidates["none"]["log_loss"]
     calibration = fit(chosen, questions)
+    calibration.at_search_bound = at_bound(calibration)
     calibration.fitted_on = fitted_on or {}
     calibration.cross_fitted = {"before": candidates["none"], "after": candidates[chosen]}
     return CalibrationRun(calibration, candidates, improved, folds=len(set(folds_of(questions).values())))

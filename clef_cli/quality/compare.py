@@ -2,7 +2,8 @@
 
 Per question, over the records both runs scored: the answer distribution of each run, their
 population stability index and Jensen–Shannon divergence, mean confidence, and the records whose
-answer flipped. Records are joined on `record_key` when both files have that column, else on `id`.
+answer flipped. Records are joined on `record_key` when both files have that column, else on `id`;
+a prompt held under several ids in one run (copies, which share one stored result) counts once.
 Torch-free: it reads the Parquet that `clef score` wrote.
 """
 
@@ -15,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.errors import UsageError
 from clef_cli.quality.scored import ScoredFile, read_scored
 
 PSI_SMOOTHING = 0.5
@@ -40,17 +40,20 @@ class Comparison:
     questions: dict[str, QuestionDrift] = field(default_factory=dict)
 
 
-def _keyed(scored: ScoredFile, join: str) -> dict[str, str]:
-    """join key -> record id, scored records only (a failed record counts as not scored)."""
+def _keyed(scored: ScoredFile, join: str) -> tuple[dict[str, str], int]:
+    """join key -> the first scored record id that has it, and how many later scored records
+    repeat a key (copies of a prompt: `clef score` gives them the stored result of the first,
+    so they carry its answers and count once)."""
     keys = scored.record_keys if join == "record_key" else scored.ids
     assert keys is not None
     found: dict[str, str] = {}
+    copies = 0
     for key, record_id in zip(keys, scored.ids, strict=True):
         if key in found:
-            raise UsageError(f"{scored.path}: {join} {key!r} occurs twice; records cannot be matched across runs")
-        if record_id in scored.options:
+            copies += 1
+        else:
             found[key] = record_id
-    return found
+    return found, copies
 
 
 def distribution(answers: list[str], options: list[str]) -> dict[str, Any]:
@@ -96,9 +99,15 @@ def _confidence(scored: ScoredFile, record_id: str, question_id: str) -> float:
 
 
 def compare_question(
-    old: ScoredFile, new: ScoredFile, shared: list[tuple[str, str, str]], question_id: str, join: str
+    old: ScoredFile,
+    new: ScoredFile,
+    shared: list[tuple[str, str, str]],
+    question_id: str,
+    join: str,
+    counted: tuple[set[str], set[str]],
 ) -> tuple[QuestionDrift, list[dict[str, Any]]]:
-    """`shared` is (key, old id, new id) for every record both runs scored."""
+    """`shared` is (key, old id, new id) for every record both runs scored; `counted` the ids
+    that stand for their key in each run (a key's copies count once)."""
     qtype, options = _options(old, new, question_id)
     both = [(k, o, n) for k, o, n in shared if question_id in old.answers[o] and question_id in new.answers[n]]
     old_answers = [old.answers[o][question_id] for _, o, _ in both]
@@ -124,18 +133,18 @@ def compare_question(
         "js": js_divergence(list(old_dist["shares"].values()), list(new_dist["shares"].values())) if both else None,
         "old": {**old_dist, "mean_confidence": float(old_conf.mean()) if both else None},
         "new": {**new_dist, "mean_confidence": float(new_conf.mean()) if both else None},
-        "only_old": _alone(old, question_id, options, in_both[0]),
-        "only_new": _alone(new, question_id, options, in_both[1]),
+        "only_old": _alone(old, question_id, options, counted[0] - in_both[0]),
+        "only_new": _alone(new, question_id, options, counted[1] - in_both[1]),
     }
     return QuestionDrift(question_id, qtype, options, old_conf, new_conf, document), flips
 
 
-def _alone(scored: ScoredFile, question_id: str, options: list[str], shared_ids: set[str]) -> dict[str, Any]:
+def _alone(scored: ScoredFile, question_id: str, options: list[str], alone_ids: set[str]) -> dict[str, Any]:
     """The distribution over the records only this run answered this question for."""
     answers = [
         questions[question_id]
         for record_id, questions in scored.answers.items()
-        if question_id in questions and record_id not in shared_ids
+        if question_id in questions and record_id in alone_ids
     ]
     return distribution(answers, options)
 
@@ -143,19 +152,20 @@ def _alone(scored: ScoredFile, question_id: str, options: list[str], shared_ids:
 def compare(old_path: Path, new_path: Path) -> Comparison:
     old, new = read_scored(old_path), read_scored(new_path)
     join = "record_key" if old.record_keys is not None and new.record_keys is not None else "id"
-    old_keys, new_keys = _keyed(old, join), _keyed(new, join)
+    (old_keys, old_copies), (new_keys, new_copies) = _keyed(old, join), _keyed(new, join)
     shared = [(key, old_keys[key], new_keys[key]) for key in old_keys if key in new_keys]
+    counted = set(old_keys.values()), set(new_keys.values())
     question_ids = list(dict.fromkeys([q for s in (old, new) for qs in s.answers.values() for q in qs]))
     comparison = Comparison({})
     flips: list[dict[str, Any]] = []
     for question_id in question_ids:
-        drift, found = compare_question(old, new, shared, question_id, join)
+        drift, found = compare_question(old, new, shared, question_id, join, counted)
         comparison.questions[question_id] = drift
         flips.extend(found)
     comparison.document = {
         "join": join,
-        "old": {"path": str(old.path), "sha256": old.sha256, "records": len(old_keys)},
-        "new": {"path": str(new.path), "sha256": new.sha256, "records": len(new_keys)},
+        "old": {"path": str(old.path), "sha256": old.sha256, "records": len(old_keys), "copies": old_copies},
+        "new": {"path": str(new.path), "sha256": new.sha256, "records": len(new_keys), "copies": new_copies},
         "shared_records": len(shared),
         "only_old_records": len(old_keys) - len(shared),
         "only_new_records": len(new_keys) - len(shared),
@@ -169,3 +179,22 @@ def above(comparison: Comparison, threshold: float) -> list[str]:
     """Questions whose PSI exceeds `threshold` (`--fail-above-psi`)."""
     questions = comparison.document["questions"].items()
     return [qid for qid, found in questions if found["psi"] is not None and found["psi"] > threshold]
+
+
+def no_shared_records(comparison: Comparison) -> str | None:
+    """Why nothing was compared, when the runs share no scored record (then no PSI can pass)."""
+    document = comparison.document
+    if document["shared_records"]:
+        return None
+    return (
+        f"the two runs share no scored record (joined on {document['join']}; {document['old']['records']} in old, "
+        f"{document['new']['records']} in new): nothing was compared"
+    )
+
+
+def drift_failure(comparison: Comparison, threshold: float) -> str | None:
+    """`--fail-above-psi`: why the drift check fails (no shared record, or PSI above `threshold`)."""
+    if no_shared_records(comparison):
+        return "no shared record, so the drift check cannot pass"
+    drifted = above(comparison, threshold)
+    return f"PSI above {threshold:g} for: {', '.join(drifted)}" if drifted else None

@@ -160,15 +160,20 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
         scored, settings.questions, settings.order, None, exclude, settings.seed
     )
     picked = chosen if settings.limit is None else chosen[: settings.limit]
-    urls = review_content.MediaUrls(settings.media_root, settings.media_url_prefix)
-    content, note = review_content.load_content(scored, {r.id for r in picked}, urls, settings.records)
+    shown = review_content.Shown({}, {}, [])
+    if settings.format in review_formats.SHOWS_RECORDS:
+        urls = review_content.MediaUrls(settings.media_root, settings.media_url_prefix)
+        shown = review_content.load_content(scored, dict.fromkeys(r.id for r in picked), urls, settings.records)
     text, config = review_formats.render(
-        settings.format, picked, content, questions, review_formats.model_version(scored.metadata)
+        settings.format, picked, shown.content, questions, review_formats.model_version(scored.metadata), shown.texts
     )
     write_text(settings.output, text)
     if settings.config_out is not None and config is not None:
         write_text(settings.config_out, config)
-    notes = [note] if note else []
+    notes = list(shown.notes)
+    copies = review.copies(scored, chosen)
+    if copies:
+        notes.append(f"{copies} record(s) repeat the prompt of a queued record (the same record_key): queued once")
     if exclude:
         notes.append(f"{len(exclude)} labelled record(s) in --exclude were left out")
     return ReviewResult(len(picked), len(chosen), notes)

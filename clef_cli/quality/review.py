@@ -95,12 +95,17 @@ def selected_questions(scored: ScoredFile, wanted: Sequence[str] | None) -> list
 
 
 def candidates(scored: ScoredFile, questions: Sequence[str], exclude: Collection[str] = ()) -> list[ReviewRecord]:
-    """Scored records with at least one selected question and not in `exclude`, by record_index."""
+    """Scored records with at least one selected question and not in `exclude`, by record_index;
+    a prompt held under several ids (the same `record_key`) once, under its first id, and left
+    out when `exclude` names any of its ids."""
     wanted = set(questions)
+    key_of = dict(zip(scored.ids, scored.record_keys, strict=True)) if scored.record_keys is not None else {}
+    excluded = set(exclude)
+    seen = _keys(key_of, excluded)  # a labelled prompt's copies are labelled too
     found = []
-    for record_id, index in zip(scored.ids, scored.indices, strict=True):
-        options = scored.options.get(record_id)
-        if options is None or record_id in exclude:
+    for index, record_id in sorted(zip(scored.indices, scored.ids, strict=True)):
+        key = key_of.get(record_id)
+        if record_id in excluded or key in seen:
             continue
         chosen = tuple(
             ReviewQuestion(
@@ -110,12 +115,26 @@ def candidates(scored: ScoredFile, questions: Sequence[str], exclude: Collection
                 tuple(scored.scores[record_id][question_id][0]),
                 scored.answers[record_id][question_id],
             )
-            for question_id, (qtype, option_ids) in options.items()
+            for question_id, (qtype, option_ids) in scored.options[record_id].items()
             if question_id in wanted
         )
         if chosen:
             found.append(ReviewRecord(record_id, index, chosen))
-    return sorted(found, key=lambda record: record.index)
+            if key is not None:
+                seen.add(key)
+    return found
+
+
+def _keys(key_of: dict[str, str], ids: Collection[str]) -> set[str]:
+    return {key_of[record_id] for record_id in ids if record_id in key_of}
+
+
+def copies(scored: ScoredFile, records: Sequence[ReviewRecord]) -> int:
+    """How many other scored ids hold the prompts of `records` (queued once, under one id)."""
+    if scored.record_keys is None:
+        return 0
+    queued = _keys(dict(zip(scored.ids, scored.record_keys, strict=True)), [r.id for r in records])
+    return sum(key in queued for key in scored.record_keys) - len(records)
 
 
 def ordered(

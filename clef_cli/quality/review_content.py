@@ -1,9 +1,11 @@
 """What a reviewer sees of a record: its state as text and its media as URLs a labeling tool can open.
 
 The scored file holds them when the job ran with `--keep-columns state,images,audio,videos`;
-otherwise `--records` reads them from the original inputs. Local media paths become URLs under
-Label Studio's convention for local files: `/data/local-files/?d=` + the path relative to the
-document root (`LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`, given here as `--media-root`).
+otherwise `--records` reads them from the original inputs. The questions' instructions and the
+options' descriptions come from the records' own `questions` there, else from the `--questions`
+schema the job was scored with (the output's `clef.questions` metadata). Local media paths become
+URLs under Label Studio's convention for local files: `/data/local-files/?d=` + the path relative
+to the document root (`LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`, given here as `--media-root`).
 """
 
 from __future__ import annotations
@@ -95,13 +97,17 @@ def from_scored(scored: ScoredFile, wanted: Collection[str], urls: MediaUrls) ->
     }
 
 
-def from_inputs(paths: Iterable[str | Path], wanted: Collection[str], urls: MediaUrls) -> dict[str, Content]:
-    """Content read from the original inputs (`--records`); relative media resolve against each
-    input file's folder, as `clef score` resolved them. Ids default to the position, as in score."""
+def from_inputs(
+    paths: Iterable[str | Path], wanted: Collection[str], urls: MediaUrls
+) -> tuple[dict[str, Content], list[Any]]:
+    """Content read from the original inputs (`--records`), and the `questions` the wanted records
+    carry; relative media resolve against each input file's folder, as `clef score` resolved them.
+    Ids default to the position, as in score."""
     from clef_cli.inputs.readers import raw_rows
     from clef_cli.inputs.sources import expand_inputs
 
     found: dict[str, Content] = {}
+    schemas: list[Any] = []
     index = 0
     for source in expand_inputs(paths):
         for raw, _problem in raw_rows(source, None):
@@ -109,21 +115,58 @@ def from_inputs(paths: Iterable[str | Path], wanted: Collection[str], urls: Medi
                 record_id = str(raw.get("id", index))
                 if record_id in wanted:
                     found[record_id] = _content(raw, record_id, source.base_dir, urls)
+                    if raw.get("questions") is not None:
+                        schemas.append(raw["questions"])
             index += 1
-    return found
+    return found, schemas
 
 
-def load_content(
-    scored: ScoredFile, wanted: Collection[str], urls: MediaUrls, records: list[Path] | None
-) -> tuple[dict[str, Content], str | None]:
-    """Content of the `wanted` records, and a note when there is none to show."""
+@dataclass(frozen=True)
+class QuestionText:
+    """What a reviewer reads of one question: its instructions and each option's description
+    (empty where the schema gives none)."""
+
+    instructions: str
+    options: dict[str, str]
+
+
+def question_texts(metadata: Mapping[str, str], schemas: Iterable[Any] = ()) -> dict[str, QuestionText]:
+    """Per question id, the first definition found: in the records' own `questions` (from
+    `--records`), then in the `--questions` schema the job was scored with (`clef.questions`)."""
+    from clef_cli.errors import RecordError
+    from clef_cli.inputs.records import parse_questions
+
+    texts: dict[str, QuestionText] = {}
+    for schema in [*schemas, metadata.get("clef.questions")]:
+        try:
+            parsed = parse_questions(json.loads(schema) if isinstance(schema, str) else schema, "review")
+        except (RecordError, ValueError):
+            continue  # no schema, or one the job could not have scored with
+        for question in parsed:
+            options = {option_id: state_text(description) for option_id, description in question.options}
+            texts.setdefault(question.id, QuestionText(state_text(question.instructions), options))
+    return texts
+
+
+@dataclass
+class Shown:
+    """What the review file shows beside clef's answers."""
+
+    content: dict[str, Content]
+    texts: dict[str, QuestionText]
+    notes: list[str]
+
+
+def load_content(scored: ScoredFile, wanted: Collection[str], urls: MediaUrls, records: list[Path] | None) -> Shown:
+    """Content of the `wanted` records and the questions' texts, with a note for what is missing."""
     if records:
-        found = from_inputs(records, wanted, urls)
+        found, schemas = from_inputs(records, wanted, urls)
         missing = [record_id for record_id in wanted if record_id not in found]
-        note = f"{len(missing)} record(s) not found in --records (first: {missing[0]!r})" if missing else None
-        return found, note
+        notes = [f"{len(missing)} record(s) not found in --records (first: {missing[0]!r})"] if missing else []
+        return Shown(found, question_texts(scored.metadata, schemas), notes)
+    texts = question_texts(scored.metadata)
     found_in_file = from_scored(scored, wanted, urls)
     if found_in_file is None:
         note = "the scored file kept no `state` column: tasks hold ids only (score with --keep-columns state, "
-        return {}, note + "or pass --records INPUT)"
-    return found_in_file, None
+        return Shown({}, texts, [note + "or pass --records INPUT)"])
+    return Shown(found_in_file, texts, [])

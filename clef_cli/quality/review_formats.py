@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import quoteattr
+from xml.sax.saxutils import escape, quoteattr
 
 from clef_cli.errors import UsageError
 from clef_cli.quality.review import ReviewRecord
-from clef_cli.quality.review_content import MEDIA_KINDS, Content
+from clef_cli.quality.review_content import MEDIA_KINDS, Content, QuestionText
 
 STATE_FIELD = "state"
 MEDIA_TAGS = {"images": ("Image", "image"), "audio": ("Audio", "audio"), "videos": ("Video", "video")}
@@ -24,6 +24,8 @@ RATING_MAX_LEVELS = 11
 
 
 FORMATS = ("label-studio", "argilla", "jsonl", "csv")
+SHOWS_RECORDS = ("label-studio", "argilla")
+"""The formats whose files show the record (state, media) and the questions' texts to a reviewer."""
 
 
 @dataclass(frozen=True)
@@ -62,18 +64,31 @@ def _media_values(schema: Schema, content: Content | None) -> dict[str, str]:
     return values
 
 
-def label_studio_config(schema: Schema) -> str:
-    """The labeling config: the state as Text, each media slot as Image/Audio/Video, and one
-    single-choice `Choices` per question named after its id (score levels in level order)."""
+def _option_text(option: str, text: QuestionText | None) -> str:
+    description = text.options.get(option, "") if text else ""
+    return f"{option}: {description}" if description else option
+
+
+def label_studio_config(schema: Schema, texts: Mapping[str, QuestionText] | None = None) -> str:
+    """The labeling config: the state as Text, each media slot as Image/Audio/Video, and per
+    question a Header with its instructions over one single-choice `Choices` named after its id
+    (score levels in level order); a Choice shows its option's description (`html`) while its
+    value, the option id, is what predictions and the export hold."""
+    texts = texts or {}
     lines = ["<View>", '  <Header value="Record $id"/>', f'  <Text name="{STATE_FIELD}" value="${STATE_FIELD}"/>']
     for key, kind in media_fields(schema):
         lines.append(f'  <{MEDIA_TAGS[kind][0]} name="{key}" value="${key}"/>')
-    for question_id, (qtype, options) in schema.questions.items():
-        lines.append(f"  <Header value={quoteattr(f'{question_id} ({qtype})')}/>")
+    for question_id, (_, options) in schema.questions.items():
+        text = texts.get(question_id)
+        header = f"{question_id}: {text.instructions}" if text and text.instructions else question_id
+        lines.append(f"  <Header value={quoteattr(header)}/>")
         lines.append(
             f'  <Choices name={quoteattr(question_id)} toName="{STATE_FIELD}" choice="single" showInline="true">'
         )
-        lines.extend(f"    <Choice value={quoteattr(option)}/>" for option in options)
+        for option in options:
+            shown = _option_text(option, text)
+            html = f" html={quoteattr(escape(shown))}" if shown != option else ""
+            lines.append(f"    <Choice value={quoteattr(option)}{html}/>")
         lines.append("  </Choices>")
     lines.append("</View>")
     return "\n".join(lines) + "\n"
@@ -113,21 +128,28 @@ def _rating(qtype: str, options: tuple[str, ...]) -> bool:
     return qtype == "score" and len(options) <= RATING_MAX_LEVELS
 
 
-def argilla_settings(schema: Schema) -> dict[str, Any]:
+def argilla_settings(schema: Schema, texts: Mapping[str, QuestionText] | None = None) -> dict[str, Any]:
     """Settings in the form `argilla.Settings` serializes to (and reads back): the state and media
-    as fields, a label question per noul/choice, a rating question per score (0..n-1)."""
+    as fields, a label question per noul/choice (each label's text shows its description), a
+    rating question per score (0..n-1; the levels' descriptions in the question's description);
+    a question's instructions are its description."""
+    texts = texts or {}
     fields = [{"name": STATE_FIELD, "title": "State", "required": True, "settings": {"type": "text"}}]
     for key, kind in media_fields(schema):
         settings = {"type": "image"} if kind == "images" else {"type": "text", "use_markdown": False}
         fields.append({"name": key, "title": key, "required": False, "settings": settings})
     questions = []
     for question_id, (qtype, options) in schema.questions.items():
+        text = texts.get(question_id)
+        lines = [text.instructions] if text and text.instructions else []
         if _rating(qtype, options):
             settings = {"type": "rating", "options": [{"value": int(level)} for level in options]}
+            lines += [_option_text(level, text) for level in options if _option_text(level, text) != level]
         else:
-            settings = {"type": "label_selection", "options": [{"text": o, "value": o} for o in options]}
-        questions.append({"name": question_id, "title": f"{question_id} ({qtype})", "required": False,
-                          "settings": settings})  # fmt: skip
+            settings = {"type": "label_selection",
+                        "options": [{"text": _option_text(o, text), "value": o} for o in options]}  # fmt: skip
+        questions.append({"name": question_id, "title": question_id, "description": "\n".join(lines) or None,
+                          "required": False, "settings": settings})  # fmt: skip
     metadata = [
         {"name": "record_index", "title": "record_index", "settings": {"type": "integer"}},
         {"name": "confidence", "title": "confidence", "settings": {"type": "float"}},
@@ -175,6 +197,7 @@ def render(
     content: Mapping[str, Content],
     questions: Sequence[str],
     model_version: str,
+    texts: Mapping[str, QuestionText] | None = None,
 ) -> tuple[str, str | None]:
     """(the review file's text, the Label Studio config or None); `format` is one of FORMATS."""
     if format not in FORMATS:
@@ -182,10 +205,10 @@ def render(
     schema = schema_of(records, content)
     if format == "label-studio":
         tasks = label_studio_tasks(records, content, schema, model_version)
-        return json.dumps(tasks, indent=1, ensure_ascii=False) + "\n", label_studio_config(schema)
+        return json.dumps(tasks, indent=1, ensure_ascii=False) + "\n", label_studio_config(schema, texts)
     if format == "argilla":
         document = {
-            "settings": argilla_settings(schema),
+            "settings": argilla_settings(schema, texts),
             "records": argilla_records(records, content, schema, model_version),
         }
         return json.dumps(document, indent=1, ensure_ascii=False) + "\n", None

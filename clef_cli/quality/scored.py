@@ -27,10 +27,12 @@ class ScoredFile:
     path: Path
     sha256: str
     ids: list[str]
+    """The scored records (those with answers), in file order; each id once."""
     options: dict[str, QuestionOptions]
-    """record id -> its questions (type, option ids in head order); only records with answers."""
+    """record id -> its questions (type, option ids in head order)."""
     scores: dict[str, dict[str, Scores]]
     failed: list[str]
+    """Ids of the failed rows (no answers); one may also be a scored record's id (a duplicate)."""
     columns: pa.Table
     """Columns passed through with --keep-columns (one row per record, in `ids` order)."""
     indices: list[int] = field(default_factory=list)
@@ -82,7 +84,10 @@ class Labelled:
 
 
 def read_scored(path: Path) -> ScoredFile:
-    """Read a `clef score` output; a file that is not one is a usage error with one line."""
+    """Read a `clef score` output; a file that is not one is a usage error with one line.
+
+    Only scored records are records here: a failed row (an invalid record, a duplicate id) is
+    listed in `failed` and nothing else, even when it carries the id of a scored row."""
     path = Path(path)
     try:
         table = pq.read_table(path)
@@ -91,40 +96,51 @@ def read_scored(path: Path) -> ScoredFile:
     names = set(table.column_names)
     metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     if {"id", "answers"} <= names:
-        scored = _from_wide(path, table)
+        scored, rows = _from_wide(path, table)
     elif {"id", "question_id", "label", "probability", "logit"} <= names:
-        scored = _from_long(path, table)
+        scored, rows = _from_long(path, table)
     else:
         raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
     scored.metadata = metadata
     if "record_key" in names and table.column("record_key").null_count < table.num_rows:
-        scored.record_keys = _record_keys(table, scored)
+        scored.record_keys = _record_keys(table, scored.ids, rows)
     return scored
 
 
-def _record_keys(table: pa.Table, scored: ScoredFile) -> list[str]:
-    """One `record_key` per record: the first row's (a long file repeats it on every row). An
-    invalid record has none (it has no prompt): it is keyed by its id, `id:ID`."""
-    first: dict[str, object] = {}
-    for record_id, key in zip(table.column("id").to_pylist(), table.column("record_key").to_pylist(), strict=True):
-        first.setdefault(str(record_id), key)
-    return [str(first[record_id]) if first[record_id] is not None else f"id:{record_id}" for record_id in scored.ids]
+def _record_keys(table: pa.Table, ids: list[str], rows: list[int]) -> list[str]:
+    """One `record_key` per scored record, from its first row; a record without one (a file
+    not written by `clef score`) is keyed by its id, `id:ID`."""
+    keys = table.column("record_key").take(pa.array(rows, pa.int64())).to_pylist()
+    return [str(key) if key is not None else f"id:{record_id}" for record_id, key in zip(ids, keys, strict=True)]
 
 
 def _passthrough(table: pa.Table, clef_columns: set[str]) -> list[str]:
     return [name for name in table.column_names if name not in clef_columns]
 
 
-def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
-    ids = [str(record_id) for record_id in table.column("id").to_pylist()]
+def _twice(path: Path, record_id: str) -> UsageError:
+    return UsageError(
+        f"scored file {str(path)!r}: record id {record_id!r} has answers in two rows; its records cannot be told apart"
+    )
+
+
+def _from_wide(path: Path, table: pa.Table) -> tuple[ScoredFile, list[int]]:
+    """The scored rows (non-empty `answers`) and the row of each, in file order."""
+    ids: list[str] = []
+    rows: list[int] = []
     options: dict[str, QuestionOptions] = {}
     scores: dict[str, dict[str, Scores]] = {}
     failed = []
     given: dict[str, dict[str, str]] = {}
-    for record_id, answers in zip(ids, table.column("answers").to_pylist(), strict=True):
+    raw_ids = [str(record_id) for record_id in table.column("id").to_pylist()]
+    for number, (record_id, answers) in enumerate(zip(raw_ids, table.column("answers").to_pylist(), strict=True)):
         if not answers:
             failed.append(record_id)
             continue
+        if record_id in options:
+            raise _twice(path, record_id)
+        ids.append(record_id)
+        rows.append(number)
         given[record_id] = {a["question_id"]: a["answer"] for a in answers}
         options[record_id] = {
             a["question_id"]: (a["type"], tuple(label["label"] for label in a["labels"])) for a in answers
@@ -137,21 +153,22 @@ def _from_wide(path: Path, table: pa.Table) -> ScoredFile:
             for a in answers
         }
     clef = {"id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "error_kind", "answers", "record_key"}
-    columns = table.select(_passthrough(table, clef))
-    indices = _indices(table, len(ids))
-    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns, indices, given)
+    columns = table.select(_passthrough(table, clef)).take(pa.array(rows, pa.int64()))
+    indices = _indices(table, rows)
+    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns, indices, given), rows
 
 
-def _indices(table: pa.Table, n: int, rows: list[int] | None = None) -> list[int]:
-    """`record_index` per record (its row position when the column is missing)."""
+def _indices(table: pa.Table, rows: list[int]) -> list[int]:
+    """`record_index` of each of `rows` (the row's position when the column is missing or null)."""
     if "record_index" not in table.column_names:
-        return list(range(n))
-    column = table.column("record_index")
-    values = column.to_pylist() if rows is None else column.take(pa.array(rows, pa.int64())).to_pylist()
-    return [int(value) if value is not None else number for number, value in enumerate(values)]
+        return list(rows)
+    values = table.column("record_index").take(pa.array(rows, pa.int64())).to_pylist()
+    return [int(value) if value is not None else row for row, value in zip(rows, values, strict=True)]
 
 
-def _from_long(path: Path, table: pa.Table) -> ScoredFile:
+def _from_long(path: Path, table: pa.Table) -> tuple[ScoredFile, list[int]]:
+    """Rows without an error are the scored records' labels, grouped by id; a failed row (an
+    error, no question) is only listed in `failed`."""
     clef = {"id", "record_index", "question_id", "type", "label", "probability", "logit", "error", "error_kind"}
     clef.add("record_key")
     kept = _passthrough(table, clef)
@@ -159,26 +176,33 @@ def _from_long(path: Path, table: pa.Table) -> ScoredFile:
     first_row: list[int] = []
     labels: dict[str, dict[str, tuple[str, list[str], list[float], list[float]]]] = {}
     failed = []
-    rows = table.select(["id", "question_id", "type", "label", "probability", "logit", "error"]).to_pylist()
+    index_of: dict[str, object] = {}
+    columns = ["id", "question_id", "type", "label", "probability", "logit", "error"]
+    has_index = "record_index" in table.column_names
+    rows = table.select(columns + (["record_index"] if has_index else [])).to_pylist()
     for number, row in enumerate(rows):
         record_id = str(row["id"])
+        if row["error"] is not None or row["question_id"] is None:
+            failed.append(record_id)
+            continue
         if record_id not in labels:
             labels[record_id] = {}
             ids.append(record_id)
             first_row.append(number)
-        if row["error"] is not None or row["question_id"] is None:
-            failed.append(record_id)
-            continue
+            index_of[record_id] = row.get("record_index")
+        elif row.get("record_index") != index_of[record_id]:
+            raise _twice(path, record_id)
         entry = labels[record_id].setdefault(row["question_id"], (row["type"], [], [], []))
         entry[1].append(row["label"])
         entry[2].append(row["probability"])
         entry[3].append(row["logit"])
-    options = {rid: {q: (e[0], tuple(e[1])) for q, e in qs.items()} for rid, qs in labels.items() if qs}
-    scores = {rid: {q: (tuple(e[2]), tuple(e[3])) for q, e in qs.items()} for rid, qs in labels.items() if qs}
-    columns = table.select(kept).take(pa.array(first_row, pa.int64()))
+    options = {rid: {q: (e[0], tuple(e[1])) for q, e in qs.items()} for rid, qs in labels.items()}
+    scores = {rid: {q: (tuple(e[2]), tuple(e[3])) for q, e in qs.items()} for rid, qs in labels.items()}
+    passed = table.select(kept).take(pa.array(first_row, pa.int64()))
     given = {rid: {q: _most_probable(options[rid][q][1], s[0]) for q, s in qs.items()} for rid, qs in scores.items()}
-    indices = _indices(table, len(ids), first_row)
-    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns, indices, given)
+    indices = _indices(table, first_row)
+    scored = ScoredFile(path, file_sha256(path), ids, options, scores, failed, passed, indices, given)
+    return scored, first_row
 
 
 def _most_probable(option_ids: tuple[str, ...], probabilities: tuple[float, ...]) -> str:

@@ -1,5 +1,6 @@
-"""What `clef eval` and `clef calibrate` print: their tables as text cells, and the warning lines
-(presentation only; `text_table` renders the cells)."""
+"""What `clef eval`, `clef calibrate`, `clef compare` and `clef train-head` print: their tables as
+text cells, and the warning lines (presentation only; `text_table` renders the cells: rich on a
+terminal, plain text in a pipe or a file)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from clef_cli.quality.calibrate import CalibrationRun
+from clef_cli.quality.calibrate import T_BOUNDS, CalibrationRun, named_temperatures
 from clef_cli.quality.gold import GoldProblem
 from clef_cli.quality.metrics import FEW_RECORDS, few_records
 from clef_cli.quality.text_table import TextTable, print_tables, tsv, write
@@ -113,15 +114,47 @@ def print_eval(console: Console, document: Mapping[str, Any], form: str = "table
     print_tables(console, tables, form)
 
 
-def calibrate_table(run: CalibrationRun) -> TextTable:
-    """Cross-fitted metrics of each method tried, the chosen one marked."""
+CALIBRATE_HEADERS = ["method", "log loss", "Brier", "ECE", "chosen"]
+
+
+def calibrate_table(run: CalibrationRun, notes: Sequence[str] = ()) -> TextTable:
+    """Cross-fitted metrics of each method tried, the chosen one marked; `notes` under it."""
     rows = []
     for method, found in run.candidates.items():
         mark = "chosen" if method == run.calibration.method else ""
         label = "none (uncalibrated)" if method == "none" else method
         rows.append([label, _f(found["log_loss"], 4), _f(found["brier"], 4), _f(found["ece"], 4), mark])
     title = f"clef calibrate: cross-fitted ({run.folds} folds of records)"
-    return TextTable(title, ["method", "log loss", "Brier", "ECE", ""], rows, [False, True, True, True, False])
+    return TextTable(title, list(CALIBRATE_HEADERS), rows, [False, True, True, True, False], list(notes))
+
+
+def calibrate_tsv(run: CalibrationRun) -> str:
+    """The calibrate table at full precision, one value per cell (`chosen`: true or false)."""
+    rows = [
+        [method, *(_cell(found[name]) for name in ("log_loss", "brier", "ece")),
+         "true" if method == run.calibration.method else "false"]
+        for method, found in run.candidates.items()
+    ]  # fmt: skip
+    return tsv(["method", "log_loss", "brier", "ece", "chosen"], rows)
+
+
+def calibrate_lines(run: CalibrationRun, method: str) -> list[str]:
+    """The lines under calibrate's table: whether it helped, and the temperatures."""
+    lines = [] if run.improved else [f"{method}: calibration does not improve the cross-fitted log loss"]
+    return [*lines, temperatures_line(run)]
+
+
+def bound_warnings(run: CalibrationRun) -> list[str]:
+    """One warning per temperature the search left on an edge of its range."""
+    calibration = run.calibration
+    values = named_temperatures(calibration)
+    n = calibration.fitted_on.get("n")
+    return [
+        f"temperature {name} = {values[name]:.4g} is the edge of the search range [{T_BOUNDS[0]:g}, {T_BOUNDS[1]:g}]"
+        f"{f' ({n} labels)' if n is not None else ''}: the labels do not pin it down (too few, or answers wrong "
+        "with full confidence); look at them before applying it (`at_search_bound` in the file)"
+        for name in calibration.at_search_bound
+    ]
 
 
 def temperatures_line(run: CalibrationRun) -> str:
@@ -131,3 +164,49 @@ def temperatures_line(run: CalibrationRun) -> str:
     shown = {**calibration.type_temperatures, **calibration.temperatures}
     listed = ", ".join(f"{name} {value:.3f}" for name, value in shown.items())
     return f"temperatures: default {calibration.default:.3f}" + (f"; {listed}" if listed else "")
+
+
+def _share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def compare_tables(document: Mapping[str, Any]) -> list[TextTable]:
+    """Per question n, flips, PSI, JS and mean confidence; then the answer shares of both runs."""
+    title = (
+        f"{document['shared_records']} records in both runs (joined on {document['join']}); "
+        f"{document['only_old_records']} only in old, {document['only_new_records']} only in new"
+    )
+    rows = []
+    for qid, found in document["questions"].items():
+        confidence = f"{_share(found['old']['mean_confidence'])} → {_share(found['new']['mean_confidence'])}"
+        psi, js = (_f(found[name], 4) for name in ("psi", "js"))
+        flipped = f"{found['flipped']} ({_share(found['flipped_share'])})"
+        rows.append([qid, str(found["n"]), flipped, psi, js, confidence])
+    headers = ["question", "n", "flipped", "PSI", "JS", "mean conf. old → new"]
+    summary = TextTable(title, headers, rows, [False] + [True] * 5)
+    shares = []
+    for qid, found in document["questions"].items():
+        for option, count in found["old"]["counts"].items():
+            new_count = found["new"]["counts"][option]
+            shares.append([qid, option, f"{count} ({_share(found['old']['shares'][option])})",
+                           f"{new_count} ({_share(found['new']['shares'][option])})"])  # fmt: skip
+    title = "answer shares, old → new (shared records)"
+    return [summary, TextTable(title, ["question", "answer", "old", "new"], shares, [False, False, True, True])]
+
+
+GATE_MODELS = {"base": "base", "calibrated_base": "recalibrated", "trained": "trained"}
+
+
+def gate_table(report: Mapping[str, Any]) -> TextTable:
+    """train-head's held-out numbers: overall, then per question, with the probe beside them."""
+    held = report["held_out"]
+    rows = []
+    for name, label in (("log_loss", "log loss"), ("brier", "Brier"), ("accuracy", "accuracy")):
+        rows.append([label, *(f"{held[m][name]:.4f}" for m in GATE_MODELS), ""])
+    for question, numbers in report["by_question"].items():
+        probe = numbers.get("probe")
+        for name, label in (("accuracy", "accuracy"), ("log_loss", "log loss")):
+            cells = [f"{numbers[m][name]:.4f}" for m in GATE_MODELS]
+            rows.append([f"  {question} {label}", *cells, f"{probe[name]:.4f}" if probe else "-"])
+    headers = ["metric", *GATE_MODELS.values(), "probe"]
+    return TextTable("held-out (k-fold cross-fitted)", headers, rows, [False] + [True] * 4)

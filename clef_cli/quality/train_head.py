@@ -119,13 +119,15 @@ def gold_examples(
     gold_format: str = "auto",
     checkpoint: Checkpoint | None = None,
     scored: Path | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position;
-    with `scored`, gold ids reach the states through its record_key (`stored_gold`)."""
+    with `scored`, gold ids reach the states through its record_key, else through the ids the
+    states were stored under (`stored_gold`; how an ambiguous id was mapped goes to `notes`)."""
     from clef_cli.quality.stored_gold import gold_stored
 
     rows, found = read_gold_rows(gold_path, gold_format)
-    stored = gold_stored(checkpoint, reader, {record_id for record_id, _ in rows}, scored)
+    stored = gold_stored(checkpoint, reader, {record_id for record_id, _ in rows}, scored, notes)
     options = {
         record_id: {
             question.id: (question.type, question.option_ids) for question in record.encoded.record.questions
@@ -225,7 +227,10 @@ def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
     checkpoint, reader, release, base_dir = _open_inputs(settings)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
-    examples, gold = gold_examples(reader, settings.gold, settings.gold_format, checkpoint, settings.scored)
+    notes: list[str] = []
+    examples, gold = gold_examples(reader, settings.gold, settings.gold_format, checkpoint, settings.scored, notes)
+    for note in notes:
+        progress.stage(note)
     if not examples:
         first = f" (first problem: {gold.problems[0].message})" if gold.problems else ""
         raise UsageError(f"gold file {settings.gold} matches no stored record of {settings.checkpoint}{first}")

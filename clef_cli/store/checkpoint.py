@@ -27,9 +27,9 @@ import hashlib
 import json
 import os
 import shutil
-import time
 import uuid
 import zlib
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,39 +42,22 @@ from clef_cli.errors import ClefError, UsageError
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.store.atomic import write_bytes, write_text
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex
+from clef_cli.store.manifest import (
+    MANIFEST,
+    CheckpointMismatch,
+    comparable,
+    describe_differences,
+    read_manifest,
+    write_manifest,
+)
 from clef_cli.store.shard_checks import Stamp, file_matches, read_verified, remember_verified
 
 if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
     from clef_cli.store.ledger import Ledger
 
-FORMAT_VERSION = 2
-"""2: content-addressed (results carry record_key and error_kind; the manifest has no inputs)."""
-MANIFEST = "manifest.json"
 JOURNAL = "journal.jsonl"
 SHARDS = "shards"
-
-
-class CheckpointMismatch(ClefError):
-    """The checkpoint was made by another model, head or dtype."""
-
-
-def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human lines for every leaf that differs between two manifests."""
-    lines = []
-    for key in sorted(set(stored) | set(current)):
-        name = f"{prefix}{key}"
-        old, new = stored.get(key), current.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            lines.extend(describe_differences(old, new, f"{name}."))
-        elif old != new:
-            lines.append(f"{name}: checkpoint has {_short(old)}, this run has {_short(new)}")
-    return lines
-
-
-def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return text if len(text) <= 160 else text[:157] + "..."
 
 
 @dataclass(frozen=True)
@@ -87,27 +70,6 @@ class ShardEntry:
     @property
     def has_hidden(self) -> bool:
         return "hidden" in self.files
-
-
-def read_manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as error:
-        raise ClefError(f"checkpoint manifest {path / MANIFEST} is unreadable: {error}") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointMismatch(
-            f"checkpoint {path} has format version {manifest.get('format_version')}, this clef writes "
-            f"{FORMAT_VERSION} (use --restart to discard it)"
-        )
-    return manifest
-
-
-def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    body = {**manifest, "format_version": FORMAT_VERSION, "created": time.time()}
-    write_text(path / MANIFEST, json.dumps(body, indent=2, sort_keys=True))
-    return body
 
 
 def require_folder(path: Path) -> None:
@@ -155,7 +117,7 @@ class Checkpoint:
             (path / JOURNAL).unlink(missing_ok=True)
             stored = write_manifest(path, manifest)
         else:
-            differences = describe_differences(_comparable(stored), _comparable(manifest))
+            differences = describe_differences(comparable(stored), comparable(manifest))
             if differences:
                 raise CheckpointMismatch(
                     f"checkpoint {path} was scored with another model, head or dtype: "
@@ -177,7 +139,7 @@ class Checkpoint:
         require_folder(path)
         manifest = read_manifest(path)
         if manifest is None:
-            raise ClefError(f"{path} is not a clef checkpoint (no {MANIFEST})")
+            raise UsageError(f"{path} is not a clef checkpoint (no {MANIFEST})")
         checkpoint = cls(path, manifest)
         checkpoint._read_journal()
         checkpoint._open_index()
@@ -197,10 +159,13 @@ class Checkpoint:
                 run_seq = index.begin_run(entry.run or "unknown", started=results.stat().st_mtime)
                 index.add_shard(entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq)
 
-    def begin_run(self) -> int:
-        """Record this run in the index (for `checkpoint info` and `prune`)."""
+    def begin_run(self, inputs: Sequence[str | Path] = (), output: Path | None = None) -> int:
+        """Record this run in the index, with what it reads and writes (for `checkpoint info`
+        and `prune`)."""
         assert self.index is not None
-        self.run_seq = self.index.begin_run(self.run_id)
+        self.run_seq = self.index.begin_run(
+            self.run_id, inputs=[_absolute(item) for item in inputs], output=_absolute(output) if output else None
+        )
         return self.run_seq
 
     def close(self) -> None:
@@ -363,6 +328,8 @@ class Checkpoint:
             "model": manifest.get("model", {}),
             "settings": manifest.get("settings", {}),
             "created": manifest.get("created"),
+            "damaged_shards": [entry.name for entry in self.dropped],
+            "damaged_records": sum(entry.records for entry in self.dropped),
             "runs": self.index.runs(),
         }
 
@@ -375,9 +342,10 @@ def write_shard_file(folder: Path, file_name: str, data: bytes, checksum: str) -
     return {"name": file_name, "bytes": len(data), checksum: digest}
 
 
-def _comparable(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The scoring fingerprint: what must match for a run to use the store."""
-    return {"model": manifest.get("model"), "settings": manifest.get("settings")}
+def _absolute(location: str | Path) -> str:
+    """A local path made absolute (a run's files are named wherever `checkpoint info` is run); a URI as given."""
+    text = str(location)
+    return text if "://" in text else str(Path(text).absolute())
 
 
 def _ipc_bytes(table: pa.Table) -> bytes:

@@ -17,7 +17,7 @@ loads the states of chosen records on demand, so a job's states are never all in
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,9 +169,9 @@ def _rebuild(stored: dict, input_ids: list[int]) -> EncodedRecord:
     )
 
 
-def read_shard(path: Path, states: bool = True) -> list[StoredRecord]:
-    """Every record of one shard, with its hidden states when `states` (only the header and the
-    input ids are read otherwise)."""
+def read_shard(path: Path, states: bool = True, only: Collection[int] | None = None) -> list[StoredRecord]:
+    """Every record of one shard (those whose index is in `only`, when given), with its hidden
+    states when `states` (only the header and the input ids are read otherwise)."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -186,6 +186,8 @@ def read_shard(path: Path, states: bool = True) -> list[StoredRecord]:
             rebuilt = []
             for stored in json.loads(metadata[RECORDS_KEY]):
                 index = stored["index"]
+                if only is not None and index not in only:
+                    continue
                 encoded = _rebuild(stored, handle.get_tensor(f"input_ids.{index}").tolist())
                 hidden = handle.get_tensor(f"hidden.{index}") if states else None
                 rebuilt.append(StoredRecord(encoded, path, hidden))

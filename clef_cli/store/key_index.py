@@ -12,6 +12,7 @@ indexed are indexed), so a kill between a journal line and its index rows, or a 
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 import threading
 import time
@@ -42,9 +43,12 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT UNIQUE NOT NULL,
     started REAL NOT NULL,
     finished REAL,
-    counts TEXT
+    counts TEXT,
+    inputs TEXT,  -- JSON list of the run's inputs (absent in stores made before it was recorded)
+    output TEXT
 );
 """
+RUN_COLUMNS = ("seq", "run_id", "started", "finished", "counts", "inputs", "output")
 
 
 class KeyIndex:
@@ -67,6 +71,10 @@ class KeyIndex:
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA temp_store=FILE")
         db.executescript(_SCHEMA)
+        present = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+        for column in ("inputs", "output"):  # a store made before runs named their files
+            if column not in present:
+                db.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
         return db
 
     def close(self) -> None:
@@ -86,21 +94,37 @@ class KeyIndex:
 
     # ------------------------------------------------------------------ runs
 
-    def begin_run(self, run_id: str, started: float | None = None) -> int:
+    def begin_run(
+        self, run_id: str, started: float | None = None, inputs: Sequence[str] = (), output: str | None = None
+    ) -> int:
+        """Record a run as it starts, with the files it reads and writes (for `checkpoint info`)."""
         with self.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO runs(run_id, started) VALUES (?, ?)", (run_id, started or time.time()))
+            db.execute(
+                "INSERT OR IGNORE INTO runs(run_id, started, inputs, output) VALUES (?, ?, ?, ?)",
+                (run_id, started or time.time(), json.dumps(list(inputs)) if inputs else None, output),
+            )
             return int(db.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0])
 
-    def finish_run(self, run_id: str, counts: str) -> None:
+    def finish_run(self, run_id: str, counts: dict[str, int]) -> None:
         with self.transaction() as db:
-            db.execute("UPDATE runs SET finished = ?, counts = ? WHERE run_id = ?", (time.time(), counts, run_id))
+            db.execute(
+                "UPDATE runs SET finished = ?, counts = ? WHERE run_id = ?", (time.time(), json.dumps(counts), run_id)
+            )
 
     def runs(self) -> list[dict[str, Any]]:
+        """Every run in order: its counts (None until it finished), inputs (a list, empty when not
+        recorded), output, whether `prune --keep-runs` counts it, and how many keys it was the
+        last to use."""
         with self.lock:
-            rows = self.db.execute("SELECT seq, run_id, started, finished, counts FROM runs ORDER BY seq").fetchall()
+            rows = self.db.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY seq").fetchall()
             used = dict(self.db.execute("SELECT last_run, COUNT(*) FROM keys GROUP BY last_run").fetchall())
-        names = ("seq", "run_id", "started", "finished", "counts")
-        return [dict(zip(names, row, strict=True)) | {"keys_last_used": used.get(row[0], 0)} for row in rows]
+        runs = []
+        for row in rows:
+            run = dict(zip(RUN_COLUMNS, row, strict=True))
+            run["counts"] = _json_or(run["counts"], None)
+            run["inputs"] = _json_or(run["inputs"], [])
+            runs.append(run | {"counted": counts_as_run(run), "keys_last_used": used.get(run["seq"], 0)})
+        return runs
 
     # ------------------------------------------------------------------ shards
 
@@ -154,6 +178,31 @@ class KeyIndex:
                     found[key] = (shard, row)
         return found
 
+    def keys_kept(self, kept_runs: Sequence[int]) -> tuple[int, int]:
+        """(keys, of them last used by one of `kept_runs`): what a prune keeps."""
+        marks = ",".join("?" * len(kept_runs)) or "NULL"
+        with self.lock:
+            total, kept = self.db.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(last_run IN ({marks})), 0) FROM keys", list(kept_runs)
+            ).fetchone()
+        return int(total), int(kept)
+
+    def last_runs(self, keys: Sequence[str]) -> dict[str, int]:
+        """key -> the seq of the latest run that used it, for the given keys that are indexed
+        (read-only; train-head tells an edited record's old and new prompt apart with it)."""
+        found: dict[str, int] = {}
+        with self.lock:
+            for start in range(0, len(keys), LOOKUP_CHUNK):
+                chunk = list(keys[start : start + LOOKUP_CHUNK])
+                marks = ",".join("?" * len(chunk))
+                found.update(self.db.execute(f"SELECT key, last_run FROM keys WHERE key IN ({marks})", chunk))
+        return found
+
+    def latest_run(self) -> int | None:
+        """The seq of the latest run that used a stored key (None for an empty store; read-only)."""
+        with self.lock:
+            return self.db.execute("SELECT MAX(last_run) FROM keys").fetchone()[0]
+
     def live_rows(self, shard: str, kept_runs: Sequence[int] | None = None) -> list[int]:
         """Rows of `shard` the index points to (used by a kept run, when `kept_runs` is given)."""
         query, params = "SELECT row FROM keys WHERE shard = ?", [shard]
@@ -162,3 +211,21 @@ class KeyIndex:
             params += list(kept_runs)
         with self.lock:
             return sorted(row[0] for row in self.db.execute(query, params))
+
+
+def _json_or(text: str | None, default: Any) -> Any:
+    """A JSON column's value; `default` when empty or unreadable (an index is only derived data)."""
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError:
+        return default
+
+
+def counts_as_run(run: dict[str, Any]) -> bool:
+    """A run `prune --keep-runs` counts: it finished and used keys (its records' prompts were run
+    or reused). A night over a broken export (every record invalid) and a run stopped before its
+    end do not count, so they cannot push the runs that hold the store's keys out of the last N."""
+    counts = run.get("counts") or {}
+    return run.get("finished") is not None and counts.get("run", 0) + counts.get("reused", 0) > 0

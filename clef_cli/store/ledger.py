@@ -21,7 +21,7 @@ from clef_cli.errors import ClefError
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.results import RESULT_SCHEMA, FailedRecord, RunCounts, results_table
 from clef_cli.store.key_index import LOOKUP_CHUNK, KeyIndex
-from clef_cli.store.record_key import MediaHasher, record_key
+from clef_cli.store.record_key import MediaHasher, PromptShape, record_key
 
 READ_CHUNK = 4096
 
@@ -81,13 +81,14 @@ class Ledger:
             index.db.execute("CREATE TEMP TABLE job (position INTEGER PRIMARY KEY, id TEXT, key TEXT, error TEXT)")
 
     def build(
-        self, records: Iterable[Record | InvalidRecord], prompt: str, media: MediaHasher, needs_hidden: bool
+        self, records: Iterable[Record | InvalidRecord], prompt: PromptShape, media: MediaHasher, needs_hidden: bool
     ) -> Ledger:
-        """Key every record (no media decoded), then decide what runs."""
+        """Key every record (no media decoded; remote media fetched), then decide what runs."""
         iterator = iter(records)
         total = 0
         invalid: list[int] = []
         while chunk := list(islice(iterator, READ_CHUNK)):
+            media.prefetch(item for item in chunk if isinstance(item, Record))
             rows = [
                 (item.index, item.id, None, item.error)
                 if isinstance(item, InvalidRecord)
@@ -130,6 +131,15 @@ class Ledger:
             )
         counts.invalid = total - keyed
         counts.run = self.to_run.count
+
+    def stored_rows(self) -> dict[str, list[int]]:
+        """shard -> the rows that hold this job's keys (what `--rehead` reads, and no more)."""
+        rows: dict[str, list[int]] = {}
+        with self.index.lock:
+            query = "SELECT shard, row FROM keys WHERE key IN (SELECT key FROM temp.job) ORDER BY shard, row"
+            for shard, row in self.index.db.execute(query):
+                rows.setdefault(shard, []).append(row)
+        return rows
 
     # ------------------------------------------------------------------ committing
 

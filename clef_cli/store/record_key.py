@@ -14,14 +14,23 @@ Version 1 of the key hashes, in this order, as one canonical JSON document:
   `--questions` file): its id, type, rendered instruction, rendered options in head order, and
   the order the record wrote its criteria (choice ties go to the first of these);
 - `media`: per field (images, audio, videos), per entry in order, the SHA-256 of its bytes:
-  a local file's content (never its path), a data: URL's decoded bytes. A remote http(s) URL is
-  keyed by its text (`url:` + URL): fetching it to hash it would download every record each
-  night, so a remote file replaced under the same URL keeps its stored result (use a new URL,
-  a local copy or `--restart`). An entry that cannot be read is keyed by why (`missing:`,
-  `unreadable:`, `oversize:` with the path), so the record is tried again once the file exists.
+  a local file's content (never its path), a data: URL's decoded bytes, a remote http(s) URL's
+  bytes as this job fetched them (once: the job keeps them for its encoding workers, see
+  `remote_spool`, so the key hashes exactly the bytes decoded and a file replaced under the same
+  URL is scored again). Without --allow-remote-media a URL is keyed by its text (`url:`). An
+  entry that cannot be read is keyed by why (`missing:`, `unreadable:`, `oversize:` with the
+  path; `refused:` a URL or a path outside --media-root with the reason; `unfetched:` a fetch
+  that may work next time), so the record is tried again once the file exists.
+
+- `special_tokens`: `"text"`, only for a record whose text (state, question ids, instructions,
+  options) holds one of the release's added-token strings, read under `--special-tokens text`.
+  Only such a record's prompt depends on the mode; every other record keeps the key it had before
+  the mode existed (the reference's reading, `parse`), so stores made before it are still reused.
+  A release without `tokenizer.json` keys the mode for every record (its added tokens are not
+  listed where clef can read them without loading the tokenizer).
 
 Never the id or the record's position. Nothing is decoded: hashing a file is cheap, decoding a
-video is not.
+video is not. Remote media are fetched several at a time (`MediaHasher.prefetch`).
 """
 
 from __future__ import annotations
@@ -33,12 +42,18 @@ import json
 import os
 import stat
 from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clef_cli.encoding.media import MediaLimits
+from clef_cli.encoding.media_limits import MediaError
+from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.prompt import render, render_instructions, render_option
+from clef_cli.encoding.remote_fetch import FetchError, fetch
+from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 
 KEY_VERSION = 1
@@ -71,7 +86,34 @@ def processor_files_digest(release_path: Path) -> dict[str, str]:
     return {name: _sha256_file(release_path / name) for name in sorted(names)}
 
 
-def prompt_digest(release_path: Path, family: str, max_length: int, overflow: str, limits: MediaLimits) -> str:
+@dataclass(frozen=True)
+class PromptShape:
+    """What shapes every record's prompt besides the record: the settings' digest, and under
+    `--special-tokens text` the added-token strings whose presence in a record's text changes its
+    prompt (None: not known, so every record's key holds the mode)."""
+
+    digest: str
+    literal_marks: frozenset[str] | None = frozenset()
+
+    def mode_shapes(self, texts: Iterable[str]) -> bool:
+        """Whether reading these texts literally gives other ids than the reference's reading."""
+        if self.literal_marks is None:
+            return True
+        return any(mark in text for text in texts for mark in self.literal_marks)
+
+
+def added_token_strings(release_path: Path) -> frozenset[str] | None:
+    """The contents of the release tokenizer's added tokens (special or not), from tokenizer.json."""
+    try:
+        spec = json.loads((release_path / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return frozenset(token["content"] for token in spec.get("added_tokens") or [] if token.get("content"))
+
+
+def prompt_digest(
+    release_path: Path, family: str, max_length: int, overflow: str, limits: MediaLimits, special_tokens: str
+) -> PromptShape:
     """The digest of every setting that shapes a prompt besides the record itself."""
     body = {
         "family": family,
@@ -80,17 +122,62 @@ def prompt_digest(release_path: Path, family: str, max_length: int, overflow: st
         "media_limits": limits.as_dict(),
         "processor_files": processor_files_digest(release_path),
     }
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    if special_tokens == "parse":
+        return PromptShape(digest)
+    return PromptShape(digest, added_token_strings(release_path))
 
 
 @dataclass
 class MediaHasher:
-    """Content digests of media entries; a file seen again (same path, size and mtime) within
-    one job is not read again (a bounded cache, so memory stays flat)."""
+    """Content digests of media entries; a file seen again (same path, size and mtime) or a URL
+    seen again within one job is not read again (bounded caches, so memory stays flat)."""
 
     limits: MediaLimits
     cache_size: int = 4096
+    url_cache_size: int = 65536
+    fetch_threads: int = 8
     _cache: OrderedDict[tuple[str, int, int], str] = field(default_factory=OrderedDict)
+    _urls: OrderedDict[str, str] = field(default_factory=OrderedDict)
+
+    def prefetch(self, records: Iterable[Record]) -> None:
+        """Key the remote media of `records` ahead, `fetch_threads` fetches at a time (a fetch
+        waits on the network, so keying a chunk of records need not wait on each in turn)."""
+        if not self.limits.allow_remote:
+            return
+        entries = (entry for record in records for name in MEDIA_FIELDS for entry in getattr(record, name))
+        remote = (entry for entry in entries if entry.startswith(("http://", "https://")))
+        urls = [url for url in dict.fromkeys(remote) if url not in self._urls]
+        if not urls:
+            return
+        with ThreadPoolExecutor(min(self.fetch_threads, len(urls)), thread_name_prefix="clef-fetch") as pool:
+            for url, keyed in zip(urls, pool.map(self._fetched, urls), strict=True):
+                self._remember(self._urls, url, keyed, self.url_cache_size)
+
+    def _url(self, url: str) -> str:
+        if not self.limits.allow_remote:
+            return "url:" + url  # the record is refused anyway (remote media are off)
+        if url in self._urls:
+            self._urls.move_to_end(url)
+            return self._urls[url]
+        return self._remember(self._urls, url, self._fetched(url), self.url_cache_size)
+
+    def _fetched(self, url: str) -> str:
+        """The digest of the bytes `url` gives this job (spooled for its workers), or why not."""
+        policy = self.limits.fetch_policy()
+        try:
+            if self.limits.remote_spool is not None:
+                return "sha256:" + RemoteSpool(self.limits.remote_spool).digest(url, policy)
+            return "sha256:" + hashlib.sha256(fetch(url, policy)).hexdigest()
+        except FetchError as error:
+            return f"unfetched:{url}" if error.transient else f"refused:{url}:{error}"
+
+    @staticmethod
+    def _remember(cache: OrderedDict[Any, str], key: Any, value: str, size: int) -> str:
+        cache[key] = value
+        if len(cache) > size:
+            cache.popitem(last=False)
+        return value
 
     def entry(self, entry: str, base_dir: Path | None) -> str:
         if entry.startswith("data:"):
@@ -105,13 +192,33 @@ class MediaHasher:
             except (binascii.Error, ValueError):
                 return "undecodable:" + hashlib.sha256(entry.encode()).hexdigest()
         if entry.startswith(("http://", "https://")):
-            return "url:" + entry
+            return self._url(entry)
         path = Path(entry)
         if not path.is_absolute():
             if base_dir is None:
                 return "unresolvable:" + entry
             path = base_dir / path
-        return self._file(path)
+        return self._confined(path) if self.limits.media_roots else self._file(path)
+
+    def _confined(self, path: Path) -> str:
+        """A file under --media-root, read through the same confined open as its decoding."""
+        try:
+            handle = open_confined(path, self.limits.media_roots, self.limits.max_file_bytes)
+        except MediaError as error:
+            return f"refused:{path}:{error}"
+        with handle:
+            info = os.fstat(handle.fileno())
+            cached = (str(path), info.st_size, info.st_mtime_ns)
+            if cached in self._cache:
+                self._cache.move_to_end(cached)
+                return self._cache[cached]
+            digest = hashlib.sha256()
+            try:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+            except OSError:
+                return f"unreadable:{path}"
+        return self._remember(self._cache, cached, "sha256:" + digest.hexdigest(), self.cache_size)
 
     def _file(self, path: Path) -> str:
         try:
@@ -132,30 +239,41 @@ class MediaHasher:
             digest = "sha256:" + _sha256_file(path)
         except (OSError, ValueError):
             return f"unreadable:{path}"
-        self._cache[cached] = digest
-        if len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return digest
+        return self._remember(self._cache, cached, digest, self.cache_size)
 
 
-def record_key(record: Record, prompt: str, media: MediaHasher) -> str:
+def record_key(record: Record, prompt: PromptShape, media: MediaHasher) -> str:
     """The record's key (hex SHA-256, version `KEY_VERSION`); `prompt` is `prompt_digest(...)`."""
+    state = render(record.state)
+    questions = [
+        [
+            question.id,
+            question.type,
+            render_instructions(question),
+            [render_option(option_id, description) for option_id, description in question.options],
+            list(question.criteria_order),
+        ]
+        for question in record.questions
+    ]
     body: dict[str, Any] = {
         "v": KEY_VERSION,
-        "prompt": prompt,
-        "state": render(record.state),
-        "questions": [
-            [
-                question.id,
-                question.type,
-                render_instructions(question),
-                [render_option(option_id, description) for option_id, description in question.options],
-                list(question.criteria_order),
-            ]
-            for question in record.questions
-        ],
+        "prompt": prompt.digest,
+        "state": state,
+        "questions": questions,
         "media": {
             name: [media.entry(entry, record.base_dir) for entry in getattr(record, name)] for name in MEDIA_FIELDS
         },
     }
+    texts = [state, *(text for question in questions for text in _texts(question))]
+    if prompt.mode_shapes(texts):
+        body["special_tokens"] = "text"
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
+
+
+def _texts(value: Any) -> Iterable[str]:
+    """Every string in a nested list (a question's keyed fields)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)

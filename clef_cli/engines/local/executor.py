@@ -180,8 +180,6 @@ class BatchExecutor:
             summary.committed += len(scored) + len(failures)
             summary.tokens += tokens
             summary.failed += len(failures)
-            room = 5 - len(summary.first_errors)
-            summary.first_errors.extend(failure.error for failure in failures[:room])
             progress.advance(len(scored) + len(failures), tokens, len(failures))
 
         with self.stats.stage("commit_wait"):

@@ -95,10 +95,12 @@ class ScoreJob:
         committer = BackgroundCommitter(job.checkpoint)
         scoring = stats.scoring_started = time.perf_counter()
         try:
-            workers = stats.workers = worker_count(job.settings)
-            dtype = compute_dtype(job.settings)
-            media_dtype = None if dtype == "float32" else dtype
-            with encode_pool(job.settings, job.release, workers, spool, media_dtype, images_from_headers=True) as pool:
+            with stats.stage("startup"):  # imports, the processor, starting the encoding processes
+                workers = stats.workers = worker_count(job.settings)
+                dtype = compute_dtype(job.settings)
+                media_dtype = None if dtype == "float32" else dtype
+                pool = encode_pool(job.settings, job.release, workers, spool, media_dtype, images_from_headers=True)
+            with pool:
                 executor = BatchExecutor(
                     job, pool, committer, lambda: self._load_scorer(job), self.stop, self._budget_lowered
                 )

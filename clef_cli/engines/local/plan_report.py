@@ -27,15 +27,23 @@ from clef_cli.store.ledger import ToRun
 @dataclass
 class DryRunReport:
     records: int = 0
+    """Every record of the job: valid (planned or already in the checkpoint) plus failing."""
     valid: int = 0
-    invalid: int = 0
     already_done: int = 0
+    """Of `valid`: records the checkpoint (or an earlier copy in the job) has; not planned."""
+    failed_by_kind: dict[str, int] = field(default_factory=dict)
+    """error_kind -> records that would fail, as a run would give them (a missing image: media)."""
     lengths: list[int] = field(default_factory=list)
     batches: int = 0
     audio_in_video_batches: int = 0
     padded_tokens: int = 0
-    first_errors: list[str] = field(default_factory=list)
+    first_errors: list[tuple[str, str]] = field(default_factory=list)
+    """(error_kind, error) of the first failing records."""
     hidden_state_bytes: int = 0
+
+    @property
+    def invalid(self) -> int:
+        return self.failed_by_kind.get("invalid", 0)
 
     @property
     def padding_waste(self) -> float:
@@ -66,9 +74,10 @@ def plan_report(settings: ScoreSettings, progress: Progress | None = None) -> Dr
     with encode_pool(settings, release, worker_count(settings)) as pool:
         records = job_records(settings)
         for window in planned_windows(pool, records, settings.window, skip=skip.stored if skip is not None else ()):
-            report.invalid += len(window.failures)
+            for failure in window.failures:
+                report.failed_by_kind[failure.kind] = report.failed_by_kind.get(failure.kind, 0) + 1
             room = 10 - len(report.first_errors)
-            report.first_errors.extend(failure.error for failure in window.failures[:room])
+            report.first_errors.extend((failure.kind, failure.error) for failure in window.failures[:room])
             entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in window.planned]
             batches = plan_batches(entries, settings.max_batch_tokens, settings.max_batch_size)
             report.valid += len(entries)
@@ -77,7 +86,8 @@ def plan_report(settings: ScoreSettings, progress: Progress | None = None) -> Dr
             report.audio_in_video_batches += sum(batch.entries[0].audio_in_video for batch in batches)
             report.padded_tokens += sum(batch.padded_tokens for batch in batches)
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
-    report.records = report.valid + report.invalid
+    report.valid += report.already_done
+    report.records = report.valid + sum(report.failed_by_kind.values())
     if settings.hidden_states == "keep":
         report.hidden_state_bytes = sum(report.lengths) * hidden_bytes_per_token(settings, release.hidden_size)
     return report

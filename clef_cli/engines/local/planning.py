@@ -57,6 +57,7 @@ def encode_pool(
         threads,
         media_dtype,
         images_from_headers,
+        settings.special_tokens,
     )
     return EncodePool(spec, workers)
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from clef_cli import faults
-from clef_cli.choices import OverflowPolicy
+from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.encoding.batching import casts_with_model
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.encoding.media import MediaLimits, set_decode_threads
@@ -48,6 +48,8 @@ class EncoderSpec:
     images_from_headers: bool = False
     """Plan image records from their headers (their token count depends only on their size) and
     decode them once, when their batch is made; a dry run decodes them to check them."""
+    special_tokens: SpecialTokens = SpecialTokens.text
+    """Whether special-token strings in a record's text stay text (`--special-tokens`)."""
 
     def build(self) -> PromptEncoder:
         from clef_cli.families import family_named
@@ -55,7 +57,8 @@ class EncoderSpec:
 
         release = Release(path=self.release_path, model_id=str(self.release_path), revision=None, config={})
         family = family_named(self.family)
-        return PromptEncoder(load_processor(release), self.max_length, self.overflow, self.limits, family)
+        processor = load_processor(release)
+        return PromptEncoder(processor, self.max_length, self.overflow, self.limits, family, self.special_tokens)
 
 
 @dataclass(frozen=True)

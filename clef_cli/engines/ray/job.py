@@ -85,7 +85,12 @@ class ScoreActor:
         settings = settings.for_release(release)
         set_decode_threads(_assigned_cpus())  # video decoding uses the actor's CPUs (frame threading)
         self.encoder = PromptEncoder(
-            load_processor(release), settings.max_length, settings.overflow, settings.limits, family_of(release)
+            load_processor(release),
+            settings.max_length,
+            settings.overflow,
+            settings.limits,
+            family_of(release),
+            settings.special_tokens,
         )
         self.runner = BatchRunner(
             load_scorer(release, device=settings.device, dtype=settings.dtype), settings.max_batch_tokens

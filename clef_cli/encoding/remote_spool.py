@@ -1,0 +1,92 @@
+"""A job's remote media, fetched once: the record key hashes a URL's bytes when the job keys its
+records, and the encoding workers decode those same bytes from here instead of asking again.
+So a URL costs one request per job, and a key never describes bytes other than the ones decoded
+(a file replaced under the same URL gets a new key and is scored again).
+
+Each URL's body lives in a file named by the URL's SHA-256; a URL that was not fetched leaves
+why (and whether that may pass) in `NAME.failed`, so the record's error is the same everywhere.
+The folder lives only as long as its job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy, Resolver, fetch_into, resolve
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class RemoteSpool:
+    """The fetched bytes of one job's remote media, in `folder`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @classmethod
+    def fresh(cls, folder: Path) -> RemoteSpool:
+        """An empty spool (whatever a killed job left there is dropped)."""
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        return cls(folder)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _paths(self, url: str) -> tuple[Path, Path]:
+        name = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()
+        return self.folder / name, self.folder / f"{name}.failed"
+
+    def digest(self, url: str, policy: FetchPolicy, resolver: Resolver = resolve) -> str:
+        """The SHA-256 of the bytes `url` gave this job, fetching it if no one has yet; a
+        `FetchError` (the stored one, for a URL that failed before)."""
+        body, failed = self._paths(url)
+        if body.exists():
+            return _sha256_file(body)
+        self._raise_failure(failed)
+        partial = self.folder / f".{body.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            with partial.open("wb") as handle:
+                fetch_into(url, policy, handle, resolver)
+        except FetchError as error:
+            partial.unlink(missing_ok=True)
+            record = json.dumps({"message": str(error), "transient": error.transient})
+            failed_partial = partial.with_suffix(".failed")
+            failed_partial.write_text(record, encoding="utf-8")
+            os.replace(failed_partial, failed)
+            raise
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, body)
+        return _sha256_file(body)
+
+    def stored(self, url: str) -> bytes | None:
+        """The bytes this job fetched for `url` (or its stored `FetchError`); None when the job
+        never fetched it (a Ray actor on another machine, a URL not keyed by this job)."""
+        body, failed = self._paths(url)
+        try:
+            return body.read_bytes()
+        except FileNotFoundError:
+            pass
+        self._raise_failure(failed)
+        return None
+
+    @staticmethod
+    def _raise_failure(failed: Path) -> None:
+        try:
+            record = json.loads(failed.read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return
+        raise FetchError(record["message"], transient=bool(record["transient"]))

@@ -1,0 +1,70 @@
+"""A checkpoint's manifest: the format version and the scoring fingerprint (the backbone, the
+head, the dtype) that every run using the store must share, and what made the store."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from clef_cli.errors import ClefError
+from clef_cli.store.atomic import write_text
+
+FORMAT_VERSION = 2
+"""2: content-addressed (results carry record_key and error_kind; the manifest has no inputs)."""
+MANIFEST = "manifest.json"
+
+
+class CheckpointMismatch(ClefError):
+    """The checkpoint was made by another model, head or dtype."""
+
+
+def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human lines for every leaf that differs between two manifests."""
+    lines = []
+    for key in sorted(set(stored) | set(current)):
+        name = f"{prefix}{key}"
+        old, new = stored.get(key), current.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            lines.extend(describe_differences(old, new, f"{name}."))
+        elif old != new:
+            lines.append(f"{name}: checkpoint has {_short(old)}, this run has {_short(new)}")
+    return lines
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def read_manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ClefError(f"checkpoint manifest {path / MANIFEST} is unreadable: {error}") from None
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointMismatch(
+            f"checkpoint {path} has format version {manifest.get('format_version')}, this clef writes "
+            f"{FORMAT_VERSION} (use --restart to discard it)"
+        )
+    return manifest
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    body = {**manifest, "format_version": FORMAT_VERSION, "created": time.time()}
+    write_text(path / MANIFEST, json.dumps(body, indent=2, sort_keys=True))
+    return body
+
+
+def scored_model(manifest: dict[str, Any], given: str | None = None) -> str | None:
+    """The release to read a store with: the one given, else the one its manifest names (the
+    model that made it), so `--rehead` and train-head need no --model for their own store."""
+    return given or (manifest.get("model") or {}).get("id")
+
+
+def comparable(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The scoring fingerprint: what must match for a run to use the store."""
+    return {"model": manifest.get("model"), "settings": manifest.get("settings")}

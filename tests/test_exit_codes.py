@@ -1,0 +1,161 @@
+"""Every command's exit codes are the README's: its table is parsed here and each command's error
+paths are run through the CLI, so the table and the code cannot drift apart. A reader that closes
+the pipe early (`| head -1`) ends a command quietly with 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+from clef_cli.cli import errors as cli_errors
+
+from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .scored_files import random_records, write_scored
+
+runner = CliRunner()
+README = Path(__file__).parent.parent / "README.md"
+MEANINGS = {
+    "success": "success",
+    "fatal": "fatal error",
+    "usage": "usage error",
+    "records_failed": "some records failed",
+    "gate": "gate refused",
+    "drift": "PSI exceeded",
+    "interrupted": "interrupted",
+}
+"""A short name for each row of the table -> words its meaning holds."""
+
+
+def readme_codes() -> dict[str, int]:
+    """The README's exit-code table (under "Exit codes, the same for every command"), by meaning."""
+    text = README.read_text(encoding="utf-8").split("Exit codes, the same for every command", 1)[1]
+    rows = re.findall(r"^\| `(\d+)` \| (.+?) \|$", text.split("\n\n", 2)[1], flags=re.MULTILINE)
+    assert rows, "the README's exit-code table was not found"
+    codes: dict[str, int] = {}
+    for name, words in MEANINGS.items():
+        found = [int(code) for code, meaning in rows if words in meaning]
+        assert len(found) == 1, f"the README's table has {len(found)} rows saying {words!r}"
+        codes[name] = found[0]
+    assert sorted(codes.values()) == sorted(int(code) for code, _ in rows), "a row of the table has no test"
+    return codes
+
+
+CODES = readme_codes()
+
+
+def test_the_table_is_the_error_boundarys_and_the_help_says_the_same():
+    assert CODES == {
+        "success": cli_errors.EXIT_OK,
+        "fatal": cli_errors.EXIT_FATAL,
+        "usage": cli_errors.EXIT_USAGE,
+        "records_failed": cli_errors.EXIT_RECORDS_FAILED,
+        "gate": cli_errors.EXIT_GATE_REFUSED,  # train-head's refusal: tests/test_train_head.py runs it
+        "drift": cli_errors.EXIT_DRIFT,
+        "interrupted": cli_errors.EXIT_INTERRUPTED,
+    }
+    shown = " ".join(runner.invoke(app, ["--help"]).stdout.split())
+    for code in CODES.values():
+        assert re.search(rf"\b{code} [a-z]", shown), f"clef --help does not list exit code {code}"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("exit-codes")
+    (folder / "not-a-checkpoint").mkdir()
+    (folder / "not.parquet").write_text('{"id": "a"}\n')
+    (folder / "empty-head").mkdir()
+    store = folder / "store.ckpt"  # a checkpoint with no shards: enough to open
+    store.mkdir()
+    (store / "manifest.json").write_text(json.dumps({"format_version": 2, "model": {"id": "x"}, "settings": {}}))
+    return {
+        "folder": folder,
+        "invalid": write_jsonl(folder / "invalid.jsonl", [{"id": "x"}, {"id": "y", "state": "s", "questions": {}}]),
+        "old": write_scored(folder / "old.parquet", random_records(1, 200)),
+        "new": write_scored(folder / "new.parquet", random_records(2, 200)),
+        "store": store,
+        "not_checkpoint": folder / "not-a-checkpoint",
+        "empty": folder / "empty-head",
+    }
+
+
+RECORDS = str(SAMPLE_DATA / "records.jsonl")
+MODEL = str(TINY_MODEL)
+GOLD = str(SAMPLE_DATA / "posts_gold.jsonl")
+CASES = [
+    # (what goes wrong, the command line with {placeholders}, the table's row)
+    ("an unknown option", ["score", RECORDS, "-o", "{out}", "--nope"], "usage"),
+    ("a bad choice", ["score", RECORDS, "-o", "{out}", "--layout", "tall"], "usage"),
+    ("an output that is not Parquet", ["score", RECORDS, "-o", "{folder}/o.csv"], "usage"),
+    ("a missing input", ["score", "{folder}/missing.jsonl", "-o", "{out}", "--model", MODEL], "usage"),
+    ("--rehead at a file", ["score", RECORDS, "-o", "{out}", "--rehead", "{old}"], "usage"),
+    ("--rehead at an empty folder", ["score", RECORDS, "-o", "{out}", "--rehead", "{empty}"], "usage"),
+    ("--rehead without a store", ["score", RECORDS, "-o", "{out}", "--rehead", MODEL], "usage"),
+    ("a model that is not there", ["score", RECORDS, "-o", "{out}", "--model", "{folder}/no"], "fatal"),
+    ("every record invalid", ["score", "{invalid}", "-o", "{out}", "--model", MODEL, "--workers", "0"],
+     "records_failed"),
+    ("a missing record file", ["inspect-spans", "{folder}/missing.jsonl"], "usage"),
+    ("a scored file that is not Parquet", ["eval", "{folder}/not.parquet", "--gold", GOLD], "usage"),
+    ("no gold", ["eval", "{old}"], "usage"),
+    ("a missing scored file", ["calibrate", "{folder}/no.parquet", "--gold", GOLD, "-o", "{folder}/c.json"], "usage"),
+    ("a scored file that is not Parquet", ["review", "{folder}/not.parquet", "-o", "{folder}/r.csv"], "usage"),
+    ("a missing scored file", ["compare", "{folder}/missing.parquet", "{old}"], "usage"),
+    ("drift above the limit", ["compare", "{old}", "{new}", "--fail-above-psi", "0"], "drift"),
+    ("no drift limit passed", ["compare", "{old}", "{old}"], "success"),
+    ("not a checkpoint", ["train-head", "{not_checkpoint}", "--gold", GOLD, "-o", "{folder}/head"], "usage"),
+    ("not a checkpoint", ["checkpoint", "info", "{not_checkpoint}"], "usage"),
+    ("a missing checkpoint", ["checkpoint", "info", "{folder}/missing.ckpt"], "usage"),
+    ("not a checkpoint", ["checkpoint", "prune", "{not_checkpoint}", "--keep-runs", "1"], "usage"),
+    ("--keep-runs 0", ["checkpoint", "prune", "{store}", "--keep-runs", "0"], "usage"),
+    ("--older-than 0", ["checkpoint", "prune", "{store}", "--older-than", "0"], "usage"),
+    ("an empty store", ["checkpoint", "info", "{store}"], "success"),
+    ("an unknown command", ["nosuchcommand"], "usage"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("what", "command", "row"), CASES, ids=[f"{case[1][0]}: {case[0]}" for case in CASES])
+def test_each_commands_error_paths_exit_as_the_readme_says(files, tmp_path, what, command, row):
+    args = [part.format(**files, out=tmp_path / "o.parquet") for part in command]
+    result = runner.invoke(app, args)
+    assert result.exit_code == CODES[row], f"{what}: {result.output}"
+    assert "Traceback" not in result.output
+    if row == "usage":  # nothing was done: no output, no checkpoint
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_exits_as_the_readme_says(files, monkeypatch):
+    from clef_cli.store.checkpoint import Checkpoint
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpoint, "info", interrupted)
+    result = runner.invoke(app, ["checkpoint", "info", str(files["store"])])
+    assert result.exit_code == CODES["interrupted"] and result.stderr.strip() == "interrupted"
+
+
+PIPED = [["checkpoint", "info", "{store}"], ["checkpoint", "info", "{store}", "--json"], ["compare", "{old}", "{new}"]]
+
+
+@pytest.mark.parametrize("command", PIPED)
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_with_0(files, command):
+    """`clef ... | head -1` under `set -o pipefail`: clef must not fail the pipeline (rich exited
+    1, and with no word said). The pipe's reader is gone before clef writes its first byte."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "clef_cli", *(part.format(**files) for part in command)],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == CODES["success"], done.stderr
+    assert done.stderr == ""

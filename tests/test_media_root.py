@@ -1,0 +1,135 @@
+"""--media-root (issue 31): local media paths confined to the operator's folders, checked after
+symlinks and `..` are resolved, and opened so that a symlink swapped in after the check cannot
+lead outside. An escape is that record's error; without roots, paths stay unconfined."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+from clef_cli.encoding import media_root
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.encoding.media_limits import MediaError
+from clef_cli.encoding.media_root import open_confined
+from clef_cli.encoding.prompt import PromptEncoder
+from clef_cli.errors import RecordError
+from clef_cli.inputs.readers import read_records
+from clef_cli.store.record_key import MediaHasher
+
+from .helpers import MEDIA, TINY_MODEL, write_jsonl
+
+IMAGE = (MEDIA / "image_a.png").read_bytes()
+NOUL = {"q": {"type": "noul", "instructions": "Is it a parcel?"}}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """root/ (the media root) holding in.png, sub/in.png and links; secret/ beside it."""
+    root, secret = tmp_path / "root", tmp_path / "secret"
+    (root / "sub").mkdir(parents=True)
+    secret.mkdir()
+    for path in (root / "in.png", root / "sub" / "in.png", secret / "out.png"):
+        path.write_bytes(IMAGE)
+    (root / "to-secret.png").symlink_to(secret / "out.png")
+    (root / "to-inside.png").symlink_to(root / "sub" / "in.png")
+    (root / "secret-dir").symlink_to(secret, target_is_directory=True)
+    return root, secret
+
+
+def read(path: Path, root: Path, max_bytes: int = 1 << 20) -> bytes:
+    with open_confined(path, (root,), max_bytes) as handle:
+        return handle.read()
+
+
+def test_paths_inside_the_root_open(tree):
+    root, _ = tree
+    assert read(root / "in.png", root) == IMAGE
+    assert read(root / "sub" / ".." / "sub" / "in.png", root) == IMAGE
+    assert read(root / "to-inside.png", root) == IMAGE  # a link that stays inside is fine
+
+
+@pytest.mark.parametrize(
+    "relative", ["../secret/out.png", "sub/../../secret/out.png", "to-secret.png", "secret-dir/out.png"]
+)
+def test_an_escape_by_dots_or_symlink_is_refused(tree, relative):
+    root, secret = tree
+    with pytest.raises(MediaError, match=r"is outside the media roots \(--media-root\)") as refused:
+        read(root / relative, root)
+    assert str(secret / "out.png") in str(refused.value)  # the resolved path is named
+
+
+def test_not_found_fifo_and_oversize_are_refused(tree):
+    root, _ = tree
+    with pytest.raises(MediaError, match="file not found"):
+        read(root / "nope.png", root)
+    os.mkfifo(root / "pipe")
+    with pytest.raises(MediaError, match="not a regular file"):  # and the open does not block
+        read(root / "pipe", root)
+    with pytest.raises(MediaError, match=f"file is {len(IMAGE)} bytes, over the limit of 100"):
+        read(root / "in.png", root, max_bytes=100)
+
+
+@pytest.mark.parametrize("swapped", ["sub/in.png", "sub"])
+def test_a_symlink_swapped_in_after_the_check_is_not_followed(tree, monkeypatch, swapped):
+    """The race: the path is checked, then the file (or a folder on its way) becomes a link out."""
+    root, secret = tree
+    checked = media_root.confined_parts
+
+    def check_then_swap(path, roots):
+        parts = checked(path, roots)
+        target = root / swapped
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+        target.symlink_to(secret / "out.png" if swapped.endswith(".png") else secret)
+        if not swapped.endswith(".png"):
+            (secret / "in.png").write_bytes(b"secret")
+        return parts
+
+    monkeypatch.setattr(media_root, "confined_parts", check_then_swap)
+    with pytest.raises(MediaError, match="changed while it was opened"):
+        read(root / "sub" / "in.png", root)
+
+
+def test_an_escape_is_the_records_error_and_its_key_reads_nothing(processor, tree):
+    root, _ = tree
+    inputs = write_jsonl(
+        root / "r.jsonl",
+        [
+            {"id": "in", "state": "s", "questions": NOUL, "images": ["sub/in.png"]},
+            {"id": "out", "state": "s", "questions": NOUL, "images": ["../secret/out.png"]},
+        ],
+    )
+    inside, outside = read_records([inputs])
+    limits = MediaLimits(media_roots=(root,))
+    encoder = PromptEncoder(processor, max_length=4096, limits=limits)
+    unconfined = PromptEncoder(processor, max_length=4096)
+    assert encoder.encode(inside).input_ids == unconfined.encode(inside).input_ids
+    assert unconfined.encode(outside).input_ids  # by default paths are unconfined
+    with pytest.raises(RecordError) as refused:
+        encoder.encode(outside)
+    assert refused.value.field == "images[0]" and "outside the media roots" in refused.value.message
+    hasher = MediaHasher(limits)
+    assert hasher.entry("sub/in.png", root) == MediaHasher(MediaLimits()).entry("sub/in.png", root)
+    assert hasher.entry("../secret/out.png", root).startswith(f"refused:{root / '../secret/out.png'}:")
+
+
+def test_score_with_a_media_root(tree, tmp_path):
+    root, _ = tree
+    records = [
+        {"id": "in", "state": "inside", "questions": NOUL, "images": ["sub/in.png"]},
+        {"id": "link", "state": "a link out", "questions": NOUL, "images": ["to-secret.png"]},
+    ]
+    inputs = write_jsonl(root / "r.jsonl", records)
+    args = ["score", str(inputs), "-o", str(tmp_path / "o.parquet"), "-m", str(TINY_MODEL), "--workers", "0"]
+    result = CliRunner().invoke(app, [*args, "--quiet", "--media-root", str(root)])
+    assert result.exit_code == 3, result.output
+    out = {row["id"]: row for row in pq.read_table(tmp_path / "o.parquet").to_pylist()}
+    assert out["in"]["error"] is None
+    assert out["link"]["error_kind"] == "media" and "outside the media roots" in out["link"]["error"]
+    missing = CliRunner().invoke(app, [*args, "--media-root", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "nowhere" in missing.output
