@@ -40,7 +40,7 @@ def score_task(task: str, count: int, folder: Path) -> tuple[Path, list[dict]]:
 def accuracy(head, lexical, examples) -> float:
     import torch
 
-    from clef_cli.quality.head_training import predict
+    from clef_cli.quality.train.fit import predict
 
     probabilities = predict(head, lexical, examples, 16384, torch.device("cpu"))
     hits = [int(torch.argmax(p[0])) == e.targets[0] for p, e in zip(probabilities, examples, strict=True)]
@@ -50,8 +50,8 @@ def accuracy(head, lexical, examples) -> float:
 def probe_accuracy(train, held) -> float:
     import numpy as np
 
-    from clef_cli.quality.cross_fit import pooled_example_features
-    from clef_cli.quality.probe import fit_probe
+    from clef_cli.quality.train.cross_fit import pooled_example_features
+    from clef_cli.quality.train.probe import fit_probe
 
     classes = len(train[0].stored.encoded.record.questions[0].option_ids)
     probe = fit_probe(pooled_example_features(train), np.array([e.targets[0] for e in train]), classes)
@@ -64,7 +64,7 @@ def run(task: str, seed: int, checkpoint: Path, gold: list[dict], train: int, fo
 
     from clef_cli.families import family_of
     from clef_cli.model.head import load_joint_head
-    from clef_cli.quality.train_head import TrainHeadSettings, gold_examples, train_head
+    from clef_cli.quality.train.job import TrainHeadSettings, gold_examples, train_head
     from clef_cli.release import resolve_release
     from clef_cli.store.checkpoint import Checkpoint
     from tests.planted import write_jsonl

@@ -34,8 +34,8 @@ def measure(records: int, epochs: int, batch_tokens: int, device: str, folder: P
     from clef_cli.families import family_of
     from clef_cli.model.backbone import resolve_device
     from clef_cli.model.head import load_joint_head
-    from clef_cli.quality.head_training import FitSettings, fit
-    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.quality.train.fit import FitSettings, fit
+    from clef_cli.quality.train.job import gold_examples
     from clef_cli.release import resolve_release
     from clef_cli.store.checkpoint import Checkpoint
 

@@ -21,11 +21,11 @@ class ModelLoadError(ClefError):
 
 
 ERROR_KINDS = ("invalid", "media", "overflow", "transient")
-"""A failed record's `error_kind` (README, "Errors"): `invalid` the record itself (fields, schema,
-duplicate id), `media` a media entry unreadable, refused or over a limit, `overflow` a prompt that
-does not fit --max-length, `transient` a failure that may not happen again (a remote fetch, an
-encoding process that died, out of GPU memory even alone). Transient results are never stored as
-final: the next run on the same checkpoint tries those records again."""
+"""A failed record's `error_kind` (docs/scoring.md, "Errors and their kinds"): `invalid` the record
+itself (fields, schema, duplicate id), `media` a media entry unreadable, refused or over a limit,
+`overflow` a prompt that does not fit --max-length, `transient` a failure that may not happen again
+(a remote fetch, an encoding process that died, out of GPU memory even alone). Transient results are
+never stored as final: the next run on the same checkpoint tries those records again."""
 
 
 class RecordError(Exception):

@@ -122,7 +122,7 @@ def write_job_output(
 ) -> OutputCounts:
     """The job's Parquet output from its committed results (any engine), in input order. With
     --limit, the ledger holds only the first records, so the rest of the store stays out of it."""
-    from clef_cli.quality.calibrate import load_calibration
+    from clef_cli.quality.calibrate.temperature import load_calibration
 
     remove_stale_temporaries(settings.output)
     spec = OutputSpec(

@@ -26,7 +26,7 @@ from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, failures_
 from clef_cli.store.atomic import write_file
 
 if TYPE_CHECKING:
-    from clef_cli.quality.calibrate import Calibration
+    from clef_cli.quality.calibrate.temperature import Calibration
 
 RESERVED_COLUMNS = set(RESULT_SCHEMA.names) | set(LONG_SCHEMA.names)
 
@@ -186,7 +186,7 @@ def write_output(
             schema = schema.append(pa.field(name, passthrough.types[name]))
     metadata = dict(spec.metadata)
     if spec.calibration is not None:
-        from clef_cli.quality.calibrate import calibrate_results
+        from clef_cli.quality.calibrate.temperature import calibrate_results
 
         metadata["clef.calibration_sha256"] = spec.calibration.sha256 or ""
         metadata["clef.calibration_method"] = spec.calibration.method

@@ -48,7 +48,7 @@ class OutputCounts:
 
 @dataclass
 class RunCounts:
-    """What one run did with its records (README, "Counts"): every record is exactly one of
+    """What one run did with its records (docs/scoring.md, "Counts"): every record is exactly one of
     run (its prompt computed this run: new, retried or missing its hidden states), reused (its
     key's result came from the store), duplicate (a later copy of a key earlier in this job) or
     invalid (no prompt: the record itself is wrong)."""

@@ -108,7 +108,7 @@ class ScoreSettings:
             raise UsageError(f"output {self.output} must end in .parquet")
         ensure_writable(self.output, "-o")
         if self.calibration is not None:
-            from clef_cli.quality.calibrate import load_calibration
+            from clef_cli.quality.calibrate.temperature import load_calibration
 
             load_calibration(self.calibration)
         local_inputs = [(location, local_path(location)) for location in self.inputs]
@@ -156,7 +156,7 @@ class JobSummary:
         self.duplicates, self.retried, self.invalid = counts.duplicates, counts.retried, counts.invalid
 
     def run_counts(self) -> dict[str, int]:
-        """README, "Counts": what this run did with its records."""
+        """docs/scoring.md, "Counts": what this run did with its records."""
         return {
             "run": self.run,
             "forwarded": self.forwarded,

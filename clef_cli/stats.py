@@ -5,7 +5,7 @@ stage on its main thread as it runs (the stages never overlap there, so they add
 the wall time); the encoding workers time each record they plan. `JobStats` holds the totals and
 writes them as JSON (`--stats-json`) for cron jobs to collect.
 
-Definitions (README, "Where the time goes"):
+Definitions (docs/scoring.md, "Where the time goes"):
 - scoring time: from the first record requested to the last commit, model loading excluded;
 - model busy = (forward + head) / scoring time;
 - encoding wait: the main thread waiting for planned windows or encoded batches (the model idle);
@@ -76,7 +76,7 @@ class JobStats:
     real_tokens: int = 0
     workers: int = 0
     counts: dict[str, int] = field(default_factory=dict)
-    """run, forwarded, reused, duplicates, retried (README, "Counts")."""
+    """run, forwarded, reused, duplicates, retried (docs/scoring.md, "Counts")."""
     special_tokens: str | None = None
     """The job's --special-tokens mode (text or parse), so a collected file says how its prompts
     were read."""

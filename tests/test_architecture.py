@@ -113,3 +113,37 @@ def test_no_giant_functions_or_modules() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}.{node.name}: {lines} lines")
     assert not too_long, too_long
+
+
+QUALITY_ROOMS = ["labels", "", "calibrate", "evaluate", "train", "review", "compare"]
+"""`clef_cli.quality`'s rooms, lowest first ("" is the shared modules at its root); see its docstring."""
+
+
+def quality_room(module: str) -> int | None:
+    """The rank of a quality module's room, or None outside `clef_cli.quality`."""
+    prefix = "clef_cli.quality"
+    if module != prefix and not module.startswith(prefix + "."):
+        return None
+    parts = module.removeprefix(prefix).lstrip(".").split(".")
+    room = parts[0] if len(parts) > 1 or parts[0] in QUALITY_ROOMS else ""
+    return QUALITY_ROOMS.index(room)
+
+
+def quality_imports_pointing_up(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, targets in graph.items():
+        rank = quality_room(module)
+        for target in targets if rank is not None else ():
+            target_rank = quality_room(target)
+            if target_rank is not None and target_rank > rank:
+                wrong.append(f"{module} -> {target}")
+    return sorted(wrong)
+
+
+def test_quality_rooms_import_only_their_own_the_shared_or_lower_rooms() -> None:
+    graph = import_graph()
+    rooms = {path.name for path in (PACKAGE / "quality").iterdir() if (path / "__init__.py").exists()}
+    assert rooms == set(QUALITY_ROOMS) - {""}, "a room was added: place it in QUALITY_ROOMS"
+    assert quality_imports_pointing_up(graph) == []
+    planted = {**graph, "clef_cli.quality.labels.gold": {"clef_cli.quality.train.fit"}}
+    assert quality_imports_pointing_up(planted) == ["clef_cli.quality.labels.gold -> clef_cli.quality.train.fit"]

@@ -18,8 +18,15 @@ from clef_cli.errors import UsageError
 from clef_cli.inputs.records import Question
 from clef_cli.model.answers import question_result
 from clef_cli.quality import metrics
-from clef_cli.quality.calibrate import Calibration, calibrate, calibrate_results, fit, fit_temperature, load_calibration
-from clef_cli.quality.scored import QuestionData, softmax
+from clef_cli.quality.calibrate.temperature import (
+    Calibration,
+    calibrate,
+    calibrate_results,
+    fit,
+    fit_temperature,
+    load_calibration,
+)
+from clef_cli.quality.labels.scored import QuestionData, softmax
 from clef_cli.results import RESULT_SCHEMA
 
 
@@ -82,7 +89,7 @@ def test_auto_picks_a_temperature_when_it_helps_and_none_when_it_does_not():
 
 
 def test_cross_fitting_keeps_a_records_questions_in_one_fold():
-    from clef_cli.quality.calibrate import folds_of
+    from clef_cli.quality.calibrate.temperature import folds_of
 
     a, b = drawn(1.0, n=30, qid="a"), drawn(1.0, n=30, qid="b")
     b.record_ids = list(a.record_ids)
@@ -224,7 +231,7 @@ def oracle_temperature(blocks) -> float:
 
 
 def oracle_question_method(train: dict[str, tuple[str, np.ndarray, np.ndarray]]) -> dict[str, float]:
-    """Each question's temperature by the README's `question` rule, from independent fits."""
+    """Each question's temperature by docs/quality.md's `question` rule, from independent fits."""
     types = {}
     for qtype in {qtype for qtype, _, _ in train.values()}:
         types[qtype] = oracle_temperature([(lg, y) for t, lg, y in train.values() if t == qtype])
@@ -256,7 +263,7 @@ def test_calibrate_prints_cross_fitted_metrics_a_direct_loop_reproduces(tmp_path
     from typer.testing import CliRunner
 
     from clef_cli.cli import app
-    from clef_cli.quality.calibrate import folds_of
+    from clef_cli.quality.calibrate.temperature import folds_of
 
     scored, gold = scored_and_gold(tmp_path)
     out = tmp_path / "cal.json"

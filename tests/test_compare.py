@@ -64,7 +64,7 @@ def direct(old_path, new_path, key: str) -> dict:
 
 
 def readme_psi(old: list[int], new: list[int]) -> float:
-    """The README's definition in a plain loop: Σ (q − p) ln(q / p) over shares smoothed as
+    """docs/human-loop.md's definition in a plain loop: Σ (q − p) ln(q / p) over shares smoothed as
     (count + 0.5) / (n + 0.5 K)."""
     total = 0.0
     for old_count, new_count in zip(old, new, strict=True):

@@ -100,7 +100,7 @@ def test_the_table_is_whole_when_stdout_is_not_a_terminal(tmp_path):
 
 
 def test_a_terminal_gets_the_rich_table():
-    from clef_cli.quality.tables import print_eval
+    from clef_cli.quality.evaluate.tables import print_eval
 
     document = {"records": 1, "joint_exact_match": 1.0, "questions": {"q": {
         "type": "noul", "n": 1, "accuracy": 1.0, "accuracy_ci": [1.0, 1.0], "log_loss": 0.1, "brier": 0.02,
@@ -279,8 +279,9 @@ def test_a_problem_of_every_row_is_shown_before_the_cut(tmp_path):
 
 def test_report_legends_stay_off_the_axes(tmp_path):
     """Every legend lies outside every axes of its figure (pixels of the drawn figure)."""
-    from clef_cli.quality import metrics, report
-    from clef_cli.quality.scored import QuestionData
+    from clef_cli.quality import metrics
+    from clef_cli.quality.evaluate import report
+    from clef_cli.quality.labels.scored import QuestionData
 
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(4), size=80)

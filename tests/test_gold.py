@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clef_cli.errors import ClefError
-from clef_cli.quality.gold import (
+from clef_cli.quality.labels.gold import (
     GoldFileError,
     GoldProblem,
     column_gold_rows,

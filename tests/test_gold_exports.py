@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.errors import UsageError
-from clef_cli.quality.gold import read_gold_rows
+from clef_cli.quality.labels.gold import read_gold_rows
 
 from .scored_files import random_records, write_scored
 

@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.quality.gold import read_gold_rows
+from clef_cli.quality.labels.gold import read_gold_rows
 
 from .helpers import MEDIA, SAMPLE_DATA, TINY_MODEL
 from .scored_files import random_records, write_scored

@@ -281,7 +281,7 @@ def test_both_eval_outputs_on_stdout_are_refused(finished):
 def test_train_head_writes_through_a_symlinked_folder_and_files(tmp_path):
     """save_head is train-head's writer: a link to the folder and a link to its report both stay."""
     from clef_cli.model.head import load_joint_head
-    from clef_cli.quality.train_head import REPORT_FILE, save_head
+    from clef_cli.quality.train.job import REPORT_FILE, save_head
     from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS
 
     real = tmp_path / "real-head"

@@ -10,7 +10,7 @@ from sklearn.metrics import accuracy_score, brier_score_loss, confusion_matrix, 
 from sklearn.metrics import log_loss as sk_log_loss
 
 from clef_cli.quality import metrics
-from clef_cli.quality.scored import QuestionData
+from clef_cli.quality.labels.scored import QuestionData
 
 TOL = 1e-12
 
@@ -50,11 +50,11 @@ def test_metrics_equal_scikit_learn(case):
     predicted = np.argmax(p, axis=1)
     assert abs(metrics.accuracy(p, gold) - accuracy_score(gold, predicted)) < TOL
     assert abs(metrics.macro_f1(p, gold) - f1_score(gold, predicted, average="macro")) < TOL
-    # sklearn clips to [eps, 1 - eps]; the README's definition clips to [1e-15, 1], so the oracle is
+    # sklearn clips to [eps, 1 - eps]; docs/quality.md's definition clips to [1e-15, 1], so the oracle is
     # given probabilities already clipped that way (its own clip then changes them by < 3e-16).
     clipped = np.clip(p, 1e-15, 1.0)
     assert abs(metrics.log_loss(p, gold) - sk_log_loss(gold, clipped, labels=list(range(k)))) < TOL
-    if k == 2:  # sklearn's binary Brier uses one option; the README's sums both, so twice as large
+    if k == 2:  # sklearn's binary Brier uses one option; docs/quality.md's sums both, so twice as large
         assert abs(metrics.brier(p, gold) - 2 * brier_score_loss(gold, p[:, 1], pos_label=1)) < TOL
     else:
         assert abs(metrics.brier(p, gold) - brier_score_loss(gold, p, labels=list(range(k)))) < TOL

@@ -252,7 +252,7 @@ def test_argilla_export_reads_back_as_gold(scored, tmp_path):
         exported.append(item)
     export = tmp_path / "export.json"
     export.write_text(json.dumps(exported))
-    from clef_cli.quality.gold import read_gold_rows
+    from clef_cli.quality.labels.gold import read_gold_rows
 
     rows = {record_id: {q: str(v) for q, v in labels.items()} for record_id, labels in read_gold_rows(export)[0]}
     assert {k: v for k, v in rows.items() if v} == expected

@@ -185,7 +185,7 @@ def test_info_and_prune_keep_what_recent_runs_used(tmp_path):
 
 
 def test_train_head_reaches_stored_states_through_record_key(tmp_path):
-    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.quality.train.job import gold_examples
     from clef_cli.store.checkpoint import Checkpoint
 
     store = tmp_path / "store.ckpt"

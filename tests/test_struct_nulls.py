@@ -247,8 +247,8 @@ def test_score_records_the_choice_in_keys_and_provenance(tmp_path):
 
 
 def test_readme_snippet_writes_records_losslessly(tmp_path):
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    section = readme.split("### Parquet input", 1)[1]
+    page = (Path(__file__).parent.parent / "docs" / "records.md").read_text()
+    section = page.split("### Parquet input", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     namespace: dict = {}
     exec(snippet, namespace)

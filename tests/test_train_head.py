@@ -129,8 +129,8 @@ def test_report_probe_matches_scikit_learn_on_the_same_folds(planted, trained_sm
     from sklearn.metrics import log_loss
     from sklearn.preprocessing import StandardScaler
 
-    from clef_cli.quality.folds import assign_folds
-    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.quality.train.folds import assign_folds
+    from clef_cli.quality.train.job import gold_examples
     from clef_cli.store.checkpoint import Checkpoint
 
     report = json.loads((trained_small["head"] / "training_report.json").read_text())
@@ -197,8 +197,8 @@ def test_round_trip_rehead_equals_in_memory_scoring_and_bytes_repeat(planted, tm
     from clef_cli.families import family_of
     from clef_cli.model.head import load_joint_head
     from clef_cli.model.scoring import head_logits
-    from clef_cli.quality.head_training import FitSettings
-    from clef_cli.quality.train_head import TrainHeadSettings, train_head
+    from clef_cli.quality.train.fit import FitSettings
+    from clef_cli.quality.train.job import TrainHeadSettings, train_head
     from clef_cli.release import resolve_release
     from clef_cli.store.checkpoint import Checkpoint
     from clef_cli.store.hidden_store import pad_states
@@ -298,8 +298,8 @@ def test_a_gold_id_names_the_prompt_of_the_latest_run_not_every_stored_one(tmp_p
     prompt is taken (30 records, r0's the edited one); `--scored` of the first run maps to the
     old ones; once a later run used neither, train-head refuses naming the ids and the fix."""
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
-    from clef_cli.quality.stored_gold import stored_keys
-    from clef_cli.quality.train_head import gold_examples
+    from clef_cli.quality.labels.stored import stored_keys
+    from clef_cli.quality.train.job import gold_examples
     from clef_cli.store.checkpoint import Checkpoint
 
     store = edited_store(tmp_path)
@@ -343,7 +343,7 @@ def test_a_gold_id_names_the_prompt_of_the_latest_run_not_every_stored_one(tmp_p
 def test_loss_terms_against_direct_loops():
     from sklearn.metrics import log_loss
 
-    from clef_cli.quality.head_training import question_losses
+    from clef_cli.quality.train.fit import question_losses
 
     rng = np.random.default_rng(0)
     sizes, types, targets = [2, 3, 4, 5], [0, 1, 2, 2], [1, 2, 0, 3]
@@ -370,7 +370,7 @@ def test_loss_terms_against_direct_loops():
 def test_paired_bootstrap_matches_scipy():
     from scipy.stats import bootstrap
 
-    from clef_cli.quality.gate import paired_bootstrap
+    from clef_cli.quality.train.gate import paired_bootstrap
 
     values = np.random.default_rng(1).normal(-0.05, 0.3, size=150)
     low, high = paired_bootstrap(values, 20000, seed=0)
@@ -383,7 +383,7 @@ def test_paired_bootstrap_matches_scipy():
 def test_folds_keep_duplicate_prompts_together():
     from types import SimpleNamespace
 
-    from clef_cli.quality.folds import assign_folds
+    from clef_cli.quality.train.folds import assign_folds
 
     ids = [[1, 2, 3]] * 7 + [[4, 5]] * 3 + [[n, n + 1] for n in range(10, 40)]
     examples = [SimpleNamespace(stored=SimpleNamespace(input_ids=i), targets=(0,)) for i in ids]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy.special import log_softmax
 
-from clef_cli.quality.gate import CalibrationItem, fit_recalibration, gate_verdict
-from clef_cli.quality.probe import fit_probe, pooled_features
+from clef_cli.quality.train.gate import CalibrationItem, fit_recalibration, gate_verdict
+from clef_cli.quality.train.probe import fit_probe, pooled_features
 
 
 def differences(mean: float, count: int, seed: int, spread: float = 0.3) -> np.ndarray:

@@ -46,7 +46,7 @@ def command(
       clef compare yesterday.parquet today.parquet --fail-above-psi 0.2 || echo "labels drifted"
     """
     from clef_cli.cli.quality import tables_console
-    from clef_cli.quality.compare import compare, drift_failure, no_shared_records
+    from clef_cli.quality.compare.drift import compare, drift_failure, no_shared_records
 
     if is_stdout(json_path or "") and is_stdout(report or ""):
         raise UsageError("--json and --report cannot both be - (stdout)")
@@ -60,7 +60,7 @@ def command(
 
         write_json(json_path, comparison.document)
     if report is not None:
-        from clef_cli.quality.compare_report import write_report
+        from clef_cli.quality.compare.report import write_report
 
         write_report(report, comparison)
     if fail_above_psi is not None:
@@ -72,7 +72,7 @@ def command(
 
 def print_comparison(document: dict[str, Any], console: Console = stdout) -> None:
     """The two tables: rich on a terminal, plain text in a pipe or a file (as eval's)."""
-    from clef_cli.quality.tables import compare_tables
+    from clef_cli.quality.compare.tables import compare_tables
     from clef_cli.quality.text_table import print_tables
 
     print_tables(console, compare_tables(document))

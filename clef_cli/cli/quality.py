@@ -24,7 +24,7 @@ from clef_cli.cli.options import (
 )
 from clef_cli.cli.progress import TrainHeadProgress
 from clef_cli.errors import UsageError
-from clef_cli.quality.gold_exports import GoldFormat
+from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.store.atomic import is_stdout
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
@@ -98,20 +98,23 @@ def evaluate(
       clef eval out.parquet --gold sample_data/posts_gold.jsonl
       clef eval out.parquet --gold gold.csv --json metrics.json --report report.html --target-accuracy 0.9
     """
-    from clef_cli.quality import jobs, tables
+    from clef_cli.quality.calibrate.job import read_calibration
+    from clef_cli.quality.evaluate.job import run_eval
+    from clef_cli.quality.evaluate.tables import print_eval, print_problems
+    from clef_cli.quality.labels.inputs import read_inputs
 
     if is_stdout(json_path or "") and is_stdout(report or ""):
         raise UsageError("--json and --report cannot both be - (stdout)")
     console = tables_console(json_path, report)
-    inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
-    tables.print_problems(stderr, inputs.gold.problems)
-    result = jobs.run_eval(inputs, bins, target_accuracy, jobs.read_calibration(calibration), by)
-    tables.print_problems(stderr, (), result.warnings)
-    tables.print_eval(console, result.metrics, form.value, by)
+    inputs = read_inputs(scored, gold, gold_column, gold_format.value)
+    print_problems(stderr, inputs.gold.problems)
+    result = run_eval(inputs, bins, target_accuracy, read_calibration(calibration), by)
+    print_problems(stderr, (), result.warnings)
+    print_eval(console, result.metrics, form.value, by)
     if json_path is not None:
         write_json(json_path, result.metrics)
     if report is not None:
-        from clef_cli.quality.report import write_report
+        from clef_cli.quality.evaluate.report import write_report
 
         write_report(report, result.metrics, result.labelled.questions, bins, target_accuracy)
 
@@ -147,14 +150,17 @@ def calibrate(
       clef score sample_data/posts.jsonl --questions sample_data/questions.json -o c.parquet \\
         --checkpoint out.parquet.ckpt --calibration cal.json
     """
-    from clef_cli.quality import jobs, tables
+    from clef_cli.quality.calibrate import tables
+    from clef_cli.quality.calibrate.job import run_calibrate
+    from clef_cli.quality.evaluate.tables import print_problems
+    from clef_cli.quality.labels.inputs import read_inputs
     from clef_cli.quality.text_table import print_tables, write
 
     console = tables_console(output)
-    inputs = jobs.read_inputs(scored, gold, gold_column, gold_format.value)
-    tables.print_problems(stderr, inputs.gold.problems)
-    run, data = jobs.run_calibrate(inputs, method.value, bins)
-    tables.print_problems(stderr, (), [*data.warnings, *tables.bound_warnings(run)])
+    inputs = read_inputs(scored, gold, gold_column, gold_format.value)
+    print_problems(stderr, inputs.gold.problems)
+    run, data = run_calibrate(inputs, method.value, bins)
+    print_problems(stderr, (), [*data.warnings, *tables.bound_warnings(run)])
     lines = tables.calibrate_lines(run, method.value)
     if form is TableFormat.tsv:
         write(console, tables.calibrate_tsv(run))
@@ -223,9 +229,9 @@ def train_head(
       clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 5e-4 --folds 10
       clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
-    from clef_cli.quality.head_training import FitSettings
-    from clef_cli.quality.train_head import GateRefused, TrainHeadSettings
-    from clef_cli.quality.train_head import train_head as run_train_head
+    from clef_cli.quality.train.fit import FitSettings
+    from clef_cli.quality.train.job import GateRefused, TrainHeadSettings
+    from clef_cli.quality.train.job import train_head as run_train_head
 
     fit = FitSettings(
         epochs=epochs, lr=lr, batch_tokens=batch_tokens, label_smoothing=label_smoothing, brier_weight=brier_weight,
@@ -253,7 +259,7 @@ def train_head(
 def print_gate(report: dict[str, Any]) -> None:
     """The held-out table on stderr (rich on a terminal, plain text in a pipe or a file), then
     the gate's numbers per question and overall."""
-    from clef_cli.quality.tables import gate_table
+    from clef_cli.quality.train.tables import gate_table
     from clef_cli.quality.text_table import print_tables
 
     held = report["held_out"]

@@ -10,7 +10,7 @@ import typer
 
 from clef_cli.cli.console import stderr
 from clef_cli.cli.options import ReviewFormat, ReviewOrder, writable_file, writable_file_or_stdout
-from clef_cli.quality.gold_exports import GoldFormat
+from clef_cli.quality.labels.exports import GoldFormat
 
 
 def command(
@@ -67,7 +67,7 @@ def command(
       clef review out.parquet -o review.csv --format csv --exclude reviewed_export.json
       clef review out.parquet -o tasks.json --records part1.jsonl --records part2.jsonl
     """
-    from clef_cli.quality.jobs import ReviewSettings, run_review
+    from clef_cli.quality.review.job import ReviewSettings, run_review
 
     settings = ReviewSettings(
         scored=scored, output=output, format=format.value, limit=limit, order=order.value, exclude=exclude,

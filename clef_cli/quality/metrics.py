@@ -1,4 +1,4 @@
-"""Per-question metrics over gold labels, in numpy; the definitions are the README's, word for word.
+"""Per-question metrics over gold labels, in numpy; the definitions are docs/quality.md's, word for word.
 
 Every function takes `probabilities` (n, K) in head order and `gold` (n,) option indices. The
 predicted option is the argmax, first in head order on ties (numpy's argmax).
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.quality.scored import QuestionData
+from clef_cli.quality.labels.scored import QuestionData
 
 LOG_LOSS_FLOOR = 1e-15
 BOOTSTRAP_RESAMPLES = 1000

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -22,6 +23,16 @@ class TextTable:
     """Right-align this column (numbers)."""
     notes: list[str] = field(default_factory=list)
     """Lines under the table: totals, what a marker means, why a value is missing."""
+
+
+def fixed(value: float | None, digits: int = 3) -> str:
+    """A number as a table shows it; a dash where it is undefined."""
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def cell(value: Any) -> str:
+    """A value at full precision for TSV (a float as its repr); empty for null."""
+    return "" if value is None else repr(value) if isinstance(value, float) else str(value)
 
 
 def rich_table(table: TextTable) -> Table:

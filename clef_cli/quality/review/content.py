@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from clef_cli.errors import UsageError
-from clef_cli.quality.scored import ScoredFile
+from clef_cli.quality.labels.scored import ScoredFile
 
 MEDIA_KINDS = ("images", "audio", "videos")
 LOCAL_FILES_PREFIX = "/data/local-files/?d="

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.quality.compare import Comparison, QuestionDrift
-from clef_cli.quality.report import STYLE, new_figure, place_legend, png_uri
+from clef_cli.quality.compare.drift import Comparison, QuestionDrift
+from clef_cli.quality.figures import STYLE, new_figure, place_legend, png_uri
 from clef_cli.store.atomic import write_text
 
 OLD_COLOUR, NEW_COLOUR = "#7f8c8d", "#1f6fb4"

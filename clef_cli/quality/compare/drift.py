@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.quality.scored import ScoredFile, read_scored
+from clef_cli.quality.labels.scored import ScoredFile, read_scored
 
 PSI_SMOOTHING = 0.5
 """Added to every answer count before PSI's shares, so an answer absent from one run is finite."""

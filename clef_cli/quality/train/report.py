@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from clef_cli.quality.cross_fit import CrossFit
-from clef_cli.quality.gate import FEW_LABELS, gate_verdict
-from clef_cli.quality.head_training import Example
-from clef_cli.quality.held_out import per_record_metrics, question_losses, question_table, summary
+from clef_cli.quality.train.cross_fit import CrossFit
+from clef_cli.quality.train.fit import Example
+from clef_cli.quality.train.gate import FEW_LABELS, gate_verdict
+from clef_cli.quality.train.held_out import per_record_metrics, question_losses, question_table, summary
 
 GATE_RULE = (
     "held-out log loss lower than the recalibrated base head's (per-question temperature and option biases "

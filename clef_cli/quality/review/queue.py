@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clef_cli.errors import UsageError
-from clef_cli.quality.scored import ScoredFile
+from clef_cli.quality.labels.scored import ScoredFile
 
 ORDERS = ("uncertainty", "margin", "entropy", "random", "stratified")
 

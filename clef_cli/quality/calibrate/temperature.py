@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from clef_cli.errors import UsageError
 from clef_cli.quality import metrics
-from clef_cli.quality.scored import QuestionData, softmax
+from clef_cli.quality.labels.scored import QuestionData, softmax
 
 METHODS = ("none", "global", "type", "question")
 T_BOUNDS = (0.02, 50.0)

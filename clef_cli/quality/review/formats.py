@@ -14,8 +14,8 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from clef_cli.errors import UsageError
-from clef_cli.quality.review import ReviewRecord
-from clef_cli.quality.review_content import MEDIA_KINDS, Content, QuestionText
+from clef_cli.quality.review.content import MEDIA_KINDS, Content, QuestionText
+from clef_cli.quality.review.queue import ReviewRecord
 
 STATE_FIELD = "state"
 MEDIA_TAGS = {"images": ("Image", "image"), "audio": ("Audio", "audio"), "videos": ("Video", "video")}

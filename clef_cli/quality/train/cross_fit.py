@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from clef_cli.model.head import JointSchemaHead
-from clef_cli.quality.folds import inner_split
-from clef_cli.quality.gate import CalibrationItem, fit_recalibration
-from clef_cli.quality.head_training import Example, FitSettings, fit, predict
-from clef_cli.quality.probe import fit_probe, pooled_features
+from clef_cli.quality.train.fit import Example, FitSettings, fit, predict
+from clef_cli.quality.train.folds import inner_split
+from clef_cli.quality.train.gate import CalibrationItem, fit_recalibration
+from clef_cli.quality.train.probe import fit_probe, pooled_features
 from clef_cli.store.hidden_store import load_states
 
 Probabilities = list[list[torch.Tensor]]

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from clef_cli.quality.head_training import Example
+from clef_cli.quality.train.fit import Example
 
 Item = TypeVar("Item", bound=Example)
 

@@ -24,11 +24,11 @@ import numpy as np
 from clef_cli import __version__
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.model.head import JointSchemaHead, load_joint_head
-from clef_cli.quality.cross_fit import cross_fit
-from clef_cli.quality.folds import assign_folds
-from clef_cli.quality.gold import GoldSet, match_gold, read_gold_rows
-from clef_cli.quality.head_training import Example, FitSettings, fit
-from clef_cli.quality.train_report import held_out_report
+from clef_cli.quality.labels.gold import GoldSet, match_gold, read_gold_rows
+from clef_cli.quality.train.cross_fit import cross_fit
+from clef_cli.quality.train.fit import Example, FitSettings, fit
+from clef_cli.quality.train.folds import assign_folds
+from clef_cli.quality.train.report import held_out_report
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
 from clef_cli.store.atomic import ensure_writable_folder, write_bytes, write_text
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
@@ -124,7 +124,7 @@ def gold_examples(
     """Stored records named in the gold file (headers only), with each question's gold position;
     with `scored`, gold ids reach the states through its record_key, else through the ids the
     states were stored under (`stored_gold`; how an ambiguous id was mapped goes to `notes`)."""
-    from clef_cli.quality.stored_gold import gold_stored
+    from clef_cli.quality.labels.stored import gold_stored
 
     rows, found = read_gold_rows(gold_path, gold_format)
     stored = gold_stored(checkpoint, reader, {record_id for record_id, _ in rows}, scored, notes)

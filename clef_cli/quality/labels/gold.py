@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from clef_cli.errors import UsageError
-from clef_cli.quality.gold_exports import GoldFormat, export_rows
+from clef_cli.quality.labels.exports import GoldFormat, export_rows
 from clef_cli.release import file_sha256
 
 QuestionOptions = Mapping[str, tuple[str, tuple[str, ...]]]

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from clef_cli.errors import UsageError
-from clef_cli.quality.gold import GoldSet, QuestionOptions
+from clef_cli.quality.labels.gold import GoldSet, QuestionOptions
 from clef_cli.release import file_sha256
 
 Scores = tuple[tuple[float, ...], tuple[float, ...]]

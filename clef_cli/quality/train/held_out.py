@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from clef_cli.quality.gate import paired_bootstrap
-from clef_cli.quality.head_training import Example
+from clef_cli.quality.train.fit import Example
+from clef_cli.quality.train.gate import paired_bootstrap
 
 
 def per_record_metrics(examples: Sequence[Example], probabilities: Sequence[Sequence[torch.Tensor]]) -> dict:

@@ -1,0 +1,1 @@
+"""Temperature scaling: fit temperatures on gold labels, apply them, save and load them."""

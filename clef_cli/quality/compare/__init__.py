@@ -1,0 +1,1 @@
+"""`clef compare`: how two scored files of the same records differ (flips, PSI, JS, confidence)."""

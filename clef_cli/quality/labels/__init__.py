@@ -1,0 +1,1 @@
+"""Labels in and out: gold files, tool exports, scored outputs, and the stored states of gold records."""
