@@ -30,7 +30,7 @@ from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
-from clef_cli.store.record_key import KEY_VERSION, MediaHasher, prompt_digest
+from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
 
 REMOTE_SPOOL = "remote-media"
 
@@ -61,19 +61,26 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir
 def job_ledger(settings: ScoreSettings, release: Release, checkpoint: Checkpoint, needs_hidden: bool) -> Ledger:
     """Key every record of the job (no media decoded) and mark what this run computes."""
     assert checkpoint.index is not None
-    assert settings.max_length is not None
-    prompt = prompt_digest(
-        release.path,
-        release.family,
-        settings.max_length,
-        settings.overflow.value,
-        settings.limits,
-        settings.special_tokens.value,
-    )
     ledger = Ledger(checkpoint.index, checkpoint.run_seq)
-    ledger.build(job_records(settings), prompt, MediaHasher(settings.limits), needs_hidden)
+    ledger.build(job_records(settings), key_prompt(settings, release), MediaHasher(settings.limits), needs_hidden)
     checkpoint.ledger = ledger
     return ledger
+
+
+def key_prompt(settings: ScoreSettings, release: Release) -> PromptShape:
+    """What shapes every record's prompt besides the record (the record key's `prompt`)."""
+    assert settings.max_length is not None
+    overflow, special_tokens = settings.overflow.value, settings.special_tokens.value
+    return prompt_digest(release.path, release.family, settings.max_length, overflow, settings.limits, special_tokens)
+
+
+def key_metadata(settings: ScoreSettings, release: Release) -> dict[str, str]:
+    """`clef.key_prompt` and `clef.media_limits`: with the record itself, what its key hashes, so
+    `clef review --records` can tell a record edited since it was scored (store/record_key.py)."""
+    return {
+        "clef.key_prompt": key_prompt(settings, release).as_metadata(),
+        "clef.media_limits": json.dumps(settings.limits.as_dict()),
+    }
 
 
 def with_remote_spool(settings: ScoreSettings, checkpoint_path: Path) -> tuple[ScoreSettings, RemoteSpool | None]:
@@ -114,6 +121,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.key_version": str(KEY_VERSION),
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **questions_metadata(settings),
+        **key_metadata(settings, release),
     }
 
 

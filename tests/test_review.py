@@ -433,3 +433,40 @@ def test_identical_prompts_are_queued_once(tmp_path):
     gold.write_text(json.dumps({"id": "r005", "labels": {"urgent": "true"}}) + "\n")
     ids = [t["data"]["id"] for t in review(scored, tmp_path, "--exclude", str(gold))]
     assert sorted(ids) == ["r001", "r003", "r006", "r007"]
+
+
+def test_a_record_edited_since_it_was_scored_is_left_out_not_shown_beside_old_answers(tmp_path):
+    """--records text is checked against the scored record_key (recomputed as `clef score` made
+    it: the output says how): an edited state or image is left out with a note naming it; the
+    others, a local image and a `--questions` schema included, are shown."""
+    import shutil
+
+    from .helpers import MEDIA, TINY_MODEL, write_jsonl
+
+    shutil.copy(MEDIA / "image_a.png", tmp_path / "a.png")
+    shutil.copy(MEDIA / "image_a.png", tmp_path / "b.png")
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps({"urgent": {"type": "noul", "instructions": "Is this urgent?"}}))
+    records = [
+        {"id": "same", "state": "the printer is on fire"},
+        {"id": "edited", "state": "my invoice is wrong"},
+        {"id": "picture", "state": "see the photo", "images": ["a.png"]},
+        {"id": "repainted", "state": "see this one", "images": ["b.png"]},
+    ]
+    inputs = write_jsonl(tmp_path / "records.jsonl", records)
+    scored = tmp_path / "out.parquet"
+    result = runner.invoke(app, ["score", str(inputs), "-o", str(scored), "--model", str(TINY_MODEL), "--quiet",
+                                 "--questions", str(questions), "--hidden-states", "drop"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    unchanged = review(scored, tmp_path, "--records", str(inputs))
+    assert {task["data"]["id"] for task in unchanged} == {"same", "edited", "picture", "repainted"}
+
+    records[1]["state"] = "my invoice is wrong, and late"
+    write_jsonl(inputs, records)
+    shutil.copy(MEDIA / "image_b.png", tmp_path / "b.png")  # the same path, other pixels
+    out = tmp_path / "tasks.json"
+    result = runner.invoke(app, ["review", str(scored), "-o", str(out), "--records", str(inputs)])
+    assert result.exit_code == 0, result.output
+    shown = {task["data"]["id"]: task["data"]["state"] for task in json.loads(out.read_text())}
+    assert shown == {"same": "the printer is on fire", "picture": "see the photo"}
+    assert "2 record(s) in --records changed since they were scored (first: 'edited')" in result.stderr

@@ -168,6 +168,15 @@ def test_provenance_metadata(scored_sample):
         f"model.safetensors:{weights.stat().st_size}\n".encode() + sha256_of(weights).encode()
     ).hexdigest()  # the fingerprint's definition: no shard index, one small shard hashed in full
     created = metadata.pop("clef.created")
+    # how the keys were made (for `clef review --records`), checked against the release's own files
+    key_prompt = json.loads(metadata.pop("clef.key_prompt"))
+    added = json.loads((TINY_MODEL / "tokenizer.json").read_text())["added_tokens"]
+    assert key_prompt["literal_marks"] == sorted(token["content"] for token in added)
+    assert len(key_prompt["digest"]) == 64
+    assert json.loads(metadata.pop("clef.media_limits")) == {
+        "max_image_pixels": 40_000_000, "max_audio_seconds": 1800.0, "max_video_seconds": 300.0,
+        "max_file_bytes": 256 * 1024 * 1024, "allow_remote": False,
+    }  # fmt: skip
     assert metadata == {
         "clef.version": version("clef-cli"),
         "clef.model": str(TINY_MODEL),

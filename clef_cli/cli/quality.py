@@ -259,8 +259,8 @@ def train_head(
 def print_gate(report: dict[str, Any]) -> None:
     """The held-out table on stderr (rich on a terminal, plain text in a pipe or a file), then
     the gate's numbers per question and overall."""
-    from clef_cli.quality.train.tables import gate_table
     from clef_cli.quality.text_table import print_tables
+    from clef_cli.quality.train.tables import gate_table
 
     held = report["held_out"]
     print_tables(stderr, [gate_table(report)])

@@ -9,7 +9,6 @@ says so (`record_text`). Spans are half-open ranges into the final sequence, aft
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from functools import lru_cache
@@ -19,6 +18,7 @@ from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.encoding.record_text import SegmentTokenizer
+from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.errors import RecordError, unexpected_error
 from clef_cli.families.base import Family, MediaSegment
 from clef_cli.inputs.records import Question, Record
@@ -35,27 +35,6 @@ OPTIONS_HEADER = "\nALLOWED OPTIONS:\n"
 FIELD_END = "END FIELD\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
 """Clef-Omni's; each family has its own (`Family.default_max_length`)."""
-
-
-def render(value: Any) -> str:
-    """A string as is; anything else compact JSON with sorted keys, non-ASCII kept."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-
-
-def render_option(option_id: str, description: Any) -> str:
-    body: dict[str, Any] = {"option_id": option_id}
-    if description is not None:
-        body["description"] = description
-    return render(body)
-
-
-def render_instructions(question: Question) -> str:
-    instructions = question.instructions
-    if instructions is None or instructions == "":
-        return question.id
-    return render(instructions)
 
 
 class PromptEncoder:

@@ -48,12 +48,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_cli.encoding.media import MediaLimits
-from clef_cli.encoding.media_limits import MediaError
+from clef_cli.encoding.media_limits import MediaError, MediaLimits
 from clef_cli.encoding.media_root import open_confined
-from clef_cli.encoding.prompt import render, render_instructions, render_option
 from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_spool import RemoteSpool
+from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 
 KEY_VERSION = 1
@@ -94,6 +93,17 @@ class PromptShape:
 
     digest: str
     literal_marks: frozenset[str] | None = frozenset()
+
+    def as_metadata(self) -> str:
+        """The output's `clef.key_prompt`: what `clef review` needs to recompute a record's key."""
+        marks = None if self.literal_marks is None else sorted(self.literal_marks)
+        return json.dumps({"digest": self.digest, "literal_marks": marks}, ensure_ascii=False)
+
+    @classmethod
+    def from_metadata(cls, text: str) -> PromptShape:
+        found = json.loads(text)
+        marks = found["literal_marks"]
+        return cls(found["digest"], None if marks is None else frozenset(marks))
 
     def mode_shapes(self, texts: Iterable[str]) -> bool:
         """Whether reading these texts literally gives other ids than the reference's reading."""

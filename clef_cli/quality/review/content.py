@@ -155,15 +155,22 @@ class Shown:
     content: dict[str, Content]
     texts: dict[str, QuestionText]
     notes: list[str]
+    edited: list[str] = field(default_factory=list)
+    """Ids whose `--records` input changed since they were scored: left out of the review."""
 
 
 def load_content(scored: ScoredFile, wanted: Collection[str], urls: MediaUrls, records: list[Path] | None) -> Shown:
     """Content of the `wanted` records and the questions' texts, with a note for what is missing."""
     if records:
+        from clef_cli.quality.review.freshness import check_records
+
         found, schemas = from_inputs(records, wanted, urls)
         missing = [record_id for record_id in wanted if record_id not in found]
         notes = [f"{len(missing)} record(s) not found in --records (first: {missing[0]!r})"] if missing else []
-        return Shown(found, question_texts(scored.metadata, schemas), notes)
+        freshness = check_records(scored, records, set(found))
+        for record_id in freshness.edited:
+            del found[record_id]
+        return Shown(found, question_texts(scored.metadata, schemas), [*notes, *freshness.notes], freshness.edited)
     texts = question_texts(scored.metadata)
     found_in_file = from_scored(scored, wanted, urls)
     if found_in_file is None:

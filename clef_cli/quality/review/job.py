@@ -55,6 +55,7 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
     if settings.format in formats.SHOWS_RECORDS:
         urls = content.MediaUrls(settings.media_root, settings.media_url_prefix)
         shown = content.load_content(scored, dict.fromkeys(r.id for r in picked), urls, settings.records)
+        picked = [record for record in picked if record.id not in set(shown.edited)]
     text, config = formats.render(
         settings.format, picked, shown.content, questions, formats.model_version(scored.metadata), shown.texts
     )
