@@ -3,8 +3,9 @@ prediction accepted (prediction validation switched on, and shown to refuse a ba
 annotations come out in Label Studio's JSON export, and `clef eval --gold` reads it.
 
 Label Studio pins other numpy/pyarrow than clef, so it runs from its own virtual environment:
-`$CLEF_LABEL_STUDIO_VENV`, else `.ci/ls-venv` (made by `.ci/run`). Under CI=true a missing one
-fails the test instead of skipping it.
+`$CLEF_LABEL_STUDIO_VENV` (`.ci/label_studio_venv.sh` builds or reuses one and prints its path;
+`.ci/run` sets it), else `.ci/ls-venv`. Under CI=true a missing one fails the test instead of
+skipping it.
 """
 
 from __future__ import annotations
@@ -49,8 +50,7 @@ def free_port() -> int:
 def label_studio(tmp_path_factory):
     executable = VENV / "bin" / "label-studio"
     if not executable.exists():
-        message = f"no Label Studio in {VENV} (python3 -m venv .ci/ls-venv && .ci/ls-venv/bin/pip install " \
-                  "'label-studio==1.23.*' label-studio-sdk)"  # fmt: skip
+        message = f"no Label Studio in {VENV} (CLEF_LABEL_STUDIO_VENV=$(.ci/label_studio_venv.sh) builds one)"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
