@@ -34,9 +34,11 @@ class Layout(str, Enum):
 
 
 class HiddenStates(str, Enum):
-    """Keep the final hidden states in the checkpoint (for --rehead and train-head) or not."""
+    """Keep the final hidden states in the checkpoint (for --rehead and train-head), keep only
+    those of uncertain records plus a sample (store/keep_policy.py), or none."""
 
     keep = "keep"
+    selective = "selective"
     drop = "drop"
 
 

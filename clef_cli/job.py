@@ -28,6 +28,7 @@ from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.keep_policy import SELECTIVE, KeepPolicy
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
@@ -101,6 +102,15 @@ def questions_metadata(settings: ScoreSettings) -> dict[str, str]:
     return {"clef.questions": json.dumps(load_questions_file(settings.questions), ensure_ascii=False)}
 
 
+def hidden_policy_metadata(settings: ScoreSettings) -> dict[str, str]:
+    """`clef.hidden_states` (and for `selective` its threshold and sample): whose states the run
+    stored, so a reader of the output knows which records train-head would compute again."""
+    policy = {"clef.hidden_states": settings.hidden_states}
+    if settings.hidden_states == SELECTIVE:
+        policy |= {"clef.keep_below": str(settings.keep_below), "clef.keep_sample": str(settings.keep_sample)}
+    return policy
+
+
 def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, Any]) -> dict[str, str]:
     """Key-value metadata of the output: what produced it, so a result can be traced."""
     model = manifest.get("model", {})
@@ -118,6 +128,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.special_tokens": settings.special_tokens.value,
         "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
         "clef.layout": settings.layout,
+        **hidden_policy_metadata(settings),
         "clef.key_version": str(KEY_VERSION),
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **questions_metadata(settings),
@@ -156,6 +167,12 @@ class Job:
     progress: Progress
     summary: JobSummary
     started: float
+
+    def keep_policy(self) -> KeepPolicy:
+        """Whose hidden states this run stores (`--hidden-states`; the sample drawn from the ledger)."""
+        settings = self.settings
+        sampled = self.ledger.sampled(settings.keep_sample) if settings.hidden_states == SELECTIVE else b""
+        return KeepPolicy(settings.hidden_states, settings.keep_below, settings.keep_sample, sampled)
 
     def results(self, store: Checkpoint | None = None) -> pa.Table:
         """The job's rows, gathered by key from `store` (default: the job's checkpoint) into a

@@ -6,7 +6,7 @@ shards (plus pass-through columns), never a recomputation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -200,3 +200,10 @@ def long_rows(table: pa.Table) -> pa.Table:
                     }
                 )
     return pa.Table.from_pylist(rows, schema=LONG_SCHEMA)
+
+
+def least_confidence(probabilities: Iterable[Iterable[float]]) -> float:
+    """A record's confidence as `clef review`'s default order ranks it, and as `--hidden-states
+    selective` keeps it: each question's top probability, the least over the record's questions
+    (one doubtful answer is enough to send a record to a person)."""
+    return min(max(question) for question in probabilities)

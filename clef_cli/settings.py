@@ -65,6 +65,10 @@ class ScoreSettings:
     window: int = 8192
     checkpoint: Path | None = None
     hidden_states: str = "keep"
+    keep_below: float = 0.6
+    """`selective`: keep the states of records whose confidence (as `clef review` orders) is below this."""
+    keep_sample: float = 0.02
+    """`selective`: and of this fraction of the rest, chosen by a hash of the record key."""
     hidden_dtype: str = "bfloat16"
     restart: bool = False
     row_group_size: int = 16384
@@ -104,6 +108,9 @@ class ScoreSettings:
             if value not in {member.value for member in choice}:
                 allowed = ", ".join(member.value for member in choice)
                 raise UsageError(f"--{name.replace('_', '-')} must be one of {allowed}, not {value!r}")
+        for name in ("keep_below", "keep_sample"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, not {getattr(self, name)}")
         if self.output.suffix.lower() not in (".parquet", ".pq"):
             raise UsageError(f"output {self.output} must end in .parquet")
         ensure_writable(self.output, "-o")
@@ -149,6 +156,8 @@ class JobSummary:
     first_errors: list[tuple[str, str]] = field(default_factory=list)
     """(id, error) of the output's first failed records, in input order."""
     stats: JobStats = field(default_factory=JobStats)
+    notes: list[str] = field(default_factory=list)
+    """Lines the summary adds (what computing missing hidden states cost a `--rehead`)."""
     """Where the time went (stage times are measured by the local engine only)."""
 
     def take_counts(self, counts: RunCounts) -> None:

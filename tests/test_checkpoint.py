@@ -352,14 +352,17 @@ def test_rehead_equals_a_full_run_with_that_head(job, tmp_path):
     assert metadata[b"clef.rehead_from"].decode() == str(output) + ".ckpt"
 
 
-def test_rehead_needs_stored_hidden_states(job, tmp_path):
+def test_rehead_after_drop_computes_the_missing_hidden_states(job, tmp_path):
+    """A store kept without states is reheaded all the same: the thinker runs on its records
+    once (tests/test_keep_policy.py checks the states against a keep run's, bit for bit)."""
     inputs, output = job
     assert in_process(inputs, output, "--hidden-states", "drop").exit_code == 0
     second_head_release(tmp_path)
-    result = in_process(
-        inputs, tmp_path / "r.parquet", "--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b")
-    )
-    assert result.exit_code == 1 and "--hidden-states drop" in result.stderr
+    rehead = ("--checkpoint", str(output) + ".ckpt", "--rehead", str(tmp_path / "head-b"))
+    result = in_process(inputs, tmp_path / "r.parquet", *rehead)
+    assert result.exit_code == 0, result.output
+    assert "computed the hidden states of 24 stored records without them" in result.stderr
+    assert len(rows(tmp_path / "r.parquet")) == 24
 
 
 def test_rehead_without_model_uses_the_checkpoints_and_counts_only_the_jobs_tokens(job, tmp_path, monkeypatch):

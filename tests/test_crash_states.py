@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
+import socket
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -15,8 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.store import checkpoint as checkpoint_module
-from clef_cli.store.atomic import write_file
+from clef_cli.store import durable
+from clef_cli.store import prune as prune_module
+from clef_cli.store.key_index import KeyIndex
 
 from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
 
@@ -45,6 +49,15 @@ def score(inputs: Path, output: Path):
             "2",
         ],
     )
+
+
+def score_into(inputs: Path, output: Path, store: Path):
+    """A run on a shared store (`--checkpoint`), results only."""
+    return runner.invoke(
+        app,
+        ["score", str(inputs), "-o", str(output), "--checkpoint", str(store), "--model", str(TINY_MODEL),
+         "--workers", "0", "--quiet", "--hidden-states", "drop"],
+    )  # fmt: skip
 
 
 def forwards(result) -> tuple[int, int]:
@@ -129,35 +142,101 @@ def test_an_orphan_temporary_file(finished, crashed):
     assert not list(checkpoint.glob(".*.tmp"))
 
 
-def test_a_full_disk_mid_run_stops_cleanly_and_the_rerun_finishes(finished, tmp_path, monkeypatch):
+FULL_DISK_AT = {
+    # where the disk fills, as the seam (clef_cli/store/durable.py) sees it: the 4th shard's ...
+    "results shard write": ("write", ".results.arrow."),
+    "hidden-state shard write": ("write", ".hidden.safetensors."),
+    "journal append": ("write", "journal.jsonl"),
+    "index update": ("sqlite_txn", "keys.sqlite"),
+}
+
+
+def fills_the_disk_at_the_fourth(operation: str, name_part: str):
+    """A seam observer raising ENOSPC at the 4th matching operation made by the committer."""
+    seen: list[Path] = []
+
+    def observer(kind: str, path: Path, details: dict) -> None:
+        if kind == operation and name_part in path.name and threading.current_thread().name == "clef-commit":
+            seen.append(path)
+            if len(seen) == 4:
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    return observer
+
+
+@pytest.mark.parametrize("where", FULL_DISK_AT)
+def test_a_full_disk_mid_run_stops_cleanly_and_the_rerun_finishes(finished, tmp_path, where):
     inputs = write_jsonl(tmp_path / "in.jsonl", RECORDS)
     output, checkpoint = tmp_path / "out.parquet", tmp_path / "out.parquet.ckpt"
-    real = checkpoint_module.write_bytes
-    results_written: list[str] = []
-
-    def disk_fills_at_the_fourth_shard(path: Path, data: bytes) -> None:
-        if path.name.endswith(".results.arrow"):
-            results_written.append(path.name)
-            if len(results_written) == 4:
-
-                def partial(handle) -> None:
-                    handle.write(b"ARROW1 partial")
-                    raise OSError(errno.ENOSPC, "No space left on device", str(path))
-
-                return write_file(path, partial)
-        return real(path, data)
-
-    monkeypatch.setattr(checkpoint_module, "write_bytes", disk_fills_at_the_fourth_shard)
-    failed = score(inputs, output)
+    with durable.observe(fills_the_disk_at_the_fourth(*FULL_DISK_AT[where])):
+        failed = score(inputs, output)
+    kept = 8 if where == "index update" else 6  # the journal line came first: that shard counts
     assert failed.exit_code == 1, failed.output
     assert failed.stderr == (
-        f"error: could not commit to the checkpoint {checkpoint}: No space left on device; the 6 records "
+        f"error: could not commit to the checkpoint {checkpoint}: No space left on device; the {kept} records "
         "committed before are kept: make room and rerun the same command to continue\n"
     )
     assert "Traceback" not in failed.output
     assert not output.exists()
-    assert len(journal(checkpoint)) == 3  # every batch before the failed one is committed
+    assert len(journal(checkpoint)) == kept // 2  # every batch before the failed one is committed
     assert not [name for name in shard_files(checkpoint) if name.endswith(".tmp")]
     assert not list(tmp_path.glob("*.lock"))
-    monkeypatch.setattr(checkpoint_module, "write_bytes", real)
-    resume_and_check(inputs, output, checkpoint, 6, finished[1])
+    resume_and_check(inputs, output, checkpoint, 12 - kept, finished[1])
+
+
+def test_sqlite_s_own_full_disk_is_the_os_error_a_commit_reports(tmp_path):
+    index = KeyIndex(tmp_path / "keys.sqlite")
+    pages = index.db.execute("PRAGMA page_count").fetchone()[0]
+    index.db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full: no page more
+    with pytest.raises(OSError) as raised:
+        index.begin_run("r1", inputs=[f"/data/{n}-" + "x" * 4000 for n in range(16)])
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(tmp_path / "keys.sqlite")
+    index.close()
+
+
+def test_a_run_that_starts_while_a_prune_holds_the_store_is_refused_like_a_second_cron_run(
+    finished, tmp_path, monkeypatch
+):
+    inputs = write_jsonl(tmp_path / "in.jsonl", RECORDS)
+    output, checkpoint = tmp_path / "out.parquet", tmp_path / "out.parquet.ckpt"
+    assert score(inputs, output).exit_code == 0
+    real, during = prune_module._prune, []
+
+    def prune_that_sees_a_cron_run(*args, **kwargs):
+        during.append(score(inputs, tmp_path / "other.parquet" if during else output))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prune_module, "_prune", prune_that_sees_a_cron_run)
+    pruned = runner.invoke(app, ["checkpoint", "prune", str(checkpoint), "--keep-runs", "1"])
+    assert pruned.exit_code == 0, pruned.output
+    refused = during[0]
+    assert refused.exit_code == 1, refused.output
+    assert refused.stderr.startswith(
+        f"error: checkpoint {checkpoint} is in use by another clef job (pid {os.getpid()} on host "
+        f"{socket.gethostname()}); lock file {checkpoint}.lock"
+    )
+    assert not (tmp_path / "out.parquet.ckpt.lock").exists()
+    assert forwards(score(inputs, output)) == (0, 12)  # the refused run changed nothing
+
+
+def test_a_prune_killed_after_its_journal_switch_keeps_what_it_meant_to_keep(tmp_path, monkeypatch):
+    """Crash state found by test_crash_enumeration.py: the journal names the prune's rewritten
+    shards, the index still the old ones. Reconciling forgot the old rows and indexed the new
+    ones as last used by the run that first computed them, so the rerun prune dropped the keys
+    the last night had reused (the ones the prune meant to keep)."""
+    store = tmp_path / "st"
+    first, second = write_jsonl(tmp_path / "a.jsonl", RECORDS[:4]), write_jsonl(tmp_path / "b.jsonl", RECORDS[2:6])
+    for inputs, name in ((first, "a"), (second, "b")):
+        done = score_into(inputs, tmp_path / f"{name}.parquet", store)
+        assert done.exit_code == 0, done.output
+
+    def killed(*args) -> None:
+        raise KeyboardInterrupt  # the kill lands after the journal switch and the deletions
+
+    monkeypatch.setattr(prune_module, "_update_index", killed)
+    assert runner.invoke(app, ["checkpoint", "prune", str(store), "--keep-runs", "1"]).exit_code == 130
+    monkeypatch.undo()
+    again = runner.invoke(app, ["checkpoint", "prune", str(store), "--keep-runs", "1"])
+    assert again.exit_code == 0, again.output
+    assert "dropped 0 of 4 keys" in again.stdout  # the old code dropped 2 of the 4 kept keys here
+    assert forwards(score_into(second, tmp_path / "c.parquet", store)) == (0, 4)

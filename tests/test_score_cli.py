@@ -191,6 +191,7 @@ def test_provenance_metadata(scored_sample):
         "clef.special_tokens": "text",
         "clef.dtype": "float32",
         "clef.layout": "wide",
+        "clef.hidden_states": "keep",
         "clef.key_version": "1",
         # 19 records: bad-schema is invalid (never keyed), bad-image is run and fails in encoding,
         # the other 17 are forwarded; a fresh checkpoint reuses nothing.
@@ -257,7 +258,7 @@ def expected_dry_run(records: list, processor, max_batch_tokens: int, max_batch_
     with_sound = sum(batch.entries[0].audio_in_video for batch in batches)
     waste = sum(batch.padded_tokens for batch in batches) / sum(lengths) - 1
     hidden = sum(lengths) * 132
-    size = f"{hidden / 2**20:.1f} MiB" if hidden >= 2**20 else f"{hidden / 2**10:.1f} KiB"
+    sample = int(hidden * 0.02)  # --keep-sample's default: the low end of selective's range
     return (
         f"records: {len(records)} ({len(records)} valid, 0 invalid)\n"
         f"prompt tokens: min {lengths[0]}, p50 {at(0.5)}, p90 {at(0.9)}, p99 {at(0.99)}, max {lengths[-1]}\n"
@@ -265,8 +266,17 @@ def expected_dry_run(records: list, processor, max_batch_tokens: int, max_batch_
         f"batches: {len(batches)} ({with_sound} with audio-in-video) under {max_batch_tokens} padded tokens "
         f"and at most {max_batch_size} records each\n"
         f"padding waste: {waste:.2%}\n"
-        f"hidden states on disk: about {size}\n"
+        f"hidden states on disk with --hidden-states keep (this run): about {size_text(hidden)}\n"
+        f"hidden states on disk with --hidden-states selective: about {size_text(sample)} to {size_text(hidden)}: "
+        "the sample to every record (no stored results to measure the share under --keep-below)\n"
+        "hidden states on disk with --hidden-states drop: about 0 B\n"
     )
+
+
+def size_text(count: int) -> str:
+    if count >= 2**20:
+        return f"{count / 2**20:.1f} MiB"
+    return f"{count / 2**10:.1f} KiB" if count >= 2**10 else f"{count} B"
 
 
 def test_dry_run_reports_failing_records_by_the_kind_a_run_gives_them(sample_with_bad_records, tmp_path):
@@ -317,7 +327,7 @@ def test_a_failed_run_says_why_and_its_counts_add_up(scored_sample):
     [
         (["--layout", "tall"], "'tall' is not one of 'wide', 'long'"),
         (["--on-overflow", "ignore"], "'ignore' is not one of 'truncate', 'error'"),
-        (["--hidden-states", "maybe"], "'maybe' is not one of 'keep', 'drop'"),
+        (["--hidden-states", "maybe"], "'maybe' is not one of 'keep', 'selective', 'drop'"),
         (["--max-file-bytes", "lots"], "not a size: 'lots'"),
     ],
 )

@@ -253,7 +253,7 @@ def test_refusals_are_one_line(planted, tmp_path):
     settings = ScoreSettings([inputs], dropped, model=str(TINY_MODEL), device="cpu", hidden_states="drop", workers=0)
     ScoreJob(settings).run()
     result = train(Path(str(dropped) + ".ckpt"), planted["gold"], tmp_path / "h1")
-    assert result.exit_code == 1 and "--hidden-states keep" in result.stderr
+    assert result.exit_code == 1 and "pass --records with the records it scored" in result.stderr
 
     stranger = write_jsonl(tmp_path / "stranger.jsonl", [{"id": "nobody", "colour": "red"}])
     result = train(planted["checkpoint"], stranger, tmp_path / "h2")

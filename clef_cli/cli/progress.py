@@ -131,6 +131,8 @@ def print_summary(summary: Any) -> None:
         f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}",
         markup=False,
     )
+    for note in summary.notes:
+        stderr.print(note, markup=False)
     advice = stats.advice()
     if advice:
         stderr.print(advice, markup=False)
@@ -165,7 +167,16 @@ def print_dry_run(report: Any, settings: Any) -> None:
         f"{settings.max_batch_tokens} padded tokens and at most {settings.max_batch_size} records each"
     )
     stdout.print(f"padding waste: {report.padding_waste:.2%}")
-    if settings.hidden_states == "keep":
-        stdout.print(f"hidden states on disk: about {human_size(report.hidden_state_bytes)}")
+    for policy, (low, high) in report.hidden_state_bytes_by_policy.items():
+        chosen = " (this run)" if policy == settings.hidden_states else ""
+        size = human_size(low) if low == high else f"{human_size(low)} to {human_size(high)}"
+        how = ""
+        if policy == "selective":
+            how = (
+                f": {report.selective_measured:.1%} of the stored results are under --keep-below, plus the sample"
+                if report.selective_measured is not None
+                else ": the sample to every record (no stored results to measure the share under --keep-below)"
+            )
+        stdout.print(f"hidden states on disk with --hidden-states {policy}{chosen}: about {size}{how}", markup=False)
     for kind, error in report.first_errors:
         stdout.print(f"{kind}: {error}", markup=False)

@@ -15,6 +15,7 @@ from clef_cli.cli.errors import EXIT_GATE_REFUSED
 from clef_cli.cli.options import (
     CalibrationMethod,
     DeviceOption,
+    QuestionsOption,
     QuietOption,
     ReportOption,
     RevisionOption,
@@ -214,6 +215,15 @@ def train_head(
     device: DeviceOption = "auto",
     force: Annotated[bool, typer.Option("--force", help="Write the head even when the gate fails.")] = False,
     quiet: QuietOption = False,
+    records: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--records",
+            help="The records `clef score` took (repeatable): gold records the checkpoint holds without hidden "
+            "states (--hidden-states selective or drop) get them computed (the thinker runs on those only).",
+        ),
+    ] = None,
+    questions: QuestionsOption = None,
 ) -> None:
     """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the
     thinker never runs), gated by k-fold held-out proof: HEAD_DIR is written only when the
@@ -240,7 +250,7 @@ def train_head(
     settings = TrainHeadSettings(
         checkpoint=checkpoint, gold=gold, output=output, model=model, base_head=base_head, revision=revision,
         fit=fit, folds=folds, seed=seed, device=device, force=force, gold_format=gold_format.value,
-        scored=scored,
+        scored=scored, records=tuple(records or ()), questions=questions,
     )  # fmt: skip
     progress = TrainHeadProgress(enabled=not quiet, total_epochs=epochs * (folds + 1))
     try:
@@ -253,6 +263,8 @@ def train_head(
     finally:
         progress.stop()
     print_gate(result.report)
+    if "states_computed" in result.report:  # also under --quiet, which hides the stage lines
+        stderr.print(result.report["states_computed"]["summary"], markup=False)
     stderr.print(f"wrote {output} ({result.report['new_head']['parameters']} parameters)", markup=False)
 
 

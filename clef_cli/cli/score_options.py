@@ -93,7 +93,31 @@ CheckpointOption = Annotated[
 ]
 HiddenStatesOption = Annotated[
     HiddenStates,
-    typer.Option("--hidden-states", help="keep: store final hidden states (for --rehead); drop: results only."),
+    typer.Option(
+        "--hidden-states",
+        help="keep: store every record's final hidden states (for --rehead and train-head); selective: only those "
+        "of records less confident than --keep-below, plus a --keep-sample of the rest; drop: results only. "
+        "Missing states are computed again when --rehead or train-head --records needs them.",
+    ),
+]
+KeepBelowOption = Annotated[
+    float,
+    typer.Option(
+        "--keep-below",
+        min=0.0,
+        max=1.0,
+        help="selective: keep the states of records whose confidence (as `clef review` orders: the least "
+        "confident question's top probability) is below this.",
+    ),
+]
+KeepSampleOption = Annotated[
+    float,
+    typer.Option(
+        "--keep-sample",
+        min=0.0,
+        max=1.0,
+        help="selective: and of this fraction of the rest, chosen by a hash of the record key (reruns choose alike).",
+    ),
 ]
 HiddenDtypeOption = Annotated[HiddenDtype, typer.Option("--hidden-dtype", help="Stored hidden-state precision.")]
 RestartOption = Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")]
@@ -168,6 +192,8 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
         layout=options["layout"].value,
         keep_columns=columns,
         hidden_states=options["hidden_states"].value,
+        keep_below=options["keep_below"],
+        keep_sample=options["keep_sample"],
         hidden_dtype=options["hidden_dtype"].value,
     )
 

@@ -6,7 +6,6 @@ only other backbone tensor the head needs (the lm_head rows) is read from its we
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pyarrow as pa
 import torch
 
 from clef_cli.encoding.batching import PlanEntry, plan_batches
+from clef_cli.engines.on_demand import OnDemandCost, compute_missing_states
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.families import family_of
 from clef_cli.job import Job, open_job
@@ -25,6 +25,7 @@ from clef_cli.progress import Progress
 from clef_cli.release import DEFAULT_MODEL, HEAD_CONFIG, HEAD_FILES, HEAD_WEIGHTS
 from clef_cli.results import FailedRecord, ScoredRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.store import durable
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HiddenShardFile, StoredRecord, check_shard, pad_states, read_shard
 from clef_cli.store.manifest import describe_differences, read_manifest, scored_model
@@ -59,7 +60,9 @@ def _check_same_backbone(source: Checkpoint, current: dict[str, Any]) -> None:
 
 
 def _check_complete(job: Job) -> None:
-    """Every record of the job must have its result, and a score its hidden states, in the store."""
+    """Every record of the job must have its result, and a score its hidden states, in the store
+    (those it lacked were computed just before, `on_demand.py`; a record that failed to encode
+    then is still without)."""
     counts, source = job.ledger.counts, job.checkpoint
     missing = counts.run - counts.unhidden
     if missing:
@@ -69,8 +72,8 @@ def _check_complete(job: Job) -> None:
         )
     if counts.unhidden:
         raise ClefError(
-            f"{counts.unhidden} scored records in {source.path} have no stored hidden states "
-            "(the job ran with --hidden-states drop); rerun it with --hidden-states keep"
+            f"{counts.unhidden} scored records in {source.path} have no stored hidden states and computing "
+            "them failed; rerun the job with --hidden-states keep"
         )
 
 
@@ -103,29 +106,42 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
         raise UsageError(f"no checkpoint at {path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)")
     settings = replace(settings, model=scored_model(manifest, settings.model) or DEFAULT_MODEL)
     head = load_joint_head(head_dir)
-    with open_job(settings, progress, "float32", head_dir=head_dir, existing=True) as job:
-        release, source = job.release, job.checkpoint
-        if head.config.hidden_size != release.hidden_size:
-            raise ModelLoadError(
-                f"the head in {head_dir} expects hidden size {head.config.hidden_size}; "
-                f"the backbone has {release.hidden_size}"
-            )
-        _check_same_backbone(source, job.manifest)
-        _check_complete(job)
-        progress.start(job.ledger.counts.records, 0)
-        device = resolve_device(job.settings.device)
-        workdir = job.settings.output.with_name(f".{job.settings.output.name}.rehead")
-        shutil.rmtree(workdir, ignore_errors=True)
-        target = Checkpoint.open(workdir, job.manifest)
-        try:
-            target.begin_run()
-            _rescore(job, head.to(device), family_of(release).lexical_rows(release).to(device), target, device)
-            manifest = job.manifest | {"settings": source.manifest["settings"]}
-            summary = job.finish(job.results(target), {"clef.rehead_from": str(source.path)}, manifest=manifest)
-        finally:
-            target.close()
-            shutil.rmtree(workdir, ignore_errors=True)
-    return summary
+    computed: OnDemandCost | None = None
+    while True:
+        with open_job(settings, progress, "float32", head_dir=head_dir, existing=True) as job:
+            if not job.ledger.counts.unhidden or computed is not None:
+                return _rehead_job(job, head, head_dir, computed or OnDemandCost(0, 0, 0.0))
+        # states missing (a store kept under `selective` or `drop`): the thinker runs on those
+        # records only (its own job, under the locks), then the store is read again, once
+        computed = compute_missing_states(settings, progress)
+
+
+def _rehead_job(job: Job, head: JointSchemaHead, head_dir: Path, computed: OnDemandCost) -> JobSummary:
+    """The open job's stored states through `head`, the output written."""
+    release, source, progress = job.release, job.checkpoint, job.progress
+    if head.config.hidden_size != release.hidden_size:
+        raise ModelLoadError(
+            f"the head in {head_dir} expects hidden size {head.config.hidden_size}; "
+            f"the backbone has {release.hidden_size}"
+        )
+    _check_same_backbone(source, job.manifest)
+    _check_complete(job)
+    progress.start(job.ledger.counts.records, 0)
+    device = resolve_device(job.settings.device)
+    workdir = job.settings.output.with_name(f".{job.settings.output.name}.rehead")
+    durable.rmtree(workdir, ignore_errors=True)
+    target = Checkpoint.open(workdir, job.manifest)
+    try:
+        target.begin_run()
+        _rescore(job, head.to(device), family_of(release).lexical_rows(release).to(device), target, device)
+        manifest = job.manifest | {"settings": source.manifest["settings"]}
+        if computed.records:
+            job.summary.notes.append(computed.describe())
+        described = {"clef.rehead_from": str(source.path), "clef.rehead_states_computed": str(computed.records)}
+        return job.finish(job.results(target), described, manifest=manifest)
+    finally:
+        target.close()
+        durable.rmtree(workdir, ignore_errors=True)
 
 
 def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Checkpoint, device: torch.device) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clef_cli.errors import ClefError, UsageError
+from clef_cli.store import durable
 
 STDOUT = "-"
 Writer = Callable[[BinaryIO], object]
@@ -35,11 +36,8 @@ def is_stdout(path: Path | str) -> bool:
 
 
 def fsync_path(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    """fsync a folder (the names made in it become durable)."""
+    durable.fsync_dir(path)
 
 
 def write_file(path: Path | str, write: Writer, before_rename: Callable[[], None] | None = None) -> None:
@@ -69,18 +67,17 @@ def write_text(path: Path | str, text: str) -> None:
 def _replace(path: Path, write: Writer, before_rename: Callable[[], None] | None) -> None:
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(temporary, "wb") as handle:
+        with durable.create(temporary) as handle:
             write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+            durable.wrote(temporary, handle)
+            durable.fsync(handle, temporary)
         with contextlib.suppress(FileNotFoundError):
             os.chmod(temporary, stat.S_IMODE(path.stat().st_mode))
         if before_rename is not None:
             before_rename()
-        os.replace(temporary, path)
+        durable.rename(temporary, path)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
+        durable.unlink(temporary)
     fsync_path(path.parent)
 
 
@@ -92,7 +89,7 @@ def remove_stale_temporaries(path: Path) -> None:
     target = _resolved(Path(path))
     for stale in target.parent.glob(f".{target.name}.*.tmp"):
         with contextlib.suppress(OSError):
-            stale.unlink()
+            durable.unlink(stale)
 
 
 def _resolved(path: Path) -> Path:

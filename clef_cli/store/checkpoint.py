@@ -14,8 +14,10 @@ Layout of a checkpoint folder::
     ray.log                the output of a quiet `--ray` run's Ray
 
 A shard counts only once its journal line is written, and that line is written last (after the
-files are fsynced and renamed into place). A job killed at any instant therefore leaves either a
-complete, journaled shard or files that the next run deletes. A run checks every file of every
+files are fsynced and renamed into place, and their folder fsynced). A job killed at any instant,
+or a power loss, therefore leaves either a complete, journaled shard or files that the next run
+deletes. Every change to the disk goes through store/durable.py (tests/crash_model.py replays
+each crash state it allows). A run checks every file of every
 shard against its journal line (size, then SHA-256 for results, CRC32 for the hidden states); a
 damaged shard is dropped, the index forgets its keys, and their records are computed again.
 Opening only to read (`checkpoint info`, `--rehead`, train-head) checks hidden states as read.
@@ -26,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ import pyarrow.ipc as ipc
 
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.results import RESULT_SCHEMA
+from clef_cli.store import durable
 from clef_cli.store.atomic import write_bytes, write_text
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex
 from clef_cli.store.manifest import (
@@ -110,11 +112,11 @@ class Checkpoint:
         """Create, or reuse after checking that the stored scoring fingerprint matches this run's."""
         if restart and path.exists():
             discard(path)
-        path.mkdir(parents=True, exist_ok=True)
+        durable.mkdir(path)
         stored = read_manifest(path)
         if stored is None:
-            (path / SHARDS).mkdir(exist_ok=True)
-            (path / JOURNAL).unlink(missing_ok=True)
+            durable.mkdir(path / SHARDS)
+            durable.unlink(path / JOURNAL)
             stored = write_manifest(path, manifest)
         else:
             differences = describe_differences(comparable(stored), comparable(manifest))
@@ -124,7 +126,7 @@ class Checkpoint:
                     + "; ".join(differences)
                     + " (use --restart to discard it, or --checkpoint to use another folder)"
                 )
-            (path / SHARDS).mkdir(exist_ok=True)
+            durable.mkdir(path / SHARDS)
         checkpoint = cls(path, stored)
         lines = checkpoint._read_journal(hidden_states=True)
         checkpoint._repair(lines)
@@ -149,15 +151,16 @@ class Checkpoint:
         """Reconcile the key index with the journal: forget shards it no longer lists (damaged,
         pruned), index journaled shards it lacks (a kill between journal line and index rows)."""
         index = self.index = KeyIndex(self.path / INDEX_FILE)
-        journaled = {entry.name for entry in self.entries}
-        for name in index.indexed_shards() - journaled:
-            index.forget_shard(name)
         indexed = index.indexed_shards()
+        stale = indexed - {entry.name for entry in self.entries}
+        missing = []
         for entry in self.entries:
             if entry.name not in indexed:
                 results = self.shards_path / entry.files["results"]["name"]
                 run_seq = index.begin_run(entry.run or "unknown", started=results.stat().st_mtime)
-                index.add_shard(entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq)
+                missing.append((entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq))
+        if stale or missing:
+            index.reconcile(stale, missing)
 
     def begin_run(self, inputs: Sequence[str | Path] = (), output: Path | None = None) -> int:
         """Record this run in the index, with what it reads and writes (for `checkpoint info`
@@ -216,9 +219,9 @@ class Checkpoint:
         keep = {described["name"] for entry in self.entries for described in entry.files.values()}
         for path in self.shards_path.iterdir():
             if path.name not in keep:
-                path.unlink(missing_ok=True)
+                durable.unlink(path)
         for path in self.path.glob(".*.tmp"):
-            path.unlink(missing_ok=True)
+            durable.unlink(path)
 
     def _rewrite_journal(self) -> None:
         lines = "".join(json.dumps(entry.__dict__, sort_keys=True) + "\n" for entry in self.entries)
@@ -264,10 +267,7 @@ class Checkpoint:
         elif hidden_file is not None:
             files["hidden"] = hidden_file
         entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
-        with open(self.path / JOURNAL, "a", encoding="utf-8") as journal:
-            journal.write(json.dumps(entry.__dict__, sort_keys=True) + "\n")
-            journal.flush()
-            os.fsync(journal.fileno())
+        durable.append(self.path / JOURNAL, (json.dumps(entry.__dict__, sort_keys=True) + "\n").encode("utf-8"))
         self.entries.append(entry)
         if self.index is not None:
             self.index.add_shard(name, table, entry.has_hidden, self.run_seq)
@@ -361,4 +361,4 @@ def discard(path: Path) -> None:
         return
     if not (path / MANIFEST).exists() and any(path.iterdir()):
         raise ClefError(f"refusing to delete {path}: it does not look like a clef checkpoint")
-    shutil.rmtree(path)
+    durable.rmtree(path)

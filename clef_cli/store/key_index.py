@@ -12,6 +12,7 @@ indexed are indexed), so a kill between a journal line and its index rows, or a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import sqlite3
 import threading
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from clef_cli.store import durable
 
 INDEX_FILE = "keys.sqlite"
 LOOKUP_CHUNK = 500
@@ -62,13 +65,17 @@ class KeyIndex:
             self.db = self._connect()
         except sqlite3.DatabaseError:  # damaged: it is only an index, so it is rebuilt
             for suffix in ("", "-wal", "-shm"):
-                Path(str(path) + suffix).unlink(missing_ok=True)
+                durable.unlink(Path(str(path) + suffix))
             self.db = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
+        durable.sqlite_opened(self.path, self.lock)
         db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
+        # FULL, not NORMAL: WAL with NORMAL may lose the last transactions to a power loss, and the
+        # run history (`runs`, each key's `last_run`, what prune decides by) exists only here: the
+        # journal rebuilds the keys, never when they were last used. One fsync per commit.
+        db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA temp_store=FILE")
         db.executescript(_SCHEMA)
         present = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
@@ -80,17 +87,27 @@ class KeyIndex:
     def close(self) -> None:
         with self.lock:
             self.db.close()
+            durable.sqlite_closed(self.path)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction. A full disk (SQLITE_FULL) is raised as the OSError it is, so that a
+        commit treats the index like every other file of the store."""
         with self.lock:
-            self.db.execute("BEGIN")
+            durable.sqlite_transaction(self.path, self.db)
             try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
+                self.db.execute("BEGIN")
+                try:
+                    yield self.db
+                except BaseException:
+                    if self.db.in_transaction:  # SQLite may have rolled back already
+                        self.db.execute("ROLLBACK")
+                    raise
+                self.db.execute("COMMIT")
+            except sqlite3.OperationalError as error:
+                if getattr(error, "sqlite_errorcode", None) != sqlite3.SQLITE_FULL:
+                    raise
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.path)) from error
 
     # ------------------------------------------------------------------ runs
 
@@ -135,29 +152,29 @@ class KeyIndex:
     def add_shard(self, name: str, table: pa.Table, has_hidden: bool, run_seq: int) -> None:
         """Index one committed shard's rows: a later shard's row wins, and a final result is
         never replaced by a transient one."""
-        keys = table.column("record_key").to_pylist()
-        kinds = table.column("error_kind").to_pylist()
-        errors = table.column("error").to_pylist()
-        seq = int(name) if name.isdigit() else 0
-        rows = [
-            (key, name, seq, row, int(kind != "transient"), int(has_hidden or error is not None), run_seq)
-            for row, (key, kind, error) in enumerate(zip(keys, kinds, errors, strict=True))
-            if key is not None
-        ]
         with self.transaction() as db:
-            db.executemany(
-                "INSERT INTO keys(key, shard, seq, row, final, hidden, last_run) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET shard = excluded.shard, seq = excluded.seq, row = excluded.row, "
-                "final = excluded.final, hidden = excluded.hidden, last_run = MAX(keys.last_run, excluded.last_run) "
-                "WHERE excluded.seq >= keys.seq AND (excluded.final = 1 OR keys.final = 0)",
-                rows,
-            )
-            db.execute("INSERT OR REPLACE INTO shards(name, seq) VALUES (?, ?)", (name, seq))
+            _insert_shard(db, name, table, has_hidden, run_seq)
 
-    def forget_shard(self, name: str) -> None:
+    def reconcile(self, stale: set[str], missing: Sequence[tuple[str, pa.Table, bool, int]]) -> None:
+        """In one transaction: forget the `stale` shards (no longer journaled: pruned, damaged)
+        and index the `missing` ones (name, table, has_hidden, run seq). A key found again in a
+        missing shard keeps when it was last used: a prune killed after its journal switch moved
+        kept keys to new shards, and their run history exists only here (without it the next
+        prune would drop keys the last one kept)."""
+        marks = ",".join("?" * len(stale)) or "NULL"
         with self.transaction() as db:
-            db.execute("DELETE FROM keys WHERE shard = ?", (name,))
-            db.execute("DELETE FROM shards WHERE name = ?", (name,))
+            db.execute("CREATE TEMP TABLE IF NOT EXISTS used (key TEXT PRIMARY KEY, last_run INTEGER NOT NULL)")
+            db.execute("DELETE FROM temp.used")
+            db.execute(f"INSERT INTO temp.used SELECT key, last_run FROM keys WHERE shard IN ({marks})", list(stale))
+            db.execute(f"DELETE FROM keys WHERE shard IN ({marks})", list(stale))
+            db.execute(f"DELETE FROM shards WHERE name IN ({marks})", list(stale))
+            for name, table, has_hidden, run_seq in missing:
+                _insert_shard(db, name, table, has_hidden, run_seq)
+            db.execute(
+                "UPDATE keys SET last_run = MAX(last_run, (SELECT u.last_run FROM temp.used u WHERE u.key = keys.key)) "
+                "WHERE key IN (SELECT key FROM temp.used)"
+            )
+            db.execute("DELETE FROM temp.used")
 
     # ------------------------------------------------------------------ keys
 
@@ -211,6 +228,27 @@ class KeyIndex:
             params += list(kept_runs)
         with self.lock:
             return sorted(row[0] for row in self.db.execute(query, params))
+
+
+def _insert_shard(db: sqlite3.Connection, name: str, table: pa.Table, has_hidden: bool, run_seq: int) -> None:
+    """`add_shard`'s rows, inside the caller's transaction."""
+    keys = table.column("record_key").to_pylist()
+    kinds = table.column("error_kind").to_pylist()
+    errors = table.column("error").to_pylist()
+    seq = int(name) if name.isdigit() else 0
+    rows = [
+        (key, name, seq, row, int(kind != "transient"), int(has_hidden or error is not None), run_seq)
+        for row, (key, kind, error) in enumerate(zip(keys, kinds, errors, strict=True))
+        if key is not None
+    ]
+    db.executemany(
+        "INSERT INTO keys(key, shard, seq, row, final, hidden, last_run) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET shard = excluded.shard, seq = excluded.seq, row = excluded.row, "
+        "final = excluded.final, hidden = excluded.hidden, last_run = MAX(keys.last_run, excluded.last_run) "
+        "WHERE excluded.seq >= keys.seq AND (excluded.final = 1 OR keys.final = 0)",
+        rows,
+    )
+    db.execute("INSERT OR REPLACE INTO shards(name, seq) VALUES (?, ?)", (name, seq))
 
 
 def _json_or(text: str | None, default: Any) -> Any:

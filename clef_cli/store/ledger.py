@@ -146,6 +146,32 @@ class Ledger:
     def keyed(self, table: pa.Table) -> pa.Table:
         """`table` (rows of this job) with each row's record_key from the ledger."""
         positions = table.column("record_index").to_pylist()
+        keys = self.keys_of(positions)
+        column = pa.array([keys.get(position) for position in positions], pa.string())
+        return table.set_column(table.schema.get_field_index("record_key"), "record_key", column)
+
+    def sampled(self, fraction: float) -> bytes:
+        """One byte per record position, 1 when its key is in `--keep-sample`'s sample
+        (store/keep_policy.py), so every engine chooses the same records without the keys."""
+        from clef_cli.store.keep_policy import sample_flags
+
+        with self.index.lock:
+            rows = self.index.db.execute("SELECT position, key FROM temp.job WHERE key IS NOT NULL").fetchall()
+        return sample_flags(rows, len(self.to_run), fraction)
+
+    def restrict(self, ids: set[str]) -> int:
+        """Run only the marked records whose id is in `ids` (train-head computes the states of its
+        gold records, no others); returns how many stay marked."""
+        with self.index.lock:
+            rows = self.index.db.execute("SELECT position, id FROM temp.job").fetchall()
+        for position, record_id in rows:
+            if record_id not in ids and self.to_run.flags[position] == RUN:
+                self.to_run.flags[position] = 0
+        self.counts.run = self.to_run.count
+        return self.counts.run
+
+    def keys_of(self, positions: list[int]) -> dict[int, str]:
+        """position -> record key, for the given positions of this job that have one."""
         keys: dict[int, str] = {}
         with self.index.lock:
             for start in range(0, len(positions), LOOKUP_CHUNK):
@@ -153,8 +179,7 @@ class Ledger:
                 marks = ",".join("?" * len(chunk))
                 query = f"SELECT position, key FROM temp.job WHERE position IN ({marks})"
                 keys.update(self.index.db.execute(query, chunk))
-        column = pa.array([keys.get(position) for position in positions], pa.string())
-        return table.set_column(table.schema.get_field_index("record_key"), "record_key", column)
+        return keys
 
     # ------------------------------------------------------------------ the output
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from clef_cli.errors import ClefError
+from clef_cli.store import durable
 
 
 class LockedError(ClefError):
@@ -45,9 +46,9 @@ class JobLock:
         self._descriptor: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        durable.mkdir(self.path.parent, durable=False)
         while True:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            descriptor = durable.open_or_create(self.path)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -66,17 +67,16 @@ class JobLock:
                 break
             os.close(descriptor)
         self.took_over = _read_owner(descriptor)  # a dead job's lock: its owner, for the record
-        os.ftruncate(descriptor, 0)
-        os.lseek(descriptor, 0, os.SEEK_SET)
-        os.write(descriptor, json.dumps(self.owner).encode("utf-8"))
-        os.fsync(descriptor)
+        durable.truncate(descriptor, self.path, 0)
+        durable.write_at(descriptor, self.path, json.dumps(self.owner).encode("utf-8"))
+        durable.fsync(descriptor, self.path)
         self._descriptor = descriptor
 
     def release(self) -> None:
         if self._descriptor is None:
             return
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            durable.unlink(self.path, missing_ok=False)
         os.close(self._descriptor)
         self._descriptor = None
 

@@ -7,7 +7,8 @@ Crash-safe the way commits are: the kept rows of each shard that loses some are 
 shard files first, then one atomic rewrite of the journal switches to them, and only then are
 the old files deleted and the key index updated. A kill before the journal rewrite leaves new
 files no journal line names (the next open deletes them); a kill after leaves old files no line
-names (deleted likewise) and an index the next open reconciles with the journal.
+names (deleted likewise) and an index the next open reconciles with the journal (each moved key
+keeping its last use, so the next prune keeps what this one kept).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from clef_cli.errors import UsageError
+from clef_cli.store import durable
 from clef_cli.store.checkpoint import (
     Checkpoint,
     ShardEntry,
@@ -182,7 +184,7 @@ def _apply(checkpoint: Checkpoint, changes: list[tuple[ShardEntry, list[int]]]) 
     for entry in obsolete:
         for described in entry.files.values():
             freed += int(described["bytes"])
-            (checkpoint.shards_path / described["name"]).unlink(missing_ok=True)
+            durable.unlink(checkpoint.shards_path / described["name"])
     freed -= sum(int(d["bytes"]) for e in entries if e not in old_entries for d in e.files.values())
     _update_index(checkpoint, obsolete, moves)
     return freed

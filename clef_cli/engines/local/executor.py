@@ -24,7 +24,8 @@ from clef_cli.model.backbone import resolve_device
 from clef_cli.model.scoring import BatchRunner, Scorer
 from clef_cli.results import FailedRecord, ScoredRecord
 from clef_cli.stats import record_modality
-from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
+from clef_cli.store.hidden_store import HIDDEN_DTYPES
+from clef_cli.store.keep_policy import KeepPolicy, split_outcome
 
 PREFETCH_BATCHES = 3
 W = TypeVar("W")
@@ -156,17 +157,21 @@ class BatchExecutor:
                 encoded.append(value)
         return encoded, None, failures, 0
 
+    @cached_property
+    def keep(self) -> KeepPolicy:
+        return self.job.keep_policy()
+
     def _score_and_commit(self, records: list[EncodedRecord], batch: ModelBatch | None) -> None:
-        """Forward and head for one planned batch, each outcome committed as it comes."""
-        settings = self.job.settings
+        """Forward and head for one planned batch, each outcome committed as it comes: the records
+        whose states the policy keeps in one shard with them, the others in one without."""
+        dtype = HIDDEN_DTYPES[self.job.settings.hidden_dtype]
         for outcome in self.runner.run(records, batch):
-            hidden = None
-            if outcome.records and settings.hidden_states == "keep":
-                assert outcome.hidden_states is not None
-                hidden = hidden_payload(outcome.records, outcome.hidden_states, HIDDEN_DTYPES[settings.hidden_dtype])
+            split = split_outcome(self.keep, outcome, dtype)
             self.job.summary.forwarded += len(outcome.records)
             tokens = sum(record.length for record in outcome.records)
-            self.commit(outcome.scored, outcome.failures, hidden, tokens)
+            first = bool(split.kept or outcome.failures)  # the tokens count with whichever commit is made
+            self.commit(split.kept, outcome.failures, split.hidden, tokens if first else 0)
+            self.commit(split.rest, [], tokens=0 if first else tokens)
 
     def commit(
         self, scored: list[ScoredRecord], failures: list[FailedRecord], hidden: Any = None, tokens: int = 0

@@ -39,6 +39,7 @@ from clef_cli.progress import Progress
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import human_size
 from clef_cli.stats import record_modality
+from clef_cli.store.keep_policy import selective_share
 
 __all__ = ["JobSummary", "ScoreJob", "ScoreSettings"]
 
@@ -88,6 +89,10 @@ class ScoreJob:
                 return job.interrupted()
             with job.summary.stats.stage("output_write"):
                 return job.finish(job.results(), passthrough=passthrough)
+
+    def score_marked(self, job: Job) -> None:
+        """Compute and commit the records `job`'s ledger marks, writing no output (on_demand.py)."""
+        self._score(job)
 
     def _score(self, job: Job) -> None:
         stats = job.summary.stats
@@ -169,18 +174,20 @@ def _fresh_spool(job: Job) -> tuple[Path, int]:
 
 
 def _check_disk(job: Job, window: Window) -> None:
-    """Refuse to start when the hidden states would not fit (estimated from the first window)."""
+    """Refuse to start when the hidden states would not fit (estimated from the first window and,
+    for `selective`, the share the policy stores: `selective_share`)."""
     settings, checkpoint = job.settings, job.checkpoint
-    if settings.hidden_states != "keep":
+    if settings.hidden_states == "drop":
         return
+    share, how = selective_share(settings, checkpoint.results())
     lengths = [p.length or 0 for p in window.planned]
     remaining = max(len(lengths), job.ledger.counts.run)
     per_token = hidden_bytes_per_token(settings, job.release.hidden_size)
-    needed = int(statistics.fmean(lengths) * remaining * per_token)
+    needed = int(statistics.fmean(lengths) * remaining * per_token * share)
     free = shutil.disk_usage(checkpoint.path).free
     if needed > free:
         raise ClefError(
-            f"the hidden states of this job need about {human_size(needed)} but only {human_size(free)} are free "
-            f"under {checkpoint.path}; use --hidden-states drop to keep only the results, or --checkpoint "
-            "on a larger disk"
+            f"the hidden states of this job need about {human_size(needed)}{how} but only {human_size(free)} are "
+            f"free under {checkpoint.path}; use --hidden-states selective (states of the uncertain records and a "
+            "sample) or --hidden-states drop (results only), or --checkpoint on a larger disk"
         )

@@ -6,6 +6,8 @@ import contextlib
 import math
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from clef_cli.encoding.batching import PlanEntry, plan_batches
 from clef_cli.engines.local.planning import (
     encode_pool,
@@ -21,6 +23,7 @@ from clef_cli.progress import Progress
 from clef_cli.release import Release, resolve_release
 from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
+from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
 from clef_cli.store.ledger import ToRun
 
 
@@ -40,6 +43,12 @@ class DryRunReport:
     first_errors: list[tuple[str, str]] = field(default_factory=list)
     """(error_kind, error) of the first failing records."""
     hidden_state_bytes: int = 0
+    """Under the run's own policy (for `selective`, the low end of its range)."""
+    hidden_state_bytes_by_policy: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """keep, selective, drop -> (low, high) bytes of hidden states this run would store; equal
+    unless `selective` has no stored results to measure its share under the threshold from."""
+    selective_measured: float | None = None
+    """The share of the store's results under --keep-below, when it has results."""
 
     @property
     def invalid(self) -> int:
@@ -88,9 +97,33 @@ def plan_report(settings: ScoreSettings, progress: Progress | None = None) -> Dr
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
     report.valid += report.already_done
     report.records = report.valid + sum(report.failed_by_kind.values())
-    if settings.hidden_states == "keep":
-        report.hidden_state_bytes = sum(report.lengths) * hidden_bytes_per_token(settings, release.hidden_size)
+    _hidden_sizes(report, settings, sum(report.lengths) * hidden_bytes_per_token(settings, release.hidden_size))
     return report
+
+
+def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, every: int) -> None:
+    """The states' size under each policy; `selective` from the share of the store's results
+    under the threshold (the sample's share of the rest added), a range without results."""
+    stored = _stored_results(settings)
+    below = None if stored is None else measured_below(stored, settings.keep_below)
+    report.selective_measured = below
+    for policy in (KEEP, SELECTIVE, DROP):
+        low, high = stored_fraction(policy, below, settings.keep_sample)
+        report.hidden_state_bytes_by_policy[policy] = (int(every * low), int(every * high))
+    report.hidden_state_bytes = report.hidden_state_bytes_by_policy[settings.hidden_states][0]
+
+
+def _stored_results(settings: ScoreSettings) -> pa.Table | None:
+    path = settings.checkpoint_path
+    if settings.restart or not (path / MANIFEST).exists():
+        return None
+    with contextlib.suppress(ClefError):
+        checkpoint = Checkpoint.open_existing(path)
+        try:
+            return checkpoint.results()
+        finally:
+            checkpoint.close()
+    return None
 
 
 def _already_done(settings: ScoreSettings, release: Release) -> ToRun | None:
@@ -101,7 +134,7 @@ def _already_done(settings: ScoreSettings, release: Release) -> ToRun | None:
     with contextlib.suppress(ClefError):
         checkpoint = Checkpoint.open_existing(path)
         try:
-            ledger = job_ledger(settings, release, checkpoint, settings.hidden_states == "keep")
+            ledger = job_ledger(settings, release, checkpoint, settings.hidden_states == KEEP)
             return ledger.to_run
         finally:
             checkpoint.close()

@@ -41,7 +41,8 @@ from clef_cli.release import resolve_release
 from clef_cli.results import RESULT_SCHEMA, FailedRecord, results_table
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import Checkpoint
-from clef_cli.store.hidden_store import HIDDEN_DTYPES, hidden_payload
+from clef_cli.store.hidden_store import HIDDEN_DTYPES
+from clef_cli.store.keep_policy import DROP, KeepPolicy, split_outcome
 from clef_cli.store.ledger import ToRun
 
 
@@ -74,7 +75,13 @@ def _assigned_cpus() -> int:
 class ScoreActor:
     """One model per actor; scores blocks of rows with the single-process job's own pieces."""
 
-    def __init__(self, settings: ScoreSettings, questions: dict[str, Any] | None, hidden_dir: str | None) -> None:
+    def __init__(
+        self,
+        settings: ScoreSettings,
+        questions: dict[str, Any] | None,
+        hidden_dir: str | None,
+        keep: KeepPolicy | None = None,
+    ) -> None:
         from clef_cli.encoding.media import set_decode_threads
         from clef_cli.encoding.prompt import PromptEncoder
         from clef_cli.families import family_of
@@ -98,6 +105,8 @@ class ScoreActor:
         self.builder = RecordBuilder(default_questions=questions, check_duplicates=False)
         self.max_batch_size = settings.max_batch_size
         self.hidden_dir = Path(hidden_dir) if hidden_dir else None
+        self.keep = keep or KeepPolicy()
+        """Whose states are written (the driver's policy, its sample drawn from the driver's ledger)."""
         self.hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
 
     def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
@@ -127,12 +136,14 @@ class ScoreActor:
         pieces = [tag(results_table([], failures), None)]
         for batch in plan_batches(entries, self.runner.max_batch_tokens, self.max_batch_size):
             for outcome in self.runner.run([encoded[index] for index in batch.indices]):
+                keep = self.keep if self.hidden_dir is not None else KeepPolicy(DROP)
+                split = split_outcome(keep, outcome, self.hidden_dtype)
                 described = None
-                if outcome.records and self.hidden_dir is not None:
-                    assert outcome.hidden_states is not None
-                    payload = hidden_payload(outcome.records, outcome.hidden_states, self.hidden_dtype)
-                    described = write_hidden(self.hidden_dir, payload)
-                pieces.append(tag(results_table(outcome.scored, outcome.failures), described))
+                if split.hidden is not None and self.hidden_dir is not None:
+                    described = write_hidden(self.hidden_dir, split.hidden)
+                pieces.append(tag(results_table(split.kept, outcome.failures), described))
+                if split.rest:
+                    pieces.append(tag(results_table(split.rest, []), None))
         return pa.concat_tables(pieces)
 
 
@@ -203,6 +214,7 @@ class RayScoreJob:
         self.progress = progress or Progress()
         self.stop = stop or threading.Event()
         self.summary = JobSummary(output=settings.output)
+        self.keep = KeepPolicy(settings.hidden_states)
 
     def run(self) -> JobSummary:
         device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
@@ -217,6 +229,7 @@ class RayScoreJob:
             )
             questions = load_questions_file(settings.questions) if settings.questions else None
             if job.ledger.counts.run:
+                self.keep = job.keep_policy()
                 self._on_cluster(job.checkpoint, job.ledger.to_run, questions)
             if self.stop.is_set():
                 return job.interrupted()
@@ -234,7 +247,7 @@ class RayScoreJob:
                 actors = fit_actors(
                     alive_nodes(), cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker
                 )
-                if settings.hidden_states == "keep":
+                if settings.hidden_states != DROP:
                     check_every_node_sees(checkpoint.shards_path)
                 slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
                 self.progress.start(len(to_run), len(to_run) - to_run.count)
@@ -262,7 +275,7 @@ class RayScoreJob:
         are read and dispatched; the read tasks get one byte per record saying which."""
         settings, cluster = self.settings, self.ray_settings
         done = to_run.done_bytes()
-        hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states == "keep" else None
+        hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states != DROP else None
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
             .flat_map(
@@ -273,7 +286,9 @@ class RayScoreJob:
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
             .map_batches(
                 ScoreActor,
-                fn_constructor_kwargs={"settings": settings, "questions": questions, "hidden_dir": hidden_dir},
+                fn_constructor_kwargs={
+                    "settings": settings, "questions": questions, "hidden_dir": hidden_dir, "keep": self.keep
+                },
                 batch_size=cluster.block_records,
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),

@@ -15,6 +15,7 @@ import numpy as np
 
 from clef_cli.errors import UsageError
 from clef_cli.quality.labels.scored import ScoredFile
+from clef_cli.results import least_confidence
 
 ORDERS = ("uncertainty", "margin", "entropy", "random", "stratified")
 
@@ -60,7 +61,7 @@ class ReviewRecord:
 
     @property
     def confidence(self) -> float:
-        return min(question.confidence for question in self.questions)
+        return least_confidence(question.probabilities for question in self.questions)
 
     @property
     def margin(self) -> float:

@@ -33,6 +33,7 @@ from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, re
 from clef_cli.store.atomic import ensure_writable_folder, write_bytes, write_text
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.hidden_store import HiddenReader, load_states
+from clef_cli.store.manifest import scored_model
 
 REPORT_FILE = "training_report.json"
 BOOTSTRAP_RESAMPLES = 2000
@@ -72,7 +73,12 @@ class TrainHeadSettings:
     force: bool = False
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES
     gold_format: str = "auto"
-    """auto, table, label-studio or argilla (see quality/gold_exports.py)."""
+    """auto, table, label-studio or argilla (see quality/labels/exports.py)."""
+    records: tuple[str | Path, ...] = ()
+    """The records `clef score` took: gold records stored without hidden states (selective or drop)
+    get them computed first (engines/on_demand.py), the thinker running on those only."""
+    questions: Path | None = None
+    """The `--questions` schema those records were scored with, when they carry none."""
 
 
 class TrainProgress(Protocol):
@@ -153,10 +159,10 @@ def _open_inputs(settings: TrainHeadSettings) -> tuple[Checkpoint, HiddenReader,
     if reader.num_records == 0:
         raise ClefError(
             f"checkpoint {settings.checkpoint} holds no hidden states (its job ran with --hidden-states drop); "
-            "score the records again with --hidden-states keep (the default) to train a head on them"
+            "pass --records with the records it scored to compute the gold records' states"
         )
     manifest = checkpoint.manifest
-    model = settings.model or (manifest.get("model") or {}).get("id")
+    model = scored_model(manifest, settings.model)
     release = resolve_release(model, revision=settings.revision)
     if file_sha256(release.path / "config.json") != (manifest.get("model") or {}).get("config_sha256"):
         raise ClefError(
@@ -179,8 +185,24 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
     ensure_writable_folder(settings.output, "-o")
+    progress = progress or SilentTrainProgress()
+    computed = None
+    if settings.records:  # before the locks: the run that computes them takes the checkpoint's own
+        from clef_cli.engines.on_demand import gold_states
+
+        computed = gold_states(
+            settings.checkpoint, settings.records, settings.gold, settings.gold_format, settings.model,
+            settings.device, settings.questions,
+        )  # fmt: skip
+        progress.stage(computed.describe())
     with job_locks(settings.output, settings.checkpoint):
-        return _train_head(settings, progress or SilentTrainProgress())
+        result = _train_head(settings, progress)
+    if computed is not None:
+        result.report["states_computed"] = {
+            "records": computed.records, "tokens": computed.tokens, "seconds": round(computed.seconds, 3),
+            "summary": computed.describe(),
+        }  # fmt: skip
+    return result
 
 
 def _report(
