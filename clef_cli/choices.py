@@ -48,3 +48,10 @@ class HiddenDtype(str, Enum):
     bfloat16 = "bfloat16"
     float16 = "float16"
     float32 = "float32"
+
+
+class Engine(str, Enum):
+    """Which backbone runs the thinker (`clef score --engine`)."""
+
+    hf = "hf"
+    vllm = "vllm"

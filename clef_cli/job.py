@@ -55,8 +55,15 @@ def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir
             "head_sha256": file_sha256(head_dir / HEAD_WEIGHTS),
             "head_config_sha256": file_sha256(head_dir / HEAD_CONFIG),
         },
-        "settings": {"dtype": dtype},
+        "settings": {"dtype": dtype} | engine_setting(settings),
     }
+
+
+def engine_setting(settings: ScoreSettings) -> dict[str, str]:
+    """The engine is part of the scoring fingerprint when it is not the HF engine: another
+    backbone's kernels give other numbers (fp32 within 1e-5, bf16 further apart), so a store holds
+    one engine's results; HF stores keep the fingerprint they had before there was a choice."""
+    return {} if settings.engine == "hf" else {"engine": settings.engine}
 
 
 def job_ledger(settings: ScoreSettings, release: Release, checkpoint: Checkpoint, needs_hidden: bool) -> Ledger:
@@ -128,6 +135,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.special_tokens": settings.special_tokens.value,
         "clef.dtype": str(manifest.get("settings", {}).get("dtype", "")),
         "clef.layout": settings.layout,
+        "clef.engine": settings.engine,
         **hidden_policy_metadata(settings),
         "clef.key_version": str(KEY_VERSION),
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

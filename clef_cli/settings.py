@@ -30,6 +30,18 @@ from clef_cli.store.atomic import ensure_writable
 if TYPE_CHECKING:
     from clef_cli.results import OutputCounts, RunCounts
 
+ENGINES = ("hf", "vllm")
+
+
+@dataclass
+class VllmOptions:
+    """`--engine vllm`'s options, passed through to vLLM's engine (None: vLLM's default)."""
+
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
+    cpu_kv_cache_gib: float | None = None
+    """The KV-cache space on the CPU build (VLLM_CPU_KVCACHE_SPACE), in GiB."""
 
 
 @dataclass
@@ -76,6 +88,9 @@ class ScoreSettings:
     calibration: Path | None = None
     """A `clef calibrate` file applied when the output is written; not part of the checkpoint's
     settings, so a finished job can be recalibrated without running the model."""
+    engine: str = "hf"
+    """hf: transformers in this process; vllm: vLLM as the backbone, in its own process (engines/vllm/)."""
+    vllm: VllmOptions | None = None
     media_spool_bytes: int = 32 << 30
     """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
     space at most), so that media are decoded once, not twice."""
@@ -111,6 +126,8 @@ class ScoreSettings:
         for name in ("keep_below", "keep_sample"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, not {getattr(self, name)}")
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.output.suffix.lower() not in (".parquet", ".pq"):
             raise UsageError(f"output {self.output} must end in .parquet")
         ensure_writable(self.output, "-o")

@@ -191,6 +191,7 @@ def test_provenance_metadata(scored_sample):
         "clef.special_tokens": "text",
         "clef.dtype": "float32",
         "clef.layout": "wide",
+        "clef.engine": "hf",
         "clef.hidden_states": "keep",
         "clef.key_version": "1",
         # 19 records: bad-schema is invalid (never keyed), bad-image is run and fails in encoding,

@@ -13,6 +13,7 @@ from typer._click.core import ParameterSource  # Typer's vendored click
 from clef_cli.choices import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
+    Engine,
     HiddenDtype,
     HiddenStates,
     Layout,
@@ -36,11 +37,15 @@ from clef_cli.cli.options import (
 from clef_cli.cli.progress import RichProgress, install_stop_handlers, print_dry_run, print_summary
 from clef_cli.cli.score_options import (
     RAY_ONLY,
+    VLLM_ONLY,
     BlockRecordsOption,
     CalibrationOption,
     CheckpointOption,
+    CpuKvCacheOption,
     CpusPerWorkerOption,
     DryRunOption,
+    EngineOption,
+    GpuMemoryUtilizationOption,
     GpusPerWorkerOption,
     HiddenDtypeOption,
     HiddenStatesOption,
@@ -52,6 +57,7 @@ from clef_cli.cli.score_options import (
     LimitOption,
     MaxBatchSizeOption,
     MaxBatchTokensOption,
+    MaxModelLenOption,
     OutputOption,
     RayActorsOption,
     RayAddressOption,
@@ -62,6 +68,7 @@ from clef_cli.cli.score_options import (
     ScoreQuietOption,
     StallTimeoutOption,
     StatsJsonOption,
+    TensorParallelSizeOption,
     WindowOption,
     WorkersOption,
     ray_settings,
@@ -75,15 +82,23 @@ from clef_cli.progress import Progress
 from clef_cli.settings import ScoreSettings
 
 
-def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None) -> None:
+def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine: Engine = Engine.hf) -> None:
     """Refuse, before any work, options that cannot apply: Ray's without --ray (an address from
-    RAY_ADDRESS alone is fine: Ray clusters set it for every process), and --rehead with --ray."""
+    RAY_ADDRESS alone is fine: Ray clusters set it for every process), vLLM's without --engine
+    vllm, --rehead with --ray, and --engine vllm with --ray or --rehead."""
+    given = [name for name in (*RAY_ONLY, *VLLM_ONLY) if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    for name in given:
+        option = next(param for param in ctx.command.params if param.name == name).opts[0]
+        if name in RAY_ONLY and not ray:
+            raise UsageError(f"{option} applies to Ray runs only: add --ray")
+        if name in VLLM_ONLY and engine is not Engine.vllm:
+            raise UsageError(f"{option} applies to the vLLM engine only: add --engine vllm")
+    if engine is Engine.vllm and (ray or rehead is not None):
+        what = "--ray (vLLM in Ray actors is not built yet)" if ray else "--rehead (it runs no backbone)"
+        raise UsageError(f"--engine vllm does not go with {what}: drop one of them")
     if not ray:
-        for name in RAY_ONLY:
-            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
-                option = next(param for param in ctx.command.params if param.name == name).opts[0]
-                raise UsageError(f"{option} applies to Ray runs only: add --ray")
-    elif rehead is not None:
+        return
+    if rehead is not None:
         raise UsageError("--rehead runs the head alone on stored hidden states: drop --ray")
 
 
@@ -125,6 +140,11 @@ def score(
     cpus_per_worker: CpusPerWorkerOption = None,
     block_records: BlockRecordsOption = 256,
     stall_timeout: StallTimeoutOption = DEFAULT_STALL_TIMEOUT,
+    engine: EngineOption = Engine.hf,
+    max_model_len: MaxModelLenOption = None,
+    gpu_memory_utilization: GpuMemoryUtilizationOption = None,
+    tensor_parallel_size: TensorParallelSizeOption = None,
+    cpu_kv_cache_gib: CpuKvCacheOption = None,
     limits: MediaLimits | None = None,  # replaced by the five media-limit options (with_media_limits)
 ) -> None:
     """Score records into Parquet: one row per input record, in input order, with a probability
@@ -137,7 +157,7 @@ def score(
       clef score sample_data/posts.jsonl --questions sample_data/questions.json -o posts.parquet --device cpu
       clef score s3://bucket/records/ -o out.parquet --ray --ray-address ray://head-node:10001 --ray-actors 16
     """
-    refuse_impossible(ctx, ray, rehead)
+    refuse_impossible(ctx, ray, rehead, engine)
     settings = score_settings(ctx.params, limits)
     progress = RichProgress(enabled=not quiet and stderr.is_terminal)
     if dry_run:
@@ -176,6 +196,10 @@ def run_engine(settings: ScoreSettings, options: dict[str, Any], progress: Progr
 
             cluster = ray_settings(options, settings.device, quiet)
             return RayScoreJob(settings, cluster, progress, stop=stop).run()
+        if settings.engine == Engine.vllm.value:
+            from clef_cli.engines.vllm.job import VllmScoreJob
+
+            return VllmScoreJob(settings, progress, stop=stop).run()
         from clef_cli.engines.local.pipeline import ScoreJob
 
         return ScoreJob(settings, progress, stop=stop).run()

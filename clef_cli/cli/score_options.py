@@ -9,11 +9,11 @@ from typing import Annotated, Any
 
 import typer
 
-from clef_cli.choices import HiddenDtype, HiddenStates, Layout
+from clef_cli.choices import Engine, HiddenDtype, HiddenStates, Layout
 from clef_cli.cli.options import Dtype, writable_file, writable_file_or_stdout
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
-from clef_cli.settings import ScoreSettings
+from clef_cli.settings import ScoreSettings, VllmOptions
 
 # What to read and write
 InputsArgument = Annotated[
@@ -172,6 +172,34 @@ StallTimeoutOption = Annotated[
         help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
     ),
 ]
+# The engine (each vLLM option needs --engine vllm: VLLM_ONLY)
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        "--engine",
+        help="hf: transformers in this process; vllm: vLLM as the backbone in its own environment "
+        "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states. Audio-in-video records are refused "
+        "for now.",
+    ),
+]
+MaxModelLenOption = Annotated[
+    int | None, typer.Option("--max-model-len", min=1, help="--engine vllm: longest prompt vLLM takes.")
+]
+GpuMemoryUtilizationOption = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-utilization", min=0.01, max=1.0, help="--engine vllm: share of GPU memory vLLM may take."
+    ),
+]
+TensorParallelSizeOption = Annotated[
+    int | None, typer.Option("--tensor-parallel-size", min=1, help="--engine vllm: GPUs one model spans.")
+]
+CpuKvCacheOption = Annotated[
+    float | None,
+    typer.Option("--cpu-kv-cache-gib", min=0.1, help="--engine vllm on the CPU: KV-cache space in GiB."),
+]
+VLLM_ONLY = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "cpu_kv_cache_gib")
+
 RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "block_records", "stall_timeout")
 
 
@@ -195,6 +223,8 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
         keep_below=options["keep_below"],
         keep_sample=options["keep_sample"],
         hidden_dtype=options["hidden_dtype"].value,
+        engine=options["engine"].value,
+        vllm=VllmOptions(**{name: options[name] for name in VLLM_ONLY}),
     )
 
 

@@ -88,7 +88,11 @@ class ScoreJob:
             if self.stop.is_set():
                 return job.interrupted()
             with job.summary.stats.stage("output_write"):
-                return job.finish(job.results(), passthrough=passthrough)
+                return job.finish(job.results(), self.engine_metadata(), passthrough=passthrough)
+
+    def engine_metadata(self) -> dict[str, str]:
+        """The engine's own provenance (the vLLM engine adds its version)."""
+        return {}
 
     def score_marked(self, job: Job) -> None:
         """Compute and commit the records `job`'s ledger marks, writing no output (on_demand.py)."""

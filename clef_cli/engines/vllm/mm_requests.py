@@ -1,0 +1,69 @@
+"""What one record becomes as a vLLM request: the token ids clef's prompt encoder made, with the
+expanded media segment put back to its placeholder text (one placeholder per item: vLLM expands
+it again, from the same media and processor settings), the decoded media, and the processor
+options of DESIGN.md (image size bounds; videos at 2 fps, frames as decoded, their soundtracks
+as audio in video). The worker hands back vLLM's expanded ids, which must equal ours."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.encoding.media import MediaLimits
+from clef_cli.families.base import decode_entries
+from clef_cli.release import Release
+
+MODALITIES = ("images", "audio", "videos")
+"""The media kinds proven exact against the HF engine through vLLM (tests/test_vllm_engine.py)."""
+
+
+def unsupported_media(encoded: EncodedRecord) -> str | None:
+    """The first media kind of the record this engine does not score yet, or None. Audio in video
+    is one: vLLM's hidden states part from the reference's at the first soundtrack token (issue 33;
+    the reproduction is in tests/test_vllm_engine.py's notes)."""
+    record = encoded.record
+    if record.videos and encoded.use_audio_in_video:
+        return "audio in video"
+    for kind in ("images", "audio", "videos"):
+        if getattr(record, kind) and kind not in MODALITIES:
+            return kind
+    return None
+
+
+def vllm_request(
+    encoded: EncodedRecord, release: Release, limits: MediaLimits, tokenize: Callable[[str], list[int]]
+) -> dict[str, Any]:
+    """The worker's prompt for one record (see the module's docstring). `tokenize`: the release's
+    tokenizer, without special tokens, for the media segment's unexpanded placeholder text."""
+    record = encoded.record
+    if not record.has_media:
+        return {"ids": list(encoded.input_ids)}
+    from clef_cli.encoding.media import AUDIO_SAMPLE_RATE, decode_audio, decode_image, decode_video
+    from clef_cli.families.base import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+    from clef_cli.families.omni import IMAGE_SIZE
+
+    media: dict[str, Any] = {}
+    # the image size bounds nested, so they reach the image processor alone: given flat, the
+    # video processor takes them too and makes other frame sizes than the HF engine (issue 33)
+    kwargs: dict[str, Any] = {"images_kwargs": {"size": dict(IMAGE_SIZE)}}
+    if record.images:
+        media["image"] = decode_entries(record, "images", decode_image, limits)
+    clips = [(clip, AUDIO_SAMPLE_RATE) for clip in decode_entries(record, "audio", decode_audio, limits)]
+    videos = decode_entries(record, "videos", decode_video, limits)
+    if videos:
+        media["video"] = [video.frames for video in videos]
+        kwargs |= {"fps": 2.0, "do_sample_frames": False}
+        if all(video.soundtrack is not None for video in videos):
+            kwargs["use_audio_in_video"] = True
+            clips += [(video.soundtrack, AUDIO_SAMPLE_RATE) for video in videos]
+    if clips:
+        media["audio"] = clips
+    text = "".join(
+        [IMAGE_PLACEHOLDER + "\n"] * len(record.images)
+        + [AUDIO_PLACEHOLDER + "\n"] * len(record.audio)
+        + [VIDEO_PLACEHOLDER + "\n"] * len(videos)
+    )
+    start, end = encoded.media_span
+    ids = [*encoded.input_ids[:start], *tokenize(text), *encoded.input_ids[end:]]
+    return {"ids": ids, "mm": media, "mm_kwargs": kwargs}
