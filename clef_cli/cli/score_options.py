@@ -178,8 +178,8 @@ EngineOption = Annotated[
     typer.Option(
         "--engine",
         help="hf: transformers in this process; vllm: vLLM as the backbone in its own environment "
-        "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states. Audio-in-video records are refused "
-        "for now.",
+        "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states. Audio-in-video records "
+        "are refused for now.",
     ),
 ]
 MaxModelLenOption = Annotated[

@@ -18,14 +18,7 @@ import uuid
 from pathlib import Path
 
 from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy, Resolver, fetch_into, resolve
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+from clef_cli.release import file_sha256
 
 
 class RemoteSpool:
@@ -53,7 +46,7 @@ class RemoteSpool:
         `FetchError` (the stored one, for a URL that failed before)."""
         body, failed = self._paths(url)
         if body.exists():
-            return _sha256_file(body)
+            return file_sha256(body)
         self._raise_failure(failed)
         partial = self.folder / f".{body.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -70,7 +63,7 @@ class RemoteSpool:
             partial.unlink(missing_ok=True)
             raise
         os.replace(partial, body)
-        return _sha256_file(body)
+        return file_sha256(body)
 
     def stored(self, url: str) -> bytes | None:
         """The bytes this job fetched for `url` (or its stored `FetchError`); None when the job

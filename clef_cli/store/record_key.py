@@ -54,6 +54,7 @@ from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
+from clef_cli.release import file_sha256
 
 KEY_VERSION = 1
 PROCESSOR_FILE_PATTERNS = (
@@ -71,18 +72,10 @@ PROCESSOR_FILE_PATTERNS = (
 )
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def processor_files_digest(release_path: Path) -> dict[str, str]:
     """Name -> SHA-256 of every release file the tokenizer and processor are built from."""
     names = {path.name for pattern in PROCESSOR_FILE_PATTERNS for path in release_path.glob(pattern) if path.is_file()}
-    return {name: _sha256_file(release_path / name) for name in sorted(names)}
+    return {name: file_sha256(release_path / name) for name in sorted(names)}
 
 
 @dataclass(frozen=True)
@@ -246,7 +239,7 @@ class MediaHasher:
             self._cache.move_to_end(cached)
             return self._cache[cached]
         try:
-            digest = "sha256:" + _sha256_file(path)
+            digest = "sha256:" + file_sha256(path)
         except (OSError, ValueError):
             return f"unreadable:{path}"
         return self._remember(self._cache, cached, digest, self.cache_size)
