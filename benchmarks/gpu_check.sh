@@ -9,7 +9,11 @@
 # (2) golden parity on the device, both families, float32 and bfloat16; (3) bench_gpu.py, Omni
 # text stack at real dimensions, grouped_mm vs eager, 4 layers, budgets 16k/64k/128k, then
 # --family dense; (4) bench_score.py on the device (text and mixed parts); (5) a short
-# bench_feed.py --sets text,image on this machine's CPUs. Under $OUT, 8 files: gpu_check.log,
+# bench_feed.py --sets text,image on this machine's CPUs; (6) on the device only, bench_engines.py:
+# the HF and vLLM engines side by side, when a vLLM is at hand ($CLEF_VLLM_PYTHON, this Python, or
+# the CUDA vllm wheels in $CLEF_VLLM_WHEELS: they do not fit the 64 MiB the device tool carries, so
+# a wheel folder must be there; otherwise the step says it was skipped, and why). Its figures go to
+# the log. Under $OUT, 8 files: gpu_check.log,
 # environment.json, parity.json, gpu_omni.json, gpu_dense.json, score.json, feed.json and
 # summary.json. A step that fails or runs out of its time is logged and the others still run.
 set -uo pipefail
@@ -80,6 +84,20 @@ step gpu-dense 60 "$PY" benchmarks/bench_gpu.py "${GPU[@]}" ${DENSE[@]+"${DENSE[
 step score 80 "$PY" benchmarks/bench_score.py --device "$DEVICE" --skip c "${SCORE[@]}" --json "$OUT/score.json"
 step feed 90 "$PY" benchmarks/bench_feed.py "${FEED[@]}" --media-dir "${TMPDIR:-/tmp}/clef-feed-media" \
   --json "$OUT/feed.json"
+if [[ $SMOKE -eq 0 ]]; then  # the engines side by side (issue 33): HF against vLLM on the device
+  VLLM_PY="${CLEF_VLLM_PYTHON:-}"
+  if [[ -z "$VLLM_PY" && -n "${CLEF_VLLM_WHEELS:-}" ]]; then  # the CUDA vllm wheels do not fit the carry
+    "$PY" -m venv "$VENDOR-vllm" && "$VENDOR-vllm/bin/pip" install --quiet --no-index \
+      --find-links "$CLEF_VLLM_WHEELS" vllm && VLLM_PY="$VENDOR-vllm/bin/python"
+  fi
+  [[ -z "$VLLM_PY" ]] && "$PY" -c "import vllm" 2> /dev/null && VLLM_PY="$PY"
+  if [[ -n "$VLLM_PY" ]]; then
+    step engines 60 env CLEF_VLLM_PYTHON="$VLLM_PY" "$PY" benchmarks/bench_engines.py --device cuda \
+      --dtype bfloat16 --records 400
+  else
+    echo "=== engines: skipped: no vLLM here (set CLEF_VLLM_PYTHON, or CLEF_VLLM_WHEELS=DIR with the CUDA vllm wheels)"
+  fi
+fi
 step summary 15 "$PY" benchmarks/gpu_summary.py "$OUT"
 echo "=== done $(date -u +%H:%M:%S); files under $OUT:"
 ls -la "$OUT"
