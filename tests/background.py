@@ -128,7 +128,7 @@ JOBS = {
     "gpu-check": Job(
         ["bash", str(BENCHMARKS / "gpu_check.sh"), "--cpu-smoke"],
         lambda item: item.nodeid == GPU_CHECK_TEST,
-        env={"OUT": "{folder}/out"},
+        env={"OUT": "{folder}/out", "PYTHON": sys.executable},  # the interpreter running the tests
         last=True,
     ),
     "crash": Job(_python_job("crash"), lambda item: item.nodeid == CRASH_TEST),
