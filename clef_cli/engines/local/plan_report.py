@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pyarrow as pa
 
@@ -25,6 +27,8 @@ from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
 from clef_cli.store.ledger import ToRun
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -113,29 +117,26 @@ def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, every: int) -> 
     report.hidden_state_bytes = report.hidden_state_bytes_by_policy[settings.hidden_states][0]
 
 
-def _stored_results(settings: ScoreSettings) -> pa.Table | None:
+def _from_store(settings: ScoreSettings, read: Callable[[Checkpoint], T]) -> T | None:
+    """`read(checkpoint)` on the job's existing checkpoint; None without one, with --restart, or
+    when it cannot be opened (a dry run changes nothing and refuses nothing)."""
     path = settings.checkpoint_path
     if settings.restart or not (path / MANIFEST).exists():
         return None
     with contextlib.suppress(ClefError):
         checkpoint = Checkpoint.open_existing(path)
         try:
-            return checkpoint.results()
+            return read(checkpoint)
         finally:
             checkpoint.close()
     return None
+
+
+def _stored_results(settings: ScoreSettings) -> pa.Table | None:
+    return _from_store(settings, lambda checkpoint: checkpoint.results())
 
 
 def _already_done(settings: ScoreSettings, release: Release) -> ToRun | None:
     """What a run would compute (the checkpoint's results stay as they are); None without one."""
-    path = settings.checkpoint_path
-    if settings.restart or not (path / MANIFEST).exists():
-        return None
-    with contextlib.suppress(ClefError):
-        checkpoint = Checkpoint.open_existing(path)
-        try:
-            ledger = job_ledger(settings, release, checkpoint, settings.hidden_states == KEEP)
-            return ledger.to_run
-        finally:
-            checkpoint.close()
-    return None
+    needs_hidden = settings.hidden_states == KEEP
+    return _from_store(settings, lambda checkpoint: job_ledger(settings, release, checkpoint, needs_hidden).to_run)
