@@ -44,11 +44,13 @@ def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:
     """The scoring fingerprint: what turns the same prompt into other results (the backbone, the
-    head, the dtype). A store is used only by runs with the same one; everything that shapes a
-    prompt is in each record's key instead."""
+    head, the dtype), by content. A store is used only by runs with the same one; everything that
+    shapes a prompt is in each record's key instead. `id` and `path` are for display only
+    (`manifest.DISPLAY_ONLY`)."""
     return {
         "model": {
             "id": settings.model,
+            "path": str(release.path),
             "family": release.family,
             "config_sha256": file_sha256(release.path / "config.json"),
             "weights": weights_fingerprint(release),

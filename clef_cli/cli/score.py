@@ -85,7 +85,8 @@ from clef_cli.settings import ScoreSettings
 def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine: Engine = Engine.hf) -> None:
     """Refuse, before any work, options that cannot apply: Ray's without --ray (an address from
     RAY_ADDRESS alone is fine: Ray clusters set it for every process), vLLM's without --engine
-    vllm, --rehead with --ray, and --engine vllm with --ray or --rehead."""
+    vllm, --rehead with --ray, and --engine vllm with --ray (a --rehead takes the store's own engine
+for the states it lacks, so --engine vllm there only says what the store holds)."""
     given = [name for name in (*RAY_ONLY, *VLLM_ONLY) if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
     for name in given:
         option = next(param for param in ctx.command.params if param.name == name).opts[0]
@@ -93,9 +94,8 @@ def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine
             raise UsageError(f"{option} applies to Ray runs only: add --ray")
         if name in VLLM_ONLY and engine is not Engine.vllm:
             raise UsageError(f"{option} applies to the vLLM engine only: add --engine vllm")
-    if engine is Engine.vllm and (ray or rehead is not None):
-        what = "--ray (vLLM in Ray actors is not built yet)" if ray else "--rehead (it runs no backbone)"
-        raise UsageError(f"--engine vllm does not go with {what}: drop one of them")
+    if engine is Engine.vllm and ray:
+        raise UsageError("--engine vllm does not go with --ray (vLLM in Ray actors is not built yet): drop one of them")
     if not ray:
         return
     if rehead is not None:

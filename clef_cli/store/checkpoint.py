@@ -49,6 +49,7 @@ from clef_cli.store.manifest import (
     CheckpointMismatch,
     comparable,
     describe_differences,
+    mismatch_hint,
     read_manifest,
     write_manifest,
 )
@@ -124,7 +125,8 @@ class Checkpoint:
                 raise CheckpointMismatch(
                     f"checkpoint {path} was scored with another model, head or dtype: "
                     + "; ".join(differences)
-                    + " (use --restart to discard it, or --checkpoint to use another folder)"
+                    + " "
+                    + mismatch_hint(stored, manifest)
                 )
             durable.mkdir(path / SHARDS)
         checkpoint = cls(path, stored)

@@ -59,12 +59,39 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+DISPLAY_ONLY = ("id", "path")
+"""Manifest `model` fields that say where the release was found, not what it is: a release is its
+content (config, weights, head; tokenizer and processor files are in every record's key), so the
+same bytes reached by another spelling, a symlink or a copy on another disk use the same store."""
+
+
 def scored_model(manifest: dict[str, Any], given: str | None = None) -> str | None:
     """The release to read a store with: the one given, else the one its manifest names (the
-    model that made it), so `--rehead` and train-head need no --model for their own store."""
-    return given or (manifest.get("model") or {}).get("id")
+    model that made it: its absolute folder while that still exists, else the id it was given
+    as), so `--rehead` and train-head need no --model for their own store from any folder."""
+    if given:
+        return given
+    model = manifest.get("model") or {}
+    path = model.get("path")
+    if path and Path(path).is_dir():
+        return str(path)
+    return model.get("id")
 
 
 def comparable(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The scoring fingerprint: what must match for a run to use the store."""
-    return {"model": manifest.get("model"), "settings": manifest.get("settings")}
+    """The scoring fingerprint: what must match for a run to use the store (never the path)."""
+    model = {key: value for key, value in (manifest.get("model") or {}).items() if key not in DISPLAY_ONLY}
+    return {"model": model, "settings": {"engine": stored_engine(manifest)} | (manifest.get("settings") or {})}
+
+
+def stored_engine(manifest: dict[str, Any]) -> str:
+    """The engine whose results a store holds (`hf` stores name none: they predate the choice)."""
+    return str((manifest.get("settings") or {}).get("engine") or "hf")
+
+
+def mismatch_hint(stored: dict[str, Any], current: dict[str, Any]) -> str:
+    """What to do about a store made otherwise: its own engine first, when that is the difference."""
+    engine = stored_engine(stored)
+    other_engine = engine != stored_engine(current)
+    use = f"score with --engine {engine} to use it, " if other_engine else ""
+    return f"({use}use --restart to discard it, or --checkpoint to use another folder)"
