@@ -20,12 +20,17 @@ class ModelLoadError(ClefError):
     """The release could not be found or does not have the expected layout."""
 
 
-ERROR_KINDS = ("invalid", "media", "overflow", "transient")
+ERROR_KINDS = ("invalid", "media", "overflow", "unsupported", "transient")
 """A failed record's `error_kind` (docs/scoring.md, "Errors and their kinds"): `invalid` the record
 itself (fields, schema, duplicate id), `media` a media entry unreadable, refused or over a limit,
-`overflow` a prompt that does not fit --max-length, `transient` a failure that may not happen again
-(a remote fetch, an encoding process that died, out of GPU memory even alone). Transient results are
-never stored as final: the next run on the same checkpoint tries those records again."""
+`overflow` a prompt that does not fit --max-length or the engine's limit (vLLM's max_model_len),
+`unsupported` a record the engine does not score (a modality it refuses), `transient` a failure that
+may not happen again (a remote fetch, an encoding process that died, out of GPU memory even alone)."""
+RETRIED_KINDS = ("overflow", "unsupported", "transient")
+"""Kinds that are no verdict on the record alone (a limit, an engine, chance): never stored as a
+key's final result, so the next run on the same checkpoint tries those records again (with a larger
+limit or another engine they are scored; an unchanged one refuses them again at planning, before
+the model is loaded)."""
 
 
 class RecordError(Exception):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -222,6 +222,24 @@ class Job:
         return self.summary
 
 
+Preflight = Callable[[ScoreSettings, Release], None]
+"""An engine's own start-up checks (vLLM: its Python, the family), run before anything is written."""
+
+
+def checked_release(
+    settings: ScoreSettings, preflight: Preflight | None = None, with_weights: bool = True
+) -> tuple[ScoreSettings, Release]:
+    """Everything a run can check before it touches the disk: the settings, the release and the
+    engine's own checks (`preflight`). A run refused here leaves the filesystem as it was; the
+    dry run calls the same, so it refuses what the run would."""
+    settings.validate()
+    release = resolve_release(settings.model, revision=settings.revision, with_weights=with_weights)
+    settings = settings.for_release(release)
+    if preflight is not None:
+        preflight(settings, release)
+    return settings, release
+
+
 @contextmanager
 def open_job(
     settings: ScoreSettings,
@@ -229,14 +247,13 @@ def open_job(
     dtype: str,
     head_dir: Path | None = None,
     existing: bool = False,
+    preflight: Preflight | None = None,
 ) -> Iterator[Job]:
-    """Check the settings, find the release, build the manifest, take the locks, open the
+    """Check everything (`checked_release`), then build the manifest, take the locks, open the
     checkpoint (`existing`: one that must exist, to read; else made or reused) and key the
     job's records against it."""
     started = time.monotonic()
-    settings.validate()
-    release = resolve_release(settings.model, revision=settings.revision)
-    settings = settings.for_release(release)
+    settings, release = checked_release(settings, preflight)
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
     path = settings.checkpoint_path
     with job_locks(settings.output, path) as lock:

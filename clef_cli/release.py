@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_cli.errors import ModelLoadError
+from clef_cli.errors import ModelLoadError, UsageError
 
 DEFAULT_MODEL = "Cloudflare/clef-omni"
 HEAD_CONFIG = "joint_head_config.json"
@@ -93,10 +93,10 @@ def resolve_release(
     local = Path(model).expanduser()
     if local.exists():
         if not local.is_dir():
-            raise ModelLoadError(f"model path {local} is not a folder")
+            raise UsageError(f"model path {local} is not a folder: give --model a release folder or a hub id")
         path, resolved_revision = local.resolve(), revision
     elif model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
-        raise ModelLoadError(f"model folder not found: {model}")
+        raise UsageError(f"model folder not found: {model}")
     else:
         path, resolved_revision = _download(model, revision, with_weights)
     config_path = path / "config.json"

@@ -41,7 +41,20 @@ class VllmOptions:
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int | None = None
     cpu_kv_cache_gib: float | None = None
-    """The KV-cache space on the CPU build (VLLM_CPU_KVCACHE_SPACE), in GiB."""
+    """The KV-cache space on the CPU build (VLLM_CPU_KVCACHE_SPACE), in whole GiB."""
+
+    def validate(self) -> None:
+        """What vLLM would refuse only after minutes of loading, refused at once (exit 2)."""
+        kv = self.cpu_kv_cache_gib
+        if kv is not None and (kv < 1 or kv != int(kv)):
+            raise UsageError(f"--cpu-kv-cache-gib must be a whole number of GiB, 1 or more, not {kv:g}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise UsageError(f"--max-model-len must be 1 or more, not {self.max_model_len}")
+        memory = self.gpu_memory_utilization
+        if memory is not None and not 0 < memory <= 1:
+            raise UsageError(f"--gpu-memory-utilization must be above 0 and at most 1, not {memory:g}")
+        if self.tensor_parallel_size is not None and self.tensor_parallel_size < 1:
+            raise UsageError(f"--tensor-parallel-size must be 1 or more, not {self.tensor_parallel_size}")
 
 
 @dataclass
@@ -128,9 +141,15 @@ class ScoreSettings:
                 raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, not {getattr(self, name)}")
         if self.engine not in ENGINES:
             raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.vllm is not None:
+            self.vllm.validate()
         if self.output.suffix.lower() not in (".parquet", ".pq"):
             raise UsageError(f"output {self.output} must end in .parquet")
         ensure_writable(self.output, "-o")
+        if self.questions is not None:
+            from clef_cli.inputs.readers import load_questions_file
+
+            load_questions_file(self.questions)  # before anything is made: a refused run writes nothing
         if self.calibration is not None:
             from clef_cli.quality.calibrate.temperature import load_calibration
 

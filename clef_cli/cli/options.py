@@ -203,13 +203,11 @@ MEDIA_LIMIT_OPTIONS = {
         ),
     ),
     "media_roots": (
-        list[Path] | None,
+        list[str] | None,  # as typed: Path("") would be the working folder, so an empty value must be seen
         None,
         typer.Option(
             "--media-root",
             metavar="DIR",
-            exists=True,
-            file_okay=False,
             help="Confine local media paths to this folder (repeatable; symlinks and '..' resolved; an escape "
             "is that record's error). Default: any file the user can read.",
         ),
@@ -223,17 +221,41 @@ REMOTE_ONLY = {
 
 def media_limits(values: dict[str, Any]) -> MediaLimits:
     """The options' values as `MediaLimits`; a remote-fetch option without --allow-remote-media
-    is refused (exit 2) rather than silently doing nothing."""
+    is refused (exit 2) rather than silently doing nothing, and so is a narrowing option whose
+    value could not narrow (`MediaLimits` checks the rest): every guard fails closed."""
     if isinstance(values["max_file_bytes"], str):
         values["max_file_bytes"] = parse_size(values["max_file_bytes"])
     if not values["allow_remote"]:
         for name, option in REMOTE_ONLY.items():
             if values[name]:
                 raise UsageError(f"{option} applies to remote media only: add --allow-remote-media")
-    domains = [part.strip() for value in values["allowed_media_domains"] or () for part in value.split(",")]
-    values["allowed_media_domains"] = tuple(domain for domain in domains if domain)
-    values["media_roots"] = tuple(path.resolve() for path in values["media_roots"] or ())
+    values["allowed_media_domains"] = allowed_domains(values["allowed_media_domains"] or ())
+    values["media_roots"] = tuple(media_root(value) for value in values["media_roots"] or ())
     return MediaLimits(**values)
+
+
+def allowed_domains(values: list[str]) -> tuple[str, ...]:
+    """--allowed-media-domains as entries. An empty value or part (`""`, `","`, an unset `$HOSTS`)
+    is refused: dropping it would leave no list, which means any host."""
+    domains: list[str] = []
+    for value in values:
+        parts = [part.strip() for part in value.split(",")]
+        if not all(parts):
+            shown = "is empty" if not value.strip() else "has an empty entry"
+            raise UsageError(
+                f"--allowed-media-domains: {value!r} {shown}; give host names, like example.com "
+                "(to allow every public host, leave the option out)"
+            )
+        domains += parts
+    return tuple(domains)
+
+
+def media_root(value: str) -> Path:
+    """One --media-root, resolved; an empty value is refused (as a path it would be the working
+    folder), the rest (it exists and is a folder) is `MediaLimits`'s check."""
+    if not value.strip():
+        raise UsageError(f"--media-root: {value!r} is empty; give a folder, like --media-root /data/media")
+    return Path(value).resolve()
 
 
 def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:

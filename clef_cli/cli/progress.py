@@ -161,12 +161,18 @@ def print_dry_run(report: Any, settings: Any) -> None:
     percentiles = report.percentiles()
     if percentiles:
         stdout.print("prompt tokens: " + ", ".join(f"{key} {value}" for key, value in percentiles.items()))
-        stdout.print(f"total prompt tokens: {sum(report.lengths)}")
+        stdout.print(f"total prompt tokens: {sum(report.lengths):,}")
     stdout.print(
         f"batches: {report.batches} ({report.audio_in_video_batches} with audio-in-video) under "
         f"{settings.max_batch_tokens} padded tokens and at most {settings.max_batch_size} records each"
     )
     stdout.print(f"padding waste: {report.padding_waste:.2%}")
+    if report.over_engine_limit:
+        stdout.print(
+            f"over vLLM's max_model_len of {report.engine_limit:,}: {report.over_engine_limit:,} prompts (the run "
+            "refuses them as overflow and tries them again when the limit is raised)",
+            markup=False,
+        )
     for policy, (low, high) in report.hidden_state_bytes_by_policy.items():
         chosen = " (this run)" if policy == settings.hidden_states else ""
         size = human_size(low) if low == high else f"{human_size(low)} to {human_size(high)}"

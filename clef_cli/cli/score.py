@@ -175,9 +175,9 @@ def score(
 
 def show_plan(settings: ScoreSettings, progress: RichProgress) -> None:
     """--dry-run: validate and plan everything, print the plan, load no weights."""
-    from clef_cli.engines.local.pipeline import ScoreJob
+    from clef_cli.engines.choice import local_engine
 
-    report = ScoreJob(settings, progress).dry_run()
+    report = local_engine(settings, progress).dry_run()
     progress.stop()
     print_dry_run(report, settings)
 
@@ -196,13 +196,9 @@ def run_engine(settings: ScoreSettings, options: dict[str, Any], progress: Progr
 
             cluster = ray_settings(options, settings.device, quiet)
             return RayScoreJob(settings, cluster, progress, stop=stop).run()
-        if settings.engine == Engine.vllm.value:
-            from clef_cli.engines.vllm.job import VllmScoreJob
+        from clef_cli.engines.choice import local_engine
 
-            return VllmScoreJob(settings, progress, stop=stop).run()
-        from clef_cli.engines.local.pipeline import ScoreJob
-
-        return ScoreJob(settings, progress, stop=stop).run()
+        return local_engine(settings, progress, stop=stop).run()
     finally:
         progress.stop()
 

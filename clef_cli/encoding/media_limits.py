@@ -4,11 +4,24 @@ remote-fetch policy and the local media roots. One picklable object, so that enc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clef_cli.encoding.public_address import allow_list_problem
 from clef_cli.encoding.remote_fetch import FetchPolicy
+from clef_cli.errors import UsageError
+
+KEY_FIELDS = ("max_image_pixels", "max_audio_seconds", "max_video_seconds", "max_file_bytes", "allow_remote")
+"""The fields that shape a prompt, in `as_dict` (every record key hashes them): never add one here
+without meaning to change every stored key."""
+COUNTS = {"max_image_pixels": ("--max-image-pixels", "40000000"), "max_file_bytes": ("--max-file-bytes", "256M")}
+SECONDS = {
+    "max_audio_seconds": ("--max-audio-seconds", "1800"),
+    "max_video_seconds": ("--max-video-seconds", "300"),
+    "remote_timeout_seconds": ("remote_timeout_seconds", "30"),
+}
 
 
 class MediaError(Exception):
@@ -41,15 +54,37 @@ class MediaLimits:
     """Where the job keeps each remote medium it fetched while keying (set by the job): workers
     decode those bytes, so a URL is fetched once per job and the key hashes what is decoded."""
 
+    def __post_init__(self) -> None:
+        """Every guard fails closed: a limit that is not a positive number, or an allow-list or
+        media root that could not mean what it says, is refused here (a `UsageError` naming the
+        option), so no caller, the CLI or a library one, can build limits that let more through."""
+        _check_numbers(self)
+        domains, roots = self.allowed_media_domains, self.media_roots
+        if isinstance(domains, str) or not isinstance(domains, (tuple, list)):
+            raise UsageError(f"--allowed-media-domains: {domains!r} is not a list of host names; give a tuple of them")
+        if isinstance(roots, (str, Path)) or not isinstance(roots, (tuple, list)):
+            raise UsageError(f"--media-root: {roots!r} is not a list of folders; give a tuple of paths")
+        for entry in domains:
+            if (problem := allow_list_problem(entry)) is not None:
+                raise UsageError(f"--allowed-media-domains: {entry!r} {problem}")
+        for root in roots:
+            _check_root(root)
+        object.__setattr__(self, "allowed_media_domains", tuple(domains))
+        object.__setattr__(self, "media_roots", tuple(Path(root) for root in roots))
+
     def as_dict(self) -> dict[str, Any]:
         """The limits that shape a prompt (in the record key's prompt digest). Where media may
         come from does not: a refused entry is keyed by why, a fetched one by its bytes."""
+        return {name: getattr(self, name) for name in KEY_FIELDS}
+
+    def as_metadata(self) -> dict[str, Any]:
+        """`as_dict` plus where remote media may come from, for the output's `clef.media_limits`:
+        a reader sees the allow-list and the private-hosts flag a job ran under (readers that
+        recompute keys take only `KEY_FIELDS` from it)."""
         return {
-            "max_image_pixels": self.max_image_pixels,
-            "max_audio_seconds": self.max_audio_seconds,
-            "max_video_seconds": self.max_video_seconds,
-            "max_file_bytes": self.max_file_bytes,
-            "allow_remote": self.allow_remote,
+            **self.as_dict(),
+            "allowed_media_domains": list(self.allowed_media_domains),
+            "allow_private_media_hosts": self.allow_private_media_hosts,
         }
 
     def fetch_policy(self) -> FetchPolicy:
@@ -59,3 +94,37 @@ class MediaLimits:
             allowed_domains=self.allowed_media_domains,
             allow_private=self.allow_private_media_hosts,
         )
+
+
+def key_limits(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The `KEY_FIELDS` of an output's `clef.media_limits` (`as_metadata`, or an older `as_dict`):
+    what a reader that recomputes record keys may pass to `MediaLimits`."""
+    return {name: value for name, value in metadata.items() if name in KEY_FIELDS}
+
+
+def _check_numbers(limits: MediaLimits) -> None:
+    """Counts are whole numbers of at least 1, durations finite and above 0 (NaN compares false
+    with everything, so it would lift the limit it stands for)."""
+    for name, (option, example) in COUNTS.items():
+        value = getattr(limits, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{option}: {value!r} is not a positive whole number; give one, like {example}")
+    for name, (option, example) in SECONDS.items():
+        value = getattr(limits, name)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise UsageError(f"{option}: {value!r} is not a finite number of seconds above 0; give one, like {example}")
+
+
+def _check_root(root: Any) -> None:
+    """A media root is an absolute path to an existing folder: a relative one would depend on
+    where a worker runs, a missing one or a file could not hold any media."""
+    if not isinstance(root, (str, Path)) or not str(root).strip():
+        raise UsageError(f"--media-root: {str(root)!r} is empty; give a folder, like --media-root /data/media")
+    path = Path(root)
+    if not path.is_absolute():
+        raise UsageError(f"--media-root: '{path}' is not an absolute path; resolve it first (Path.resolve)")
+    if not path.exists():
+        raise UsageError(f"--media-root: '{path}' does not exist; give an existing folder")
+    if not path.is_dir():
+        raise UsageError(f"--media-root: '{path}' is not a folder; give the folder that holds the media")

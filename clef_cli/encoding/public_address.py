@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from urllib.parse import urlsplit
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -21,6 +22,7 @@ NAT64_PREFIXES = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("
 the IPv4 address a DNS64 resolver translated."""
 
 _NUMBER = re.compile(r"(0[xX][0-9a-fA-F]*|[0-9]+)")
+_LABEL = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?")
 
 
 def _number(part: str) -> int | None:
@@ -139,3 +141,61 @@ def described(address: IPAddress) -> str:
     """`address` as a refusal names it (with the IPv4 address it carries, if any)."""
     inner = embedded_ipv4(address)
     return str(address) if inner is None else f"{address} (IPv4 {inner} inside)"
+
+
+def _suggested_host(entry: str) -> str:
+    """The host name inside a URL-like allow-list entry (`http://a.example:8080/x` -> a.example),
+    to name the fix; `example.com` when none can be read."""
+    try:
+        host = urlsplit(entry if "//" in entry else f"//{entry}").hostname
+    except ValueError:
+        host = None
+    return host or "example.com"
+
+
+def _url_part_problem(entry: str) -> str | None:
+    """Why `entry` is a URL or host:port rather than a host name, or None."""
+    only = f"give host names only, like {_suggested_host(entry)}"
+    if "://" in entry:
+        return f"has a scheme; {only}"
+    if "@" in entry:
+        return f"has a user name; {only}"
+    if any(mark in entry for mark in "/?#"):
+        return f"has a path; {only}"
+    if entry.startswith("[") or entry.endswith("]"):
+        return "has brackets; give an IPv6 address bare, like 2001:db8::1"
+    if ":" in entry and literal_address(entry) is None:
+        return f"has a port; {only} (the list names hosts, on any port)"
+    return None
+
+
+def allow_list_problem(entry: object) -> str | None:
+    """Why `entry` cannot stand in --allowed-media-domains, or None. The list must fail closed:
+    an entry that is empty, spelled as a URL or host:port, or no host name at all would match no
+    host (every record refused) or, dropped, lift the list; so it is refused before any fetch."""
+    if not isinstance(entry, str):
+        return "is not a host name; give host names as text, like example.com"
+    if not entry.strip():
+        return "is empty; give host names, like example.com (to allow every public host, leave the option out)"
+    if "," in entry:
+        return "has a comma; give each host as its own entry, like ('a.example', 'b.example')"
+    if any(character.isspace() for character in entry):
+        return "has spaces; give host names only, like example.com (separate several with commas)"
+    if (problem := _url_part_problem(entry)) is not None:
+        return problem
+    if literal_address(entry) is not None:
+        return None
+    name = entry[2:] if entry.startswith("*.") else entry
+    if "*" in name:
+        return "has a '*' other than a leading '*.'; write subdomains as *.example.com"
+    if not name.rstrip("."):
+        return "is a wildcard without a domain; write subdomains as *.example.com"
+    if (problem := spelling_problem(name)) is not None:
+        return f"is refused: {problem}"
+    try:
+        labels = name.rstrip(".").encode("idna").decode("ascii").lower().split(".")
+    except UnicodeError:
+        return "is not a valid host name; give one like example.com"
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return "is not a valid host name; give one like example.com"
+    return None

@@ -25,6 +25,7 @@ from urllib.parse import quote, urljoin, urlsplit
 from clef_cli.encoding.public_address import (
     IPAddress,
     address_problem,
+    allow_list_problem,
     described,
     domain_allowed,
     literal_address,
@@ -56,6 +57,16 @@ class FetchPolicy:
     timeout_seconds: float = 30.0
     allowed_domains: tuple[str, ...] = ()
     allow_private: bool = False
+
+    def __post_init__(self) -> None:
+        """An allow-list fails closed: one string (whose emptiness would mean any host) or an
+        entry that is no host name is refused, never read as no restriction."""
+        if isinstance(self.allowed_domains, str) or not isinstance(self.allowed_domains, (tuple, list)):
+            raise ValueError(f"allowed_domains must be a tuple of host names, not {self.allowed_domains!r}")
+        for entry in self.allowed_domains:
+            if (problem := allow_list_problem(entry)) is not None:
+                raise ValueError(f"allowed_domains: {entry!r} {problem}")
+        object.__setattr__(self, "allowed_domains", tuple(self.allowed_domains))
 
 
 Resolver = Callable[[str, int], list[IPAddress]]

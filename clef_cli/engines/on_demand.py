@@ -28,7 +28,7 @@ from clef_cli.release import DEFAULT_MODEL
 from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import SHARDS
 from clef_cli.store.keep_policy import KEEP
-from clef_cli.store.manifest import read_manifest, scored_model
+from clef_cli.store.manifest import read_manifest, scored_model, stored_engine
 
 SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 PLACEHOLDER_OUTPUT = "on-demand.parquet"
@@ -57,8 +57,9 @@ class OnDemandCost:
 
 
 def states_settings(settings: ScoreSettings) -> ScoreSettings:
-    """The settings of the run that fills the states in: the store's model and dtype (so its
-    manifest matches), states kept, nothing else of the caller's run (head, calibration)."""
+    """The settings of the run that fills the states in: the store's model, engine and dtype (so
+    its manifest matches: a vLLM store gets its states from vLLM), states kept, nothing else of
+    the caller's run (head, calibration)."""
     manifest = read_manifest(settings.checkpoint_path) if settings.checkpoint_path.is_dir() else None
     if manifest is None:
         raise UsageError(f"no checkpoint at {settings.checkpoint_path} to compute hidden states for")
@@ -66,6 +67,7 @@ def states_settings(settings: ScoreSettings) -> ScoreSettings:
     return replace(
         settings,
         model=scored_model(manifest, settings.model) or DEFAULT_MODEL,
+        engine=stored_engine(manifest),
         dtype=dtype,
         hidden_states=KEEP,
         hidden_dtype=stored_hidden_dtype(settings.checkpoint_path) or settings.hidden_dtype,
@@ -102,13 +104,14 @@ def compute_missing_states(
     """Run the thinker on the job's records whose results are stored without states (only
     those whose id is in `ids`, when given: train-head's gold) and store their states. A record
     without a stored result is refused unless `ids` names it (the job is not finished)."""
-    from clef_cli.engines.local.pipeline import ScoreJob, compute_dtype
+    from clef_cli.engines.choice import local_engine
+    from clef_cli.engines.local.pipeline import compute_dtype
 
     progress = progress or Progress()
     settings = states_settings(settings)
     started = time.monotonic()
-    engine = ScoreJob(settings, progress, stop=stop, scorer=scorer)
-    with open_job(settings, progress, compute_dtype(settings)) as job:
+    engine = local_engine(settings, progress, stop=stop, scorer=scorer)
+    with open_job(settings, progress, compute_dtype(settings), preflight=engine.preflight) as job:
         counts = job.ledger.counts
         if ids is None:
             missing = counts.run - counts.unhidden

@@ -28,7 +28,7 @@ from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store import durable
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HiddenShardFile, StoredRecord, check_shard, pad_states, read_shard
-from clef_cli.store.manifest import describe_differences, read_manifest, scored_model
+from clef_cli.store.manifest import describe_differences, read_manifest, scored_model, stored_engine
 
 REHEAD_BATCH_TOKENS = 65536
 
@@ -105,6 +105,7 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
     if manifest is None:
         raise UsageError(f"no checkpoint at {path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)")
     settings = replace(settings, model=scored_model(manifest, settings.model) or DEFAULT_MODEL)
+    settings = replace(settings, engine=stored_engine(manifest))  # the store's own: its states, its metadata
     head = load_joint_head(head_dir)
     computed: OnDemandCost | None = None
     while True:

@@ -203,7 +203,9 @@ class BatchRunner:
             return
         except (RuntimeError, ValueError, IndexError) as error:
             if len(records) == 1:
-                yield BatchOutcome(failures=[_failure(records[0], f"model forward failed: {error}", "media")])
+                kind = getattr(error, "kind", None)  # an engine's refusal names its own (vllm/limits.py)
+                message = str(error) if kind else f"model forward failed: {error}"
+                yield BatchOutcome(failures=[_failure(records[0], message, kind or "media")])
                 return
             for record in batch.records if batch is not None else records:
                 yield from self.run([record])  # find the records that break the forward; score the others

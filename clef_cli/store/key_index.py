@@ -23,6 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from clef_cli.errors import RETRIED_KINDS
 from clef_cli.store import durable
 
 INDEX_FILE = "keys.sqlite"
@@ -237,7 +238,7 @@ def _insert_shard(db: sqlite3.Connection, name: str, table: pa.Table, has_hidden
     errors = table.column("error").to_pylist()
     seq = int(name) if name.isdigit() else 0
     rows = [
-        (key, name, seq, row, int(kind != "transient"), int(has_hidden or error is not None), run_seq)
+        (key, name, seq, row, int(kind not in RETRIED_KINDS), int(has_hidden or error is not None), run_seq)
         for row, (key, kind, error) in enumerate(zip(keys, kinds, errors, strict=True))
         if key is not None
     ]

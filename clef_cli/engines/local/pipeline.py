@@ -36,6 +36,8 @@ from clef_cli.job import Job, open_job
 from clef_cli.model.scoring import Scorer
 from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
+from clef_cli.release import Release
+from clef_cli.results import FailedRecord
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import human_size
 from clef_cli.stats import record_modality
@@ -70,11 +72,35 @@ class ScoreJob:
         """The token budget per batch, lowered for the rest of the job when the GPU runs out of memory."""
 
     def dry_run(self) -> DryRunReport:
-        """Validate and plan everything without loading weights."""
-        return plan_report(self.settings, self.progress)
+        """Validate and plan everything without loading weights, refusing what the run would."""
+        return plan_report(self.settings, self.progress, self.preflight)
+
+    def preflight(self, settings: ScoreSettings, release: Release) -> None:
+        """The engine's own start-up checks, before anything is written (the HF engine has none
+        beyond the settings' and the device's)."""
+
+    def engine_refusal(self, planned: Planned) -> tuple[str, str] | None:
+        """(error_kind, message) for a planned record this engine cannot run; the HF engine runs
+        every prompt that planning let through."""
+        return None
+
+    def refuse_for_engine(self, window: Window) -> Window:
+        """The window with the records its engine cannot run moved to its failures, at planning,
+        so no batch (and no model load) is spent on them."""
+        kept: list[Planned] = []
+        failures = list(window.failures)
+        for item in window.planned:
+            refusal = self.engine_refusal(item)
+            if refusal is None:
+                kept.append(item)
+                continue
+            kind, message = refusal
+            failures.append(FailedRecord(item.record.id, item.record.index, message, item.length or 0, kind))
+            item.discard()
+        return Window(kept, failures) if len(kept) < len(window.planned) else window
 
     def run(self) -> JobSummary:
-        with open_job(self.settings, self.progress, compute_dtype(self.settings)) as job:
+        with open_job(self.settings, self.progress, compute_dtype(self.settings), preflight=self.preflight) as job:
             settings = job.settings
             passthrough = (
                 passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
@@ -160,6 +186,7 @@ class ScoreJob:
         records = job_records(job.settings)
         skip = job.ledger.to_run.skip
         for window in planned_windows(executor.pool, records, job.settings.window, skip, spool_budget):
+            window = self.refuse_for_engine(window)
             yield window
             if self.stop.is_set():
                 return

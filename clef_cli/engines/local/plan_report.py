@@ -20,9 +20,9 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.errors import ClefError
 from clef_cli.inputs.readers import count_records
-from clef_cli.job import job_ledger
+from clef_cli.job import Preflight, checked_release, job_ledger
 from clef_cli.progress import Progress
-from clef_cli.release import Release, resolve_release
+from clef_cli.release import Release
 from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
@@ -53,6 +53,10 @@ class DryRunReport:
     unless `selective` has no stored results to measure its share under the threshold from."""
     selective_measured: float | None = None
     """The share of the store's results under --keep-below, when it has results."""
+    engine_limit: int | None = None
+    """The engine's own prompt limit, where it has one (vLLM's max_model_len)."""
+    over_engine_limit: int = 0
+    """Planned prompts longer than `engine_limit`: the run refuses them (`overflow`)."""
 
     @property
     def invalid(self) -> int:
@@ -74,12 +78,13 @@ class DryRunReport:
         return {"min": ordered[0], "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": ordered[-1]}
 
 
-def plan_report(settings: ScoreSettings, progress: Progress | None = None) -> DryRunReport:
-    """Every record encoded (media decoded, prompt built) and planned into batches, as a run would."""
+def plan_report(
+    settings: ScoreSettings, progress: Progress | None = None, preflight: Preflight | None = None
+) -> DryRunReport:
+    """Every record encoded (media decoded, prompt built) and planned into batches, as a run
+    would, after the same checks as the run (`preflight`: the engine's own)."""
     progress = progress or Progress()
-    settings.validate()
-    release = resolve_release(settings.model, revision=settings.revision, with_weights=False)
-    settings = settings.for_release(release)
+    settings, release = checked_release(settings, preflight, with_weights=False)
     report = DryRunReport()
     progress.start(count_records(settings.inputs, settings.limit), 0)
     skip = _already_done(settings, release)

@@ -4,10 +4,14 @@ CPU build pins transformers<5.20; the CUDA `vllm` package has pins of its own)."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from clef_cli.errors import ModelLoadError, UsageError
 
 PYTHON_ENV = "CLEF_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("worker.py")
+STOP_POLL_SECONDS = 0.2
 
 
 class VllmRecordError(ValueError):
@@ -40,14 +45,35 @@ def vllm_python() -> str:
     )
 
 
-class VllmWorker:
-    """One worker process, holding one loaded model; `close()` ends it."""
+def log_header(log: Path, model: Path) -> None:
+    """A line in vllm.log before each run's output, so a failure can be found by its time."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    with open(log, "a", encoding="utf-8") as file:
+        file.write(f"\n===== clef {stamp}: starting vLLM for {model} (pid {os.getpid()}) =====\n")
 
-    def __init__(self, python: str, model: Path, options: dict[str, Any], log: Path) -> None:
+
+def one_line(error: str) -> str:
+    """vLLM's errors (pydantic's among them) span many lines: the first that says something."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else "unknown error"
+
+
+class VllmWorker:
+    """One worker process, holding one loaded model; `close()` ends it.
+
+    The worker runs in a session of its own, so the terminal's Ctrl-C (sent to the whole
+    foreground process group) reaches clef alone: clef finishes and commits the batch in flight,
+    then stops the worker and exits 130. While the model loads, a stop request ends the worker
+    at once (`stop`); the worker also ends when clef's end of the pipe closes."""
+
+    def __init__(
+        self, python: str, model: Path, options: dict[str, Any], log: Path, stop: threading.Event | None = None
+    ) -> None:
         """`log`: where vLLM's own output goes (the checkpoint's vllm.log), out of the user's way."""
         to_worker_read, to_worker_write = os.pipe()
         from_worker_read, from_worker_write = os.pipe()
         self.log = log
+        log_header(log, model)
         with open(log, "ab") as log_file:
             self.process = subprocess.Popen(
                 [python, str(WORKER), str(to_worker_read), str(from_worker_write)],
@@ -55,20 +81,36 @@ class VllmWorker:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
+                start_new_session=True,
                 env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"},
             )
         os.close(to_worker_read)
         os.close(from_worker_write)
         self.outbox = os.fdopen(to_worker_write, "wb")
         self.inbox = os.fdopen(from_worker_read, "rb")
-        reply = self._ask({"op": "load", "model": str(model), "options": options}, "loading the model")
-        self.version: str = reply["version"]
-
-    def _ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
         try:
-            send(self.outbox, message)
+            send(self.outbox, {"op": "load", "model": str(model), "options": options})
+            self._wait_for_reply(stop)
+            reply = self._reply("loading the model")
+        except BaseException:
+            self.kill()
+            raise
+        self.version: str = reply["version"]
+        self.max_model_len: int | None = reply.get("max_model_len")
+        """The longest prompt the loaded engine takes (vLLM's own figure, after its checks)."""
+
+    def _wait_for_reply(self, stop: threading.Event | None) -> None:
+        """Block until the worker answers; a stop request meanwhile is an interrupt (exit 130)."""
+        while not select.select([self.inbox], [], [], STOP_POLL_SECONDS)[0]:
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            if self.process.poll() is not None:
+                return  # the reply read then meets the closed pipe and says how it ended
+
+    def _reply(self, doing: str) -> dict[str, Any]:
+        try:
             reply: dict[str, Any] = receive(self.inbox)
-        except (EOFError, BrokenPipeError):
+        except EOFError:
             code = self.process.wait()
             raise ModelLoadError(
                 f"the vLLM worker stopped while {doing} (exit code {code}; its log: {self.log})"
@@ -76,8 +118,27 @@ class VllmWorker:
         if reply["ok"]:
             return reply
         if reply.get("kind") == "fatal":
-            raise ModelLoadError(f"vLLM failed while {doing}: {reply['error']} (its log: {self.log})")
-        raise VllmRecordError(f"vLLM refused the request: {reply['error']}")
+            raise ModelLoadError(f"vLLM failed while {doing}: {one_line(reply['error'])} (its log: {self.log})")
+        raise VllmRecordError(f"vLLM refused the request: {one_line(reply['error'])}")
+
+    def _ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
+        try:
+            send(self.outbox, message)
+        except (BrokenPipeError, OSError):
+            code = self.process.wait()
+            raise ModelLoadError(
+                f"the vLLM worker stopped while {doing} (exit code {code}; its log: {self.log})"
+            ) from None
+        return self._reply(doing)
+
+    def kill(self) -> None:
+        """End the worker now (a stop while loading, a failed start): nothing of it is needed."""
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        self.process.wait()
+        for stream in (self.outbox, self.inbox):
+            with contextlib.suppress(OSError):
+                stream.close()
 
     def hidden(self, prompts: list[dict[str, Any]]) -> list[Any]:
         """Each prompt's final hidden states (a float32 numpy array [L, hidden]) and the token ids
@@ -86,10 +147,12 @@ class VllmWorker:
         return hidden
 
     def close(self) -> None:
+        if self.process.poll() is not None and self.outbox.closed:
+            return
         try:
             send(self.outbox, {"op": "stop"})
             self.outbox.close()
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):
             pass
         try:
             self.process.wait(timeout=60)

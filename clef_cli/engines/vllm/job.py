@@ -3,24 +3,62 @@ per-record errors, output, stats) with vLLM as the backbone (scorer.py) instead 
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from clef_cli.engines.local.pipeline import ScoreJob, compute_dtype
+from clef_cli.engines.local.plan_report import DryRunReport
+from clef_cli.engines.local.workers import Planned
+from clef_cli.engines.vllm.limits import engine_refusal, prompt_limit
 from clef_cli.job import Job
 from clef_cli.model.scoring import Scorer
+from clef_cli.release import Release, resolve_release
+from clef_cli.settings import JobSummary, ScoreSettings
 
 
 class VllmScoreJob(ScoreJob):
     """A ScoreJob whose scorer is the vLLM worker, started when the first batch needs it (a job
-    whose records are all in the store never starts it); the family is checked before any work."""
+    whose records are all in the store never starts it); vLLM's Python and the family are
+    checked before anything is written, by the run and the dry run alike."""
 
     version: str = ""
 
-    def run(self):  # type: ignore[no-untyped-def]
+    def preflight(self, settings: ScoreSettings, release: Release) -> None:
+        from clef_cli.engines.vllm.client import vllm_python
         from clef_cli.engines.vllm.scorer import check_family
-        from clef_cli.release import resolve_release
 
-        check_family(resolve_release(self.settings.model, revision=self.settings.revision))
+        check_family(release)
+        vllm_python()
+
+    def engine_refusal(self, planned: Planned) -> tuple[str, str] | None:
+        return engine_refusal(planned.length or 0, planned.audio_in_video, self.limit())
+
+    @cached_property
+    def derived_limit(self) -> int | None:
+        """What vLLM's limit will be before it is loaded (--max-model-len, or the release's)."""
+        release = resolve_release(self.settings.model, revision=self.settings.revision, with_weights=False)
+        return prompt_limit(self.settings, release)
+
+    def limit(self) -> int | None:
+        """vLLM's prompt limit: the loaded engine's own, else what it will derive (limits.py)."""
+        loaded = getattr(getattr(getattr(self.scorer, "backbone", None), "worker", None), "max_model_len", None)
+        return loaded or self.derived_limit
+
+    def dry_run(self) -> DryRunReport:
+        """The local dry run, with the prompts over vLLM's limit counted as the run refuses them."""
+        report = super().dry_run()
+        limit = report.engine_limit = self.derived_limit
+        report.over_engine_limit = sum(1 for length in report.lengths if limit is not None and length > limit)
+        return report
+
+    def run(self) -> JobSummary:
         try:
             return super().run()
+        finally:
+            self.close()
+
+    def score_marked(self, job: Job) -> None:
+        try:
+            super().score_marked(job)
         finally:
             self.close()
 
@@ -28,10 +66,10 @@ class VllmScoreJob(ScoreJob):
         if self.scorer is None:
             from clef_cli.engines.vllm.scorer import load_vllm_scorer
 
-            self.progress.note("starting the vLLM worker")
+            self.progress.note("starting vLLM")
             with job.summary.stats.stage("load"):
                 log = job.checkpoint.path / "vllm.log"
-                self.scorer = load_vllm_scorer(job.release, job.settings, compute_dtype(job.settings), log)
+                self.scorer = load_vllm_scorer(job.release, job.settings, compute_dtype(job.settings), log, self.stop)
             self.version = self.scorer.backbone.worker.version  # type: ignore[attr-defined]
         return self.scorer
 

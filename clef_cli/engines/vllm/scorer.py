@@ -8,6 +8,7 @@ Media kinds not yet proven exact are refused as their records' errors."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 from clef_cli.encoding.batching import ModelBatch
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.vllm.client import VllmRecordError, VllmWorker, vllm_python
+from clef_cli.engines.vllm.limits import MEDIA_REFUSED, EngineRefusal, too_long
 from clef_cli.engines.vllm.mm_requests import unsupported_media, vllm_request
 from clef_cli.errors import UsageError
 from clef_cli.model.backbone import Backbone
@@ -24,10 +26,6 @@ from clef_cli.release import Release
 from clef_cli.settings import ScoreSettings
 
 FAMILIES = ("omni",)
-MEDIA_REFUSED = (
-    "--engine vllm does not score {kind} yet (vLLM's result is not exact against the HF engine's): "
-    "score this record with --engine hf"
-)
 
 
 def check_family(release: Release) -> None:
@@ -81,9 +79,11 @@ class VllmBackbone(Backbone):
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
         """Right-padded `[B, L, hidden]`: each prompt runs as its own vLLM request, so a record's
         states do not depend on its batch."""
-        for record in batch.records:
+        for record in batch.records:  # planning refused these already (VllmScoreJob): a safety net
             if (kind := unsupported_media(record)) is not None:
-                raise VllmRecordError(MEDIA_REFUSED.format(kind=kind))
+                raise EngineRefusal(MEDIA_REFUSED.format(kind=kind), "unsupported")
+            if (message := too_long(record.length, self.worker.max_model_len)) is not None:
+                raise EngineRefusal(message, "overflow")
         prompts = [vllm_request(record, self.release, self.limits, self.tokenize) for record in batch.records]
         states = self.worker.hidden(prompts)
         longest = max(record.length for record in batch.records)
@@ -98,16 +98,18 @@ class VllmBackbone(Backbone):
         return padded
 
 
-def load_vllm_scorer(release: Release, settings: ScoreSettings, dtype: str, log: Path) -> Scorer:
+def load_vllm_scorer(
+    release: Release, settings: ScoreSettings, dtype: str, log: Path, stop: threading.Event | None = None
+) -> Scorer:
     """The vLLM worker started and loaded (its output in `log`), with clef's joint head and the
-    lm_head rows."""
+    lm_head rows; a stop request while it loads ends it (KeyboardInterrupt: exit 130)."""
     from clef_cli.families import family_of
     from clef_cli.model.head import load_joint_head
     from clef_cli.release import load_processor
 
     check_family(release)
     torch_dtype = getattr(torch, dtype)
-    worker = VllmWorker(vllm_python(), release.path, worker_options(settings, dtype), log)
+    worker = VllmWorker(vllm_python(), release.path, worker_options(settings, dtype), log, stop)
     lexical = family_of(release).lexical_rows(release).to(torch_dtype)
     head = load_joint_head(release.path)
     tokenizer = load_processor(release).tokenizer

@@ -115,8 +115,8 @@ def load(model: str, options: dict[str, Any]) -> Any:
 
     from vllm import LLM
 
-    if options.get("cpu_kv_cache_gib"):
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options["cpu_kv_cache_gib"])
+    if options.get("cpu_kv_cache_gib"):  # vLLM reads a whole number of GiB: "1.0" fails its int()
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(options["cpu_kv_cache_gib"]))
     register_hidden_model()
     if options.get("gpu_memory_utilization") is None and _on_cpu():
         # On the CPU build this is the share of the machine's memory vLLM claims at start (0.92 by
@@ -168,7 +168,8 @@ def serve(inbox: Any, outbox: Any) -> None:
                 import vllm
 
                 llm = load(message["model"], message["options"])
-                send(outbox, {"ok": True, "version": vllm.__version__})
+                limit = llm.model_config.max_model_len
+                send(outbox, {"ok": True, "version": vllm.__version__, "max_model_len": int(limit)})
             elif message["op"] == "hidden":
                 send(outbox, {"ok": True, "hidden": hidden(llm, message["prompts"])})
             elif message["op"] == "stop":

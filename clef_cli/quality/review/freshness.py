@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clef_cli.encoding.media_limits import MediaLimits
+from clef_cli.encoding.media_limits import MediaLimits, key_limits
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
@@ -41,7 +41,8 @@ def check_records(scored: ScoredFile, records: list[Path], wanted: Collection[st
         note = "the scored file does not say how its keys were made (scored by an older clef): --records text unchecked"
         return Freshness(notes=[note])
     prompt = PromptShape.from_metadata(metadata["clef.key_prompt"])
-    limits = MediaLimits(**{**json.loads(metadata.get("clef.media_limits", "{}")), "allow_remote": False})
+    stored = key_limits(json.loads(metadata.get("clef.media_limits", "{}")))  # the allow-list etc. key nothing
+    limits = MediaLimits(**{**stored, "allow_remote": False})
     questions = json.loads(metadata["clef.questions"]) if "clef.questions" in metadata else None
     struct_nulls = StructNulls(metadata.get("clef.struct_nulls", StructNulls.refuse.value))
     scored_key = dict(zip(scored.ids, scored.record_keys, strict=True))
