@@ -11,6 +11,9 @@ class Progress:
     def advance(self, records: int, tokens: int, failed: int) -> None:
         """Records committed since the last call, their prompt tokens, and how many failed."""
 
+    def phase(self, description: str | None) -> None:
+        """What the job is doing instead of scoring records (`starting vLLM`); None: scoring again."""
+
     def note(self, message: str) -> None:
         """A one-line message worth showing (model loading, lock taken over, damaged shard)."""
 

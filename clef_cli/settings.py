@@ -192,6 +192,8 @@ class JobSummary:
     first_errors: list[tuple[str, str]] = field(default_factory=list)
     """(id, error) of the output's first failed records, in input order."""
     stats: JobStats = field(default_factory=JobStats)
+    rehead_states_computed: int | None = None
+    """A `--rehead`: records whose states the thinker computed first (the rest only met the head)."""
     notes: list[str] = field(default_factory=list)
     """Lines the summary adds (what computing missing hidden states cost a `--rehead`)."""
     """Where the time went (stage times are measured by the local engine only)."""

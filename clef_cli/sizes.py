@@ -1,5 +1,6 @@
-"""Byte counts as people write and read them (`256M`, `1.5 GiB`); no heavy imports, so the CLI can
-parse and print sizes without loading the library."""
+"""Byte counts as people write and read them (`256M`, `1.5 GiB`), and counts of things (`1 key`,
+`43,728 tokens`); no heavy imports, so the CLI can parse and print them without loading the
+library, and every module below the CLI can share them."""
 
 from __future__ import annotations
 
@@ -24,3 +25,9 @@ def human_size(count: float) -> str:
             return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
         count /= 1024
     return f"{count:.1f} TiB"
+
+
+def plural(count: int, noun: str, plural: str | None = None) -> str:
+    """`1 key`, `2 keys`, `43,728 tokens`: a count with its noun in the count's number and its
+    thousands separated, so summaries read alike everywhere; `plural` for an irregular noun."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

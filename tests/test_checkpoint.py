@@ -481,7 +481,7 @@ def test_checkpoint_info_says_a_shard_is_damaged(job):
     assert info["damaged_shards"] == [entries[1]["name"]]
     assert info["damaged_records"] == entries[1]["records"] and info["keys"] == 24 - entries[1]["records"]
     human = runner.invoke(app, ["checkpoint", "info", str(checkpoint)]).stdout
-    assert f"damaged: 1 shard(s) fail their check ({entries[1]['records']} records" in human
+    assert f"damaged: 1 shard whose check fails ({entries[1]['records']} record" in human
 
 
 def test_a_key_index_from_before_runs_named_their_files_still_opens(tmp_path):

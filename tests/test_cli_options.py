@@ -75,6 +75,18 @@ def test_choices_are_listed_in_help():
     assert "<auto|global|type|question>" in runner.invoke(app, ["calibrate", "--help"]).stdout
 
 
+def test_counts_read_in_their_number_with_thousands_separated():
+    """Summaries say `1 completed run`, not `1 completed runs`, and `43,728 tokens`."""
+    from clef_cli.sizes import plural
+
+    assert [plural(1, "completed run"), plural(0, "shard"), plural(2, "hidden-state shard")] == [
+        "1 completed run", "0 shards", "2 hidden-state shards"
+    ]  # fmt: skip
+    assert [plural(43728, "token"), plural(1, "copy", "copies"), plural(1200, "copy", "copies")] == [
+        "43,728 tokens", "1 copy", "1,200 copies"
+    ]  # fmt: skip
+
+
 def test_sizes_are_parsed_as_bytes():
     """K, M, G are powers of 1024, with or without `B`/`iB`; decimals allowed."""
     from clef_cli.cli.options import size
@@ -181,7 +193,7 @@ def test_quiet_train_head_prints_no_stage_lines(tmp_path):
     loud = runner.invoke(app, [*command, "-o", str(tmp_path / "loud")])
     quiet = runner.invoke(app, [*command, "-o", str(tmp_path / "quiet"), "-q"])
     assert loud.exit_code == quiet.exit_code and loud.exit_code in (0, 4), loud.output
-    stages = ("verifying 1 hidden-state shards", "labels, 2 folds")
+    stages = ("verifying 1 hidden-state shard\n", "labels, 2 folds")  # one shard: no "1 ... shards"
     assert all(stage in loud.stderr for stage in stages)
     assert not any(stage in quiet.stderr for stage in stages) and "final training loss" not in quiet.stderr
     assert "gate" in quiet.stderr
@@ -258,5 +270,5 @@ def test_checkpoint_info_reads_a_real_checkpoint_without_importing_torch(tmp_pat
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "keys: 5 in 1 shards (1 with hidden states)" in done.stdout
+    assert "keys: 5 in 1 shard (1 with hidden states)" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "[]"

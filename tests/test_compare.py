@@ -225,3 +225,13 @@ def test_the_tables_are_plain_text_in_a_pipe(tmp_path):
     assert lines[1].split() == ["question", "n", "flipped", "PSI", "JS", "mean", "conf.", "old", "→", "new"]
     assert set(lines[2]) == {"-", " "} and not set("─━│┃╇") & set(result.stdout)
     assert any(line.split()[:2] == ["team", "tech"] for line in lines)
+
+
+def test_a_missing_file_is_not_found(tmp_path):
+    """Either side missing: exit 2 saying so, not pyarrow's "could not be read as Parquet"."""
+    present = write_scored(tmp_path / "o.parquet", random_records(seed=1, n=3))
+    missing = tmp_path / "yesterday.parquet"
+    for args in ([missing, present], [present, missing]):
+        result = runner.invoke(app, ["compare", *map(str, args)])
+        assert result.exit_code == 2, result.output
+        assert result.stderr == f"error: scored file {str(missing)!r} not found\n"

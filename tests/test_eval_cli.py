@@ -192,7 +192,7 @@ def test_bad_gold_rows_are_named_warnings(scored, tmp_path):
     bad.write_text("".join(json.dumps(row) + "\n" for row in rows))
     result = runner.invoke(app, ["eval", str(scored), "--gold", str(bad)])
     assert result.exit_code == 0, result.output
-    assert "warning: 5 gold problem(s)" in result.stderr
+    assert "warning: 5 gold problems;" in result.stderr
     for needle in (
         "record 'post-001' question 'is_spam': gold 'maybe' is not an allowed option (true, false)",
         "record 'post-002' question 'toxicity': gold '9' is not an allowed option (0, 1, 2, 3)",

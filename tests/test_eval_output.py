@@ -202,7 +202,7 @@ def test_calibrate_warns_about_skipped_labels_and_says_its_fold_count(tmp_path):
     for command in (["eval"], ["calibrate", "-o", str(tmp_path / "c.json")]):
         result = runner.invoke(app, [*command, str(scored), "--gold", str(gold)])
         assert result.exit_code == 0, result.output
-        assert "warning: question 'q': 1 record(s) with other options than the first were skipped" in result.stderr
+        assert "warning: question 'q': skipped 1 record with other options than the first" in result.stderr
     labelled = len(records) - 1  # the odd record's label is skipped
     assert f"cross-fitted ({labelled} folds of records)" in result.stdout
     many = [(f"r{i}", {"q": ("choice", ("a", "b"), [0.7, 0.3])}) for i in range(7)]
@@ -271,10 +271,10 @@ def test_a_problem_of_every_row_is_shown_before_the_cut(tmp_path):
     result = runner.invoke(app, ["eval", str(scored), "--gold", str(gold)])
     assert result.exit_code == 2, result.output  # every label is wrong
     lines = result.stderr.splitlines()
-    assert lines[0] == "warning: 31 gold problem(s); the labels concerned are skipped"
+    assert lines[0] == "warning: 31 gold problems; the labels concerned are skipped"
     assert lines[1] == "  question '' is not a question of any scored record (30 gold rows)"
     assert lines[2] == "  record 'r0' question 'short': gold 'maybe' is not an allowed option (true, false)"
-    assert "  ... and 11 more" in lines and "see the 31 problem(s) above" in lines[-1]
+    assert "  ... and 11 more" in lines and "see the 31 problems above" in lines[-1]
 
 
 def test_report_legends_stay_off_the_axes(tmp_path):

@@ -98,7 +98,16 @@ CASES = [
     ("--rehead at a file", ["score", RECORDS, "-o", "{out}", "--rehead", "{old}"], "usage"),
     ("--rehead at an empty folder", ["score", RECORDS, "-o", "{out}", "--rehead", "{empty}"], "usage"),
     ("--rehead without a store", ["score", RECORDS, "-o", "{out}", "--rehead", MODEL], "usage"),
-    ("a model that is not there", ["score", RECORDS, "-o", "{out}", "--model", "{folder}/no"], "fatal"),
+    ("a model that is not there", ["score", RECORDS, "-o", "{out}", "--model", "{folder}/no"], "usage"),
+    ("a missing questions file", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--questions", "{folder}/q.json"],
+     "usage"),
+    ("--engine vllm without vLLM", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--engine", "vllm"], "usage"),
+    ("--engine vllm without vLLM, dry run", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--engine", "vllm",
+     "--dry-run"], "usage"),
+    ("a fractional KV cache", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--engine", "vllm",
+     "--cpu-kv-cache-gib", "1.5"], "usage"),
+    ("a negative --max-model-len", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--engine", "vllm",
+     "--max-model-len", "0"], "usage"),
     ("every record invalid", ["score", "{invalid}", "-o", "{out}", "--model", MODEL, "--workers", "0"],
      "records_failed"),
     ("a missing record file", ["inspect-spans", "{folder}/missing.jsonl"], "usage"),
@@ -120,14 +129,31 @@ CASES = [
 ]  # fmt: skip
 
 
+def tree(*folders: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under `folders`, a file with its size and modification time (what a
+    write changes; a folder's own time moves with the output's writability probe, which leaves
+    nothing behind)."""
+    found = {}
+    for folder in folders:
+        for path in [folder, *folder.rglob("*")]:
+            stat = path.lstat()
+            found[str(path)] = (stat.st_size, stat.st_mtime_ns) if path.is_file() else (0, 0)
+    return found
+
+
 @pytest.mark.parametrize(("what", "command", "row"), CASES, ids=[f"{case[1][0]}: {case[0]}" for case in CASES])
-def test_each_commands_error_paths_exit_as_the_readme_says(files, tmp_path, what, command, row):
+def test_each_commands_error_paths_exit_as_the_readme_says(files, tmp_path, monkeypatch, what, command, row):
+    """A refused run (exit 2) leaves the filesystem as it was: no checkpoint, lock, output or log
+    beside the output, the inputs or the store it was pointed at (issue 36.2)."""
+    monkeypatch.delenv("CLEF_VLLM_PYTHON", raising=False)  # these cases are the runs without vLLM
     args = [part.format(**files, out=tmp_path / "o.parquet") for part in command]
+    before = tree(files["folder"], tmp_path, SAMPLE_DATA)
     result = runner.invoke(app, args)
     assert result.exit_code == CODES[row], f"{what}: {result.output}"
     assert "Traceback" not in result.output
-    if row == "usage":  # nothing was done: no output, no checkpoint
+    if row == "usage":  # nothing was done: no output, no checkpoint, nothing changed anywhere
         assert list(tmp_path.iterdir()) == []
+        assert tree(files["folder"], tmp_path, SAMPLE_DATA) == before
 
 
 def test_an_interrupt_exits_as_the_readme_says(files, monkeypatch):

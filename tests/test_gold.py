@@ -92,7 +92,7 @@ def test_each_problem_is_named_and_skipped():
     assert "record 'r2': duplicate id in the gold; the first row is used" in messages
     assert "record 'r9' is not in the scored records; its gold is skipped" in messages
     assert "record 'r3' question 'spam': gold '1' is not an allowed option (true, false)" in messages
-    assert "question 'colour' is not a question of any scored record (1 gold rows)" in messages
+    assert "question 'colour' is not a question of any scored record (1 gold row)" in messages
     assert "record 'r4' failed in scoring (no answers); its gold is skipped" in messages
     assert len(messages) == 8
     by_kind = {(p.record_id, p.question_id) for p in gold.problems}
@@ -191,7 +191,7 @@ def test_wide_columns_next_to_a_labels_object_are_named_as_ignored(tmp_path):
     gold = load_gold(path, OPTIONS)
     assert gold.labels == {"r1": {"spam": "true"}, "r2": {"spam": "false"}, "r3": {"spam": "true"}}
     assert [problem.message for problem in gold.problems] == [
-        "column 'team' is ignored in 2 row(s) that hold a `labels` object (first: record 'r1'); "
+        "column 'team' is ignored in 2 rows holding a `labels` object (first: record 'r1'); "
         "give either `labels` or one column per question"
     ]
 

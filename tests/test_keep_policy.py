@@ -183,8 +183,9 @@ def test_every_policy_counts_the_tokens_it_ran(tmp_path, policy):
     counted = {}
     for name in ("keep", policy):
         stats = tmp_path / f"{name}.json"
+        keeps_none = ("--keep-below", "0.0", "--keep-sample", "0.0") if name == "selective" else ()
         result = score(inputs, tmp_path / f"{name}.parquet", "--hidden-states", name, "--stats-json", str(stats),
-                       "--keep-below", "0.0", "--keep-sample", "0.0")  # fmt: skip
+                       *keeps_none)  # fmt: skip
         assert result.exit_code == 0, result.output
         counted[name] = json.loads(stats.read_text())["tokens"]
     want = sum(row["prompt_tokens"] for row in pq.read_table(tmp_path / "keep.parquet").to_pylist())

@@ -133,3 +133,31 @@ def test_score_with_a_media_root(tree, tmp_path):
     assert out["link"]["error_kind"] == "media" and "outside the media roots" in out["link"]["error"]
     missing = CliRunner().invoke(app, [*args, "--media-root", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and "nowhere" in missing.output
+
+
+@pytest.fixture
+def sibling(tmp_path):
+    """media/ (the root) and media-private/ beside it: a name that starts with the root's."""
+    root, private = tmp_path / "media", tmp_path / "media-private"
+    root.mkdir()
+    private.mkdir()
+    (private / "x.png").write_bytes(b"private bytes")
+    (root / "in.png").write_bytes(IMAGE)
+    (root / "link.png").symlink_to(private / "x.png")
+    (root / "private-dir").symlink_to(private, target_is_directory=True)
+    return root, private
+
+
+@pytest.mark.parametrize(
+    "path", ["{root}/../media-private/x.png", "{private}/x.png", "{root}/link.png", "{root}/private-dir/x.png"]
+)
+def test_a_sibling_whose_name_starts_with_the_roots_is_outside(sibling, path):
+    """`media-private` starts with `media`: a prefix test without the separator let it in (and
+    the walk from the root then climbed `..` into it), by path and by symlink alike."""
+    root, private = sibling
+    with pytest.raises(MediaError, match=r"is outside the media roots \(--media-root\)") as refused:
+        read(Path(path.format(root=root, private=private)), root)
+    assert str(private / "x.png") in str(refused.value)
+    with pytest.raises(MediaError, match="outside the media roots"):  # a root given with its trailing slash too
+        read(Path(path.format(root=root, private=private)), Path(f"{root}{os.sep}"))
+    assert read(root / "in.png", root) == IMAGE

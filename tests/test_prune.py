@@ -85,8 +85,14 @@ def test_limits_that_keep_nothing_are_usage_errors_and_an_emptying_prune_needs_f
     assert snapshot(store) == before
     planned = prune(store, "--older-than", "1e-9", "--dry-run")
     assert planned.exit_code == 0, planned.output
-    assert "would drop 3 of 3 keys (3 rows) from 0 rewritten and 1 removed shards" in planned.stdout
-    assert "refused unless --force" in planned.stdout
+    assert planned.stdout == (
+        "would drop 3 of 3 keys (3 rows) in 1 shard (1 removed whole, 0 rewritten); would free about "
+        f"{planned.stdout.split('would free about ')[1].split(';')[0]}; would keep the keys of 0 completed runs\n"
+        "that is every key: without --dry-run, this prune is refused unless --force\n"
+    )
+    forced_plan = prune(store, "--older-than", "1e-9", "--dry-run", "--force")
+    assert forced_plan.exit_code == 0, forced_plan.output
+    assert forced_plan.stdout.splitlines()[1] == "that is every key: without --dry-run, --force drops them all"
     assert snapshot(store) == before
     forced = prune(store, "--older-than", "1e-9", "--force")
     assert forced.exit_code == 0 and "dropped 3 of 3 keys" in forced.stdout, forced.output
@@ -103,17 +109,19 @@ def test_dry_run_says_what_the_prune_then_does_and_changes_nothing(tmp_path):
     before = snapshot(store)
     planned = prune(store, "--keep-runs", "2", "--dry-run")
     assert planned.exit_code == 0, planned.output
-    assert "would drop 2 of 8 keys (2 rows) from 1 rewritten and 0 removed shards" in planned.stdout
+    assert "would drop 2 of 8 keys (2 rows) in 1 shard (0 removed whole, 1 rewritten)" in planned.stdout
     assert snapshot(store) == before
     done = prune(store, "--keep-runs", "2")
     assert done.exit_code == 0, done.output
-    assert "dropped 2 of 8 keys (2 rows) from 1 rewritten and 0 removed shards" in done.stdout
+    assert "dropped 2 of 8 keys (2 rows) in 1 shard (0 removed whole, 1 rewritten)" in done.stdout
+    assert done.stdout.rstrip().endswith("; kept the keys of 2 completed runs")
     assert info(store)["keys"] == 6
     # --keep-runs 1 keeps c only: b's shard and a's rewritten one go whole, so the estimate is exact
     planned = prune(store, "--keep-runs", "1", "--dry-run")
     done = prune(store, "--keep-runs", "1")
-    assert "would drop 4 of 6 keys (4 rows) from 0 rewritten and 2 removed shards" in planned.stdout
-    assert "dropped 4 of 6 keys (4 rows) from 0 rewritten and 2 removed shards" in done.stdout
+    assert "would drop 4 of 6 keys (4 rows) in 2 shards (2 removed whole, 0 rewritten)" in planned.stdout
+    assert "dropped 4 of 6 keys (4 rows) in 2 shards (2 removed whole, 0 rewritten)" in done.stdout
+    assert done.stdout.rstrip().endswith("; kept the keys of 1 completed run")
     assert planned.stdout.split("would free about ")[1].split(";")[0] == done.stdout.split("freed ")[1].split(";")[0]
     again = score(tmp_path / "c.jsonl", tmp_path / "c2.parquet", store)
     assert "0 run through the model, 2 from the checkpoint" in again.stderr
@@ -137,3 +145,41 @@ def test_which_runs_keep_their_keys():
     assert kept_run_seqs(dated, None, 3, now=now) == {2, 3}
     assert kept_run_seqs(dated, 1, 3, now=now) == {3}  # both must keep a run
     assert kept_run_seqs(dated, 3, 1, now=now) == {3}
+
+
+def test_an_interrupted_first_run_does_not_count_so_keep_runs_1_keeps_the_last_run_only():
+    """The history starts with a run that does not count: [interrupted run 1, run 2] with
+    --keep-runs 1 keeps run 2's keys only (with `>` for `>=`, one counted run kept everything)."""
+    history = [run(1, finished=False), run(2)]
+    assert kept_run_seqs(history, 1, None) == {2}
+    assert kept_run_seqs([run(1, used=0), run(2)], 1, None) == {2}
+    assert kept_run_seqs(history, 2, None) == {1, 2}  # fewer than 2 count: everything stays
+
+
+def test_keep_runs_1_after_an_interrupted_run_drops_its_keys(tmp_path, monkeypatch):
+    """The same through the CLI: run 1 stopped after its first commit (as Ctrl-C stops it), run 2
+    over other tickets; `--keep-runs 1` keeps exactly run 2's keys."""
+    import clef_cli.cli.score as score_command
+    from clef_cli import faults
+
+    stops = []
+    monkeypatch.setattr(score_command, "install_stop_handlers", stops.append)
+    monkeypatch.setattr(faults, "after_commit", lambda: stops[-1].set())
+    store = tmp_path / "st"
+    first = score(write_jsonl(tmp_path / "a.jsonl", tickets(range(6))), tmp_path / "a.parquet", store,
+                  "--max-batch-size", "2", "--hidden-states", "drop")  # fmt: skip
+    assert first.exit_code == 130, first.output
+    monkeypatch.undo()
+    interrupted_keys = info(store)["keys"]
+    assert interrupted_keys > 0  # what it committed before it stopped, last used by run 1
+    second = score(write_jsonl(tmp_path / "b.jsonl", tickets(range(10, 14))), tmp_path / "b.parquet", store,
+                   "--hidden-states", "drop")  # fmt: skip
+    assert second.exit_code == 0, second.output
+    assert [run["counted"] for run in info(store)["runs"]] == [False, True]
+
+    pruned = prune(store, "--keep-runs", "1")
+    assert pruned.exit_code == 0, pruned.output
+    assert f"dropped {interrupted_keys} of {interrupted_keys + 4} keys" in pruned.stdout
+    assert info(store)["keys"] == 4
+    again = score(tmp_path / "b.jsonl", tmp_path / "c.parquet", store, "--hidden-states", "drop")
+    assert "0 run through the model, 4 from the checkpoint" in again.stderr

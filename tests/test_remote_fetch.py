@@ -300,3 +300,37 @@ def test_https_verifies_the_certificate_against_the_urls_host_not_the_address(pu
             fetch(server.url("/a.png", host="other.example"), POLICY, resolver)
         assert server.requests == ["/a.png"]
     assert names == [PUBLIC_NAME, PUBLIC_NAME, "other.example"]  # SNI: the URL's host, never the address
+
+
+ELSEWHERE = ipaddress.ip_address("93.184.216.34")  # a public address no test ever connects to
+
+
+def test_every_resolved_address_is_checked_not_only_the_first():
+    """A name resolving to a public and a loopback address is refused (and not as transient): the
+    fetcher may connect to any address the name gave, so one bad one refuses the hop."""
+    for answer in ([ELSEWHERE, ipaddress.ip_address("127.0.0.1")], [ELSEWHERE, ipaddress.ip_address("10.0.0.7")]):
+        with pytest.raises(FetchError) as refused:
+            remote_fetch.checked_hop(f"http://{PUBLIC_NAME}/a.png", POLICY, lambda host, port, answer=answer: answer)
+        assert f"host {PUBLIC_NAME} resolves to a" in str(refused.value) and str(answer[1]) in str(refused.value)
+        assert not refused.value.transient
+
+
+def test_a_dead_public_address_then_loopback_never_reaches_the_inside_server(monkeypatch):
+    """End to end: the first address takes no connection, the second is 127.0.0.1, where a
+    server listens. Checking only the first address would fall through to the inside server.
+    Connections go nowhere but 127.0.0.1 (any other address is refused here, as a dead host)."""
+    real_connect, attempts = remote_fetch.socket.create_connection, []
+
+    def loopback_only(address, *args, **kwargs):
+        attempts.append(address[0])
+        if address[0] != "127.0.0.1":
+            raise ConnectionRefusedError(f"nothing listens on {address[0]} (test)")
+        return real_connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(remote_fetch.socket, "create_connection", loopback_only)
+    with media_server("127.0.0.1", {"/secret": body(b"internal")}) as inside:
+        resolver = lambda host, port: [ELSEWHERE, ipaddress.ip_address("127.0.0.1")]  # noqa: E731
+        with pytest.raises(FetchError, match=r"resolves to a loopback address 127\.0\.0\.1") as refused:
+            fetch(inside.url("/secret", host=PUBLIC_NAME), POLICY, resolver)
+        assert not refused.value.transient
+        assert inside.requests == [] and attempts == []  # refused before any connection

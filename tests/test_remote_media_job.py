@@ -126,3 +126,34 @@ def test_a_remote_option_without_remote_media_exits_2(tmp_path, option):
     result = runner.invoke(app, ["score", str(inputs), "-o", str(tmp_path / "o.parquet"), *option, "--dry-run"])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: {option[0]} applies to remote media only: add --allow-remote-media"
+
+
+def test_a_fresh_spool_drops_what_a_killed_job_left_and_fetches_again(tmp_path):
+    """A job killed mid-way leaves its spool (bytes, a stored failure). The next job's fresh spool
+    must hold none of it: a URL whose server is now down fails now (it is not served yesterday's
+    bytes without a request), and a URL that failed yesterday is asked again."""
+    from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy
+
+    policy = FetchPolicy(max_bytes=1 << 20, allow_private=True)
+    yesterday, today = (MEDIA / "image_a.png").read_bytes(), (MEDIA / "image_b.png").read_bytes()
+    folder = tmp_path / "remote-media"
+    with media_server(routes={"/b.png": body(today)}) as live:
+        failed_url = live.url("/late.png")
+        with media_server(routes={"/a.png": body(yesterday)}) as gone:
+            down_url = gone.url("/a.png")
+            killed = RemoteSpool.fresh(folder)
+            assert killed.digest(down_url, policy) == hashlib.sha256(yesterday).hexdigest()
+            with pytest.raises(FetchError, match="HTTP 404"):
+                killed.digest(failed_url, policy)  # stored as this URL's failure
+        assert len(list(folder.iterdir())) == 2  # killed: never removed
+        live.routes["/late.png"] = body(today)
+        live.requests.clear()
+
+        spool = RemoteSpool.fresh(folder)
+        assert list(folder.iterdir()) == []
+        assert spool.stored(down_url) is None and spool.stored(failed_url) is None
+        with pytest.raises(FetchError, match="cannot fetch") as down:
+            spool.digest(down_url, policy)  # asked again: its server is gone
+        assert down.value.transient
+        assert spool.digest(failed_url, policy) == hashlib.sha256(today).hexdigest()
+        assert live.requests == ["/late.png"]

@@ -470,3 +470,40 @@ def test_a_record_edited_since_it_was_scored_is_left_out_not_shown_beside_old_an
     shown = {task["data"]["id"]: task["data"]["state"] for task in json.loads(out.read_text())}
     assert shown == {"same": "the printer is on fire", "picture": "see the photo"}
     assert "2 record(s) in --records changed since they were scored (first: 'edited')" in result.stderr
+
+
+def test_a_remote_media_record_stays_in_the_queue_unchecked_and_nothing_is_fetched(tmp_path):
+    """Keying a record with a remote image would download it (and, without --allow-remote-media,
+    key a refusal that never matches): it is shown unchecked, with a note, and never asked for.
+    The output's `clef.media_limits` may name the allow-list and the private-hosts flag too
+    (`MediaLimits.as_metadata`); recomputing keys reads only the fields keys are made of."""
+    from clef_cli.encoding.media_limits import MediaLimits
+    from clef_cli.inputs.readers import read_records
+    from clef_cli.store.record_key import MediaHasher, PromptShape, record_key
+
+    from .helpers import MEDIA, write_jsonl
+    from .media_server import body, media_server
+
+    prompt = PromptShape("d" * 64, frozenset())
+    scored_with = MediaLimits(allow_remote=True, allowed_media_domains=("127.0.0.1",), allow_private_media_hosts=True)
+    noul = {"urgent": {"type": "noul", "instructions": "Is this urgent?"}}
+    with media_server(routes={"/a.png": body((MEDIA / "image_a.png").read_bytes(), "image/png")}) as server:
+        records = [
+            {"id": "text", "state": "the printer is on fire", "questions": noul},
+            {"id": "remote", "state": "see the photo", "questions": noul, "images": [server.url("/a.png")]},
+        ]
+        inputs = write_jsonl(tmp_path / "records.jsonl", records)
+        local = MediaHasher(MediaLimits(**{**scored_with.as_dict(), "allow_remote": False}))
+        text_key = record_key(next(iter(read_records([inputs]))), prompt, local)
+        metadata = {"clef.key_prompt": prompt.as_metadata(), "clef.media_limits": json.dumps(scored_with.as_metadata())}
+        answers = {"urgent": (0.3, 0.7)}
+        scored = write_scored(tmp_path / "s.parquet", [("text", answers), ("remote", answers)],
+                              extra={"record_key": [text_key, "k" * 64]}, metadata=metadata)  # fmt: skip
+        out = tmp_path / "tasks.json"
+        result = runner.invoke(app, ["review", str(scored), "-o", str(out), "--records", str(inputs)])
+        assert server.requests == []
+    assert result.exit_code == 0, result.output
+    shown = {task["data"]["id"]: task["data"] for task in json.loads(out.read_text())}
+    assert set(shown) == {"text", "remote"} and shown["remote"]["image_0"] == server.url("/a.png")
+    assert "1 record(s) with remote media shown unchecked against their record_key" in result.stderr
+    assert "changed since they were scored" not in result.stderr

@@ -254,6 +254,16 @@ def test_refusals_are_one_line(planted, tmp_path):
     ScoreJob(settings).run()
     result = train(Path(str(dropped) + ".ckpt"), planted["gold"], tmp_path / "h1")
     assert result.exit_code == 1 and "pass --records with the records it scored" in result.stderr
+    # --records whose records carry no questions (their job read --questions) without --questions
+    # named no flag ("holds no hidden states ... pass --records"); now it is refused before the thinker runs
+    bare = [{k: v for k, v in json.loads(line).items() if k != "questions"} for line in inputs.read_text().splitlines()]
+    store = Path(f"{dropped}.ckpt")
+    before = {str(path): path.stat().st_mtime_ns for path in store.rglob("*")}
+    result = train(store, planted["gold"], tmp_path / "h4", "--records", str(write_jsonl(tmp_path / "b.jsonl", bare)))
+    assert result.exit_code == 2 and result.stderr == (
+        "error: --records: record 'r0' carries no questions; add --questions with the file its job was scored with\n"
+    )
+    assert {str(path): path.stat().st_mtime_ns for path in store.rglob("*")} == before
 
     stranger = write_jsonl(tmp_path / "stranger.jsonl", [{"id": "nobody", "colour": "red"}])
     result = train(planted["checkpoint"], stranger, tmp_path / "h2")
@@ -268,7 +278,7 @@ def test_refusals_are_one_line(planted, tmp_path):
     save_file(JointSchemaHead(HeadConfig(**config)).state_dict(), str(wide / "joint_head.safetensors"))
     result = train(planted["checkpoint"], planted["gold"], tmp_path / "h3", "--base-head", str(wide))
     assert result.exit_code == 1 and "expects hidden size 32" in result.stderr
-    for refused in ("h1", "h2", "h3"):
+    for refused in ("h1", "h2", "h3", "h4"):
         assert not (tmp_path / refused).exists()
     assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1
 
@@ -321,7 +331,7 @@ def test_a_gold_id_names_the_prompt_of_the_latest_run_not_every_stored_one(tmp_p
 
     latest, notes = examples()
     assert latest == keys[1] and len(latest) == 30  # not 33
-    assert len(notes) == 1 and notes[0].startswith("3 gold id(s) name several stored prompts")
+    assert len(notes) == 1 and notes[0].startswith("3 gold ids with several stored prompts")
     assert examples(store["outputs"][0]) == (keys[0], [])
     assert examples(store["outputs"][1]) == (keys[1], [])
 

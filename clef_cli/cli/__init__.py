@@ -14,7 +14,7 @@ from clef_cli import __version__
 from clef_cli.cli import checkpoint, compare, inspect, quality, review, score
 from clef_cli.cli.console import stdout
 from clef_cli.cli.errors import ClefGroup
-from clef_cli.cli.usage import ClefCommand
+from clef_cli.cli.usage import ClefCommand, PanelledCommand
 
 app = typer.Typer(
     name="clef",
@@ -48,8 +48,8 @@ def main_callback(
     """Score records with Cloudflare's Clef-Omni decision model."""
 
 
-app.command("score", cls=ClefCommand)(score.command)
-app.command("inspect-spans", cls=ClefCommand)(inspect.command)
+app.command("score", cls=PanelledCommand)(score.command)
+app.command("inspect-spans", cls=PanelledCommand)(inspect.command)
 app.command("eval", cls=ClefCommand)(quality.evaluate)
 app.command("calibrate", cls=ClefCommand)(quality.calibrate)
 app.command("train-head", cls=ClefCommand)(quality.train_head)

@@ -7,13 +7,16 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from clef_cli.cli.console import stdout
 from clef_cli.cli.usage import ClefCommand
-from clef_cli.sizes import human_size
+from clef_cli.sizes import human_size, plural
+
+if TYPE_CHECKING:
+    from clef_cli.store.prune import PruneReport
 
 app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -33,7 +36,7 @@ def _print_runs(runs: list[dict[str, Any]]) -> None:
             done += "; not counted by prune --keep-runs"
         stdout.print(
             f"run {run['run_id']}: started {_when(run['started'])} UTC, {done}; "
-            f"last user of {run['keys_last_used']} keys",
+            f"last user of {plural(run['keys_last_used'], 'key')}",
             markup=False,
         )
         if run["inputs"]:
@@ -71,7 +74,8 @@ def checkpoint_info(
         return
     stdout.print(f"checkpoint: {info['path']}", markup=False)
     stdout.print(
-        f"keys: {info['keys']} in {info['shards']} shards ({info['shards_with_hidden_states']} with hidden states)"
+        f"keys: {info['keys']:,} in {plural(info['shards'], 'shard')} "
+        f"({info['shards_with_hidden_states']:,} with hidden states)"
     )
     stdout.print(
         f"size on disk: {human_size(info['size_bytes'])} (results {human_size(info['results_bytes'])}, "
@@ -79,9 +83,9 @@ def checkpoint_info(
     )
     if info["damaged_shards"]:
         stdout.print(
-            f"damaged: {len(info['damaged_shards'])} shard(s) fail their check ({info['damaged_records']} records: "
-            f"{', '.join(info['damaged_shards'])}); the next `clef score` on this store drops them and computes "
-            "their records again",
+            f"damaged: {plural(len(info['damaged_shards']), 'shard')} whose check fails "
+            f"({plural(info['damaged_records'], 'record')}: {', '.join(info['damaged_shards'])}); the next "
+            "`clef score` on this store drops them and computes their records again",
             markup=False,
         )
     stdout.print(f"model: {info['model'].get('id')}", markup=False)
@@ -131,12 +135,20 @@ def checkpoint_prune(
     from clef_cli.store.prune import prune
 
     report = prune(directory, keep_runs, older_than, force=force, dry_run=dry_run)
-    verb, freed = ("would drop", "would free about") if report.dry_run else ("dropped", "freed")
-    stdout.print(
-        f"{verb} {report.keys_dropped} of {report.keys_before} keys ({report.rows_dropped} rows) from "
-        f"{report.shards_rewritten} rewritten and {report.shards_removed} removed shards; {freed} "
-        f"{human_size(max(0, report.bytes_freed))}; kept the keys of {len(report.kept_runs)} completed runs",
-        markup=False,
-    )
+    stdout.print(prune_summary(report), markup=False)
     if report.dry_run and report.drops_every_key:
-        stdout.print("that is every key: without --dry-run this prune is refused unless --force", markup=False)
+        then = "--force drops them all" if force else "this prune is refused unless --force"
+        stdout.print(f"that is every key: without --dry-run, {then}", markup=False)
+
+
+def prune_summary(report: PruneReport) -> str:
+    """What a prune dropped, or would drop: the line cron logs keep."""
+    verb, freed, kept = (
+        ("would drop", "would free about", "would keep") if report.dry_run else ("dropped", "freed", "kept")
+    )
+    shards = plural(report.shards_removed + report.shards_rewritten, "shard")
+    return (
+        f"{verb} {report.keys_dropped:,} of {plural(report.keys_before, 'key')} ({plural(report.rows_dropped, 'row')}) "
+        f"in {shards} ({report.shards_removed:,} removed whole, {report.shards_rewritten:,} rewritten); {freed} "
+        f"{human_size(max(0, report.bytes_freed))}; {kept} the keys of {plural(len(report.kept_runs), 'completed run')}"
+    )

@@ -22,6 +22,18 @@ from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.sizes import parse_size
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
 
+PANEL_INPUTS = "Inputs and prompt"
+PANEL_OUTPUT = "Output"
+PANEL_BATCHING = "Batching and device"
+PANEL_STORE = "Store and hidden states"
+PANEL_ENGINE = "Engine"
+PANEL_RAY = "Ray"
+PANEL_MEDIA = "Media limits"
+PANEL_SECURITY = "Remote media and security"
+PANELS = (PANEL_INPUTS, PANEL_OUTPUT, PANEL_BATCHING, PANEL_STORE, PANEL_ENGINE, PANEL_RAY, PANEL_MEDIA, PANEL_SECURITY)
+"""The sections of a long command's `--help` (`usage.PanelledCommand`), in this order after its
+unpanelled options; an option names its section with Typer's `rich_help_panel`."""
+
 
 class Dtype(str, Enum):
     auto = "auto"
@@ -95,16 +107,20 @@ ModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
+        rich_help_panel=PANEL_INPUTS,
         help="Release folder or hub id (found through the HF cache; HF_HOME and HF_HUB_OFFLINE apply).",
         envvar="CLEF_MODEL",
     ),
 ]
-RevisionOption = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+RevisionOption = Annotated[
+    str | None, typer.Option("--revision", rich_help_panel=PANEL_INPUTS, help="Hub revision (branch, tag or commit).")
+]
 MaxLengthOption = Annotated[
     int | None,
     typer.Option(
         "--max-length",
         min=16,
+        rich_help_panel=PANEL_INPUTS,
         help="Prompt token budget; the state is cut to fit. Default: the model's "
         "(64000 Clef-Omni, 16384 Clef/Clef-Flash).",
         show_default=False,
@@ -114,6 +130,7 @@ OverflowOption = Annotated[
     OverflowPolicy,
     typer.Option(
         "--on-overflow",
+        rich_help_panel=PANEL_INPUTS,
         help="When the state does not fit: 'truncate' cuts it (the reference's behaviour), 'error' refuses the record.",
     ),
 ]
@@ -121,6 +138,7 @@ StructNullsOption = Annotated[
     StructNulls,
     typer.Option(
         "--struct-nulls",
+        rich_help_panel=PANEL_INPUTS,
         case_sensitive=False,
         help="What a null inside a Parquet struct column of state or questions means. A struct column gives "
         "every row the keys of every record, so by default ('refuse') such a record is refused rather than "
@@ -132,6 +150,7 @@ SpecialTokensOption = Annotated[
     SpecialTokens,
     typer.Option(
         "--special-tokens",
+        rich_help_panel=PANEL_INPUTS,
         case_sensitive=False,
         help="Special-token strings in a record's text (<|im_end|>, <|image_pad|>...): 'text' keeps them ordinary "
         "text, so a record cannot write control tokens into its prompt; 'parse' reads them as control tokens, as "
@@ -140,10 +159,17 @@ SpecialTokensOption = Annotated[
 ]
 QuestionsOption = Annotated[
     Path | None,
-    typer.Option("--questions", help="JSON file with one question schema for records that carry none."),
+    typer.Option(
+        "--questions",
+        rich_help_panel=PANEL_INPUTS,
+        help="JSON file with one question schema for records that carry none.",
+    ),
 ]
 DeviceOption = Annotated[
-    str, typer.Option("--device", parser=device, metavar="DEVICE", help="auto, cpu, cuda or cuda:N.")
+    str,
+    typer.Option(
+        "--device", parser=device, metavar="DEVICE", rich_help_panel=PANEL_BATCHING, help="auto, cpu, cuda or cuda:N."
+    ),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 
@@ -152,17 +178,26 @@ MEDIA_LIMIT_OPTIONS = {
     "max_image_pixels": (
         int,
         DEFAULT_LIMITS.max_image_pixels,
-        typer.Option("--max-image-pixels", min=1, help="Largest image (or video frame) accepted, in pixels."),
+        typer.Option(
+            "--max-image-pixels",
+            min=1,
+            rich_help_panel=PANEL_MEDIA,
+            help="Largest image (or video frame) accepted, in pixels.",
+        ),
     ),
     "max_audio_seconds": (
         float,
         DEFAULT_LIMITS.max_audio_seconds,
-        typer.Option("--max-audio-seconds", min=0.1, help="Longest audio clip accepted, in seconds."),
+        typer.Option(
+            "--max-audio-seconds", min=0.1, rich_help_panel=PANEL_MEDIA, help="Longest audio clip accepted, in seconds."
+        ),
     ),
     "max_video_seconds": (
         float,
         DEFAULT_LIMITS.max_video_seconds,
-        typer.Option("--max-video-seconds", min=0.1, help="Longest video accepted, in seconds."),
+        typer.Option(
+            "--max-video-seconds", min=0.1, rich_help_panel=PANEL_MEDIA, help="Longest video accepted, in seconds."
+        ),
     ),
     "max_file_bytes": (
         int,
@@ -171,6 +206,7 @@ MEDIA_LIMIT_OPTIONS = {
             "--max-file-bytes",
             parser=size,
             metavar="SIZE",
+            rich_help_panel=PANEL_MEDIA,
             help="Largest media file accepted (bytes, or with K/M/G suffix).",
         ),
     ),
@@ -179,6 +215,7 @@ MEDIA_LIMIT_OPTIONS = {
         False,
         typer.Option(
             "--allow-remote-media",
+            rich_help_panel=PANEL_SECURITY,
             help="Fetch http(s) media URLs (public addresses only, every redirect checked). Off by default: "
             "records may come from untrusted sources.",
         ),
@@ -189,6 +226,7 @@ MEDIA_LIMIT_OPTIONS = {
         typer.Option(
             "--allowed-media-domains",
             metavar="HOST",
+            rich_help_panel=PANEL_SECURITY,
             help="With --allow-remote-media, fetch only from these hosts (repeat the option, or separate them "
             "with commas): exact names, '*.example.com' for its subdomains; checked at every redirect.",
         ),
@@ -198,6 +236,7 @@ MEDIA_LIMIT_OPTIONS = {
         False,
         typer.Option(
             "--allow-private-media-hosts",
+            rich_help_panel=PANEL_SECURITY,
             help="With --allow-remote-media, also fetch from loopback, private and link-local addresses "
             "(a local media server). Off by default: a record's URL must not reach the machine's own network.",
         ),
@@ -208,6 +247,7 @@ MEDIA_LIMIT_OPTIONS = {
         typer.Option(
             "--media-root",
             metavar="DIR",
+            rich_help_panel=PANEL_SECURITY,
             help="Confine local media paths to this folder (repeatable; symlinks and '..' resolved; an escape "
             "is that record's error). Default: any file the user can read.",
         ),
@@ -297,6 +337,7 @@ class ReviewFormat(str, Enum):
     argilla = "argilla"
     jsonl = "jsonl"
     csv = "csv"
+
 
 ReportOption = Annotated[
     Path | None,

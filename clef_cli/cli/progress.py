@@ -57,6 +57,10 @@ class RichProgress(Progress):
             errors=f"{self.failed} errors" if self.failed else "",
         )
 
+    def phase(self, description: str | None) -> None:
+        if self._task is not None:
+            self._progress.update(self._task, description=description or "records")
+
     def note(self, message: str) -> None:
         if self.enabled:
             self._progress.console.print(message, markup=False, style="dim")
@@ -117,6 +121,9 @@ def print_summary(summary: Any) -> None:
         )
         return
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
+    if summary.rehead_states_computed is not None:
+        print_rehead_summary(summary, rate)
+        return
     stats = summary.stats
     busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
     startup = f", start-up {stats.stages['startup']:.1f} s" if stats.stages["startup"] >= 0.05 else ""
@@ -128,7 +135,7 @@ def print_summary(summary: Any) -> None:
         f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
         f"({summary.forwarded} run through the model, {summary.reused} from the checkpoint, "
         f"{summary.duplicates} duplicates collapsed, {summary.retried} retried{more}); "
-        f"{summary.tokens} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}",
+        f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}",
         markup=False,
     )
     for note in summary.notes:
@@ -136,6 +143,22 @@ def print_summary(summary: Any) -> None:
     advice = stats.advice()
     if advice:
         stderr.print(advice, markup=False)
+    print_failures(summary)
+
+
+def print_rehead_summary(summary: Any, rate: float) -> None:
+    """A `--rehead`: every record re-scored by the head from stored states; the thinker ran only
+    on those whose states the store lacked (the note after says what that cost)."""
+    computed = summary.rehead_states_computed
+    thinker = f"the thinker ran first on {computed:,} whose states were not stored" if computed else "no thinker run"
+    stderr.print(
+        f"{summary.scored:,} scored, {summary.failed:,} failed of {summary.records:,} records, re-scored by the "
+        f"head from stored hidden states ({thinker}); {summary.tokens:,} tokens in {summary.seconds:.1f} s "
+        f"({rate:,.0f} tok/s) -> {summary.output}",
+        markup=False,
+    )
+    for note in summary.notes:
+        stderr.print(note, markup=False)
     print_failures(summary)
 
 

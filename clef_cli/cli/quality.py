@@ -26,6 +26,7 @@ from clef_cli.cli.options import (
 from clef_cli.cli.progress import TrainHeadProgress
 from clef_cli.errors import UsageError
 from clef_cli.quality.labels.exports import GoldFormat
+from clef_cli.sizes import plural
 from clef_cli.store.atomic import is_stdout
 
 ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
@@ -173,7 +174,9 @@ def calibrate(
 
 
 def train_head(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint of a `clef score` job run with hidden states kept.")],
+    checkpoint: Annotated[
+        Path, typer.Argument(help="Checkpoint of a `clef score` job (the states it lacks need --records).")
+    ],
     gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
     output: Annotated[
         Path,
@@ -220,23 +223,26 @@ def train_head(
         typer.Option(
             "--records",
             help="The records `clef score` took (repeatable): gold records the checkpoint holds without hidden "
-            "states (--hidden-states selective or drop) get them computed (the thinker runs on those only).",
+            "states (--hidden-states selective or drop) get them computed (the thinker runs on those only). "
+            "Records the job read with --questions need the same --questions here.",
         ),
     ] = None,
     questions: QuestionsOption = None,
 ) -> None:
     """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the
-    thinker never runs), gated by k-fold held-out proof: HEAD_DIR is written only when the
-    held-out log loss beats the base head recalibrated on the training folds (per-question
-    temperature and option biases) with a bootstrap 95% interval of the difference below zero,
-    and no question is significantly worse; otherwise the numbers are printed and the exit code is
-    4 (--force writes anyway). A linear probe on the same folds shows what the states hold.
+    thinker runs only with --records, for gold records whose states the store lacks), gated by
+    k-fold held-out proof: HEAD_DIR is written only when the held-out log loss beats the base
+    head recalibrated on the training folds (per-question temperature and option biases) with a
+    bootstrap 95% interval of the difference below zero, and no question is significantly worse;
+    otherwise the numbers are printed and the exit code is 4 (--force writes anyway). A linear
+    probe on the same folds shows what the states hold.
 
     \b
     Examples:
       clef score records.jsonl -o out.parquet
       clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --scored out.parquet
       clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 5e-4 --folds 10
+      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --records records.jsonl
       clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
     from clef_cli.quality.train.fit import FitSettings
@@ -265,7 +271,7 @@ def train_head(
     print_gate(result.report)
     if "states_computed" in result.report:  # also under --quiet, which hides the stage lines
         stderr.print(result.report["states_computed"]["summary"], markup=False)
-    stderr.print(f"wrote {output} ({result.report['new_head']['parameters']} parameters)", markup=False)
+    stderr.print(f"wrote {output} ({plural(result.report['new_head']['parameters'], 'parameter')})", markup=False)
 
 
 def print_gate(report: dict[str, Any]) -> None:
@@ -281,7 +287,7 @@ def print_gate(report: dict[str, Any]) -> None:
         notes = " SIGNIFICANTLY WORSE" if gate["significantly_worse"] else ""
         notes += " (fewer than 50 labels: the interval is optimistic)" if gate["few_labels"] else ""
         stderr.print(
-            f"  {question}: {gate['labels']} labels, log loss difference (trained - recalibrated base) "
+            f"  {question}: {plural(gate['labels'], 'label')}, log loss difference (trained - recalibrated base) "
             f"{gate['mean']:+.4f}, 95% CI [{gate['ci95'][0]:+.4f}, {gate['ci95'][1]:+.4f}]{notes}",
             markup=False,
         )
@@ -289,7 +295,8 @@ def print_gate(report: dict[str, Any]) -> None:
     gate = report["gate"]
     verdict = "passed" if gate["passed"] else ("failed, written anyway (--force)" if gate["forced"] else "failed")
     stderr.print(
-        f"{report['gold']['records']} gold records; held-out log loss difference (trained - recalibrated base) "
+        f"{plural(report['gold']['records'], 'gold record')}; held-out log loss difference "
+        "(trained - recalibrated base) "
         f"{difference['mean']:+.4f}, 95% CI [{difference['ci95'][0]:+.4f}, {difference['ci95'][1]:+.4f}]: "
         f"gate {verdict}",
         markup=False,

@@ -83,22 +83,32 @@ from clef_cli.settings import ScoreSettings
 
 
 def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine: Engine = Engine.hf) -> None:
-    """Refuse, before any work, options that cannot apply: Ray's without --ray (an address from
-    RAY_ADDRESS alone is fine: Ray clusters set it for every process), vLLM's without --engine
-    vllm, --rehead with --ray, and --engine vllm with --ray (a --rehead takes the store's own engine
-for the states it lacks, so --engine vllm there only says what the store holds)."""
-    given = [name for name in (*RAY_ONLY, *VLLM_ONLY) if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
-    for name in given:
-        option = next(param for param in ctx.command.params if param.name == name).opts[0]
+    """Refuse, before any work, options that mean nothing in this run: Ray's without --ray (an
+    address from RAY_ADDRESS alone is fine: Ray clusters set it for every process), vLLM's
+    without --engine vllm, --keep-below and --keep-sample without --hidden-states selective, the
+    keep policy's options with --rehead (it keeps every state it computes), --rehead with --ray,
+    and --engine vllm with --ray. --engine vllm with --rehead is fine: a rehead takes the store's
+    own engine for the states it lacks, so --engine vllm there only says what the store holds."""
+    from clef_cli.cli.score_options import NOT_WITH_REHEAD, SELECTIVE_ONLY
+
+    option = {param.name: param.opts[0] for param in ctx.command.params}
+    for name in ctx.params:
+        if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
         if name in RAY_ONLY and not ray:
-            raise UsageError(f"{option} applies to Ray runs only: add --ray")
+            raise UsageError(f"{option[name]} applies to Ray runs only: add --ray")
         if name in VLLM_ONLY and engine is not Engine.vllm:
-            raise UsageError(f"{option} applies to the vLLM engine only: add --engine vllm")
+            raise UsageError(f"{option[name]} applies to the vLLM engine only: add --engine vllm")
+        if name in NOT_WITH_REHEAD and rehead is not None:
+            raise UsageError(
+                f"{option[name]} does not go with --rehead (a rehead reads the stored hidden states and keeps "
+                f"those it computes): drop {option[name]}"
+            )
+        if name in SELECTIVE_ONLY and ctx.params["hidden_states"] is not HiddenStates.selective:
+            raise UsageError(f"{option[name]} applies to --hidden-states selective only: add --hidden-states selective")
     if engine is Engine.vllm and ray:
         raise UsageError("--engine vllm does not go with --ray (vLLM in Ray actors is not built yet): drop one of them")
-    if not ray:
-        return
-    if rehead is not None:
+    if ray and rehead is not None:
         raise UsageError("--rehead runs the head alone on stored hidden states: drop --ray")
 
 
@@ -155,6 +165,9 @@ def score(
     Examples:
       clef score sample_data/records.jsonl -o out.parquet
       clef score sample_data/posts.jsonl --questions sample_data/questions.json -o posts.parquet --device cpu
+      clef score records.jsonl -o out.parquet --engine vllm --max-model-len 32768
+      clef score records.jsonl -o out.parquet --hidden-states selective --keep-below 0.7
+      clef score records.jsonl -o out.parquet --media-root /data/media
       clef score s3://bucket/records/ -o out.parquet --ray --ray-address ray://head-node:10001 --ray-actors 16
     """
     refuse_impossible(ctx, ray, rehead, engine)

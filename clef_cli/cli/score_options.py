@@ -10,7 +10,17 @@ from typing import Annotated, Any
 import typer
 
 from clef_cli.choices import Engine, HiddenDtype, HiddenStates, Layout
-from clef_cli.cli.options import Dtype, writable_file, writable_file_or_stdout
+from clef_cli.cli.options import (
+    PANEL_BATCHING,
+    PANEL_ENGINE,
+    PANEL_INPUTS,
+    PANEL_OUTPUT,
+    PANEL_RAY,
+    PANEL_STORE,
+    Dtype,
+    writable_file,
+    writable_file_or_stdout,
+)
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
 from clef_cli.settings import ScoreSettings, VllmOptions
@@ -20,7 +30,7 @@ InputsArgument = Annotated[
     list[str],
     typer.Argument(
         help="JSONL, JSON or Parquet files, or folders of Parquet parts: local paths or URIs "
-        "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open)."
+        "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open).",
     ),
 ]
 OutputOption = Annotated[
@@ -29,20 +39,32 @@ OutputOption = Annotated[
         "--output",
         "-o",
         callback=writable_file,
+        rich_help_panel=PANEL_OUTPUT,
         help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe).",
     ),
 ]
 LayoutOption = Annotated[
-    Layout, typer.Option("--layout", help="wide: one row per record; long: one row per record, question, label.")
+    Layout,
+    typer.Option(
+        "--layout",
+        rich_help_panel=PANEL_OUTPUT,
+        help="wide: one row per record; long: one row per record, question, label.",
+    ),
 ]
 KeepColumnsOption = Annotated[
-    str | None, typer.Option("--keep-columns", help="Input columns to pass through, comma-separated.")
+    str | None,
+    typer.Option(
+        "--keep-columns", rich_help_panel=PANEL_OUTPUT, help="Input columns to pass through, comma-separated."
+    ),
 ]
-LimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="Score only the first N records.")]
+LimitOption = Annotated[
+    int | None, typer.Option("--limit", min=1, rich_help_panel=PANEL_INPUTS, help="Score only the first N records.")
+]
 CalibrationOption = Annotated[
     Path | None,
     typer.Option(
         "--calibration",
+        rich_help_panel=PANEL_OUTPUT,
         help="A `clef calibrate` file: probabilities, answers and confidences are written temperature-scaled "
         "(logits stay raw). Applied to the output only, so rerunning a finished job with another -o recalibrates "
         "it from the checkpoint without the model.",
@@ -53,6 +75,7 @@ StatsJsonOption = Annotated[
     typer.Option(
         "--stats-json",
         callback=writable_file_or_stdout,
+        rich_help_panel=PANEL_OUTPUT,
         help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
         "encode rates per modality) to this JSON file (- for stdout).",
     ),
@@ -60,21 +83,35 @@ StatsJsonOption = Annotated[
 
 # How to batch and run
 MaxBatchTokensOption = Annotated[
-    int, typer.Option("--max-batch-tokens", min=1, help="Padded tokens per forward (batch size x longest).")
+    int,
+    typer.Option(
+        "--max-batch-tokens",
+        min=1,
+        rich_help_panel=PANEL_BATCHING,
+        help="Padded tokens per forward (batch size x longest).",
+    ),
 ]
-MaxBatchSizeOption = Annotated[int, typer.Option("--max-batch-size", min=1, help="Records per forward.")]
-ScoreDtypeOption = Annotated[Dtype, typer.Option("--dtype", help="auto: bf16 on a GPU, fp32 on the CPU.")]
+MaxBatchSizeOption = Annotated[
+    int, typer.Option("--max-batch-size", min=1, rich_help_panel=PANEL_BATCHING, help="Records per forward.")
+]
+ScoreDtypeOption = Annotated[
+    Dtype, typer.Option("--dtype", rich_help_panel=PANEL_BATCHING, help="auto: bf16 on a GPU, fp32 on the CPU.")
+]
 WorkersOption = Annotated[
     int | None,
     typer.Option(
         "--workers",
         min=0,
+        rich_help_panel=PANEL_BATCHING,
         help="Background processes that decode media and encode prompts for the model (0: inline). Default: "
-        "none on the CPU; beside a GPU, every usable core but one, bounded by memory (see README). "
-        "Not Ray's scoring actors: see --ray-actors.",
+        "none on the CPU; beside a GPU, every usable core but one, bounded by memory (see docs/scoring.md, "
+        "Encoding workers). Not Ray's scoring actors: see --ray-actors.",
     ),
 ]
-WindowOption = Annotated[int, typer.Option("--window", min=1, help="Records planned and length-sorted together.")]
+WindowOption = Annotated[
+    int,
+    typer.Option("--window", min=1, rich_help_panel=PANEL_BATCHING, help="Records planned and length-sorted together."),
+]
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Validate and plan everything, print the plan; load no weights.")
 ]
@@ -88,6 +125,7 @@ CheckpointOption = Annotated[
     Path | None,
     typer.Option(
         "--checkpoint",
+        rich_help_panel=PANEL_STORE,
         help="Checkpoint folder, a store of results by prompt any run may share (default: OUTPUT.ckpt).",
     ),
 ]
@@ -95,6 +133,7 @@ HiddenStatesOption = Annotated[
     HiddenStates,
     typer.Option(
         "--hidden-states",
+        rich_help_panel=PANEL_STORE,
         help="keep: store every record's final hidden states (for --rehead and train-head); selective: only those "
         "of records less confident than --keep-below, plus a --keep-sample of the rest; drop: results only. "
         "Missing states are computed again when --rehead or train-head --records needs them.",
@@ -104,29 +143,37 @@ KeepBelowOption = Annotated[
     float,
     typer.Option(
         "--keep-below",
+        rich_help_panel=PANEL_STORE,
         min=0.0,
         max=1.0,
-        help="selective: keep the states of records whose confidence (as `clef review` orders: the least "
-        "confident question's top probability) is below this.",
+        help="--hidden-states selective: keep the states of records whose confidence (as `clef review` orders: "
+        "the least confident question's top probability) is below this.",
     ),
 ]
 KeepSampleOption = Annotated[
     float,
     typer.Option(
         "--keep-sample",
+        rich_help_panel=PANEL_STORE,
         min=0.0,
         max=1.0,
-        help="selective: and of this fraction of the rest, chosen by a hash of the record key (reruns choose alike).",
+        help="--hidden-states selective: and of this fraction of the rest, chosen by a hash of the record key "
+        "(reruns choose alike).",
     ),
 ]
-HiddenDtypeOption = Annotated[HiddenDtype, typer.Option("--hidden-dtype", help="Stored hidden-state precision.")]
-RestartOption = Annotated[bool, typer.Option("--restart", help="Discard an existing checkpoint and start over.")]
+HiddenDtypeOption = Annotated[
+    HiddenDtype, typer.Option("--hidden-dtype", rich_help_panel=PANEL_STORE, help="Stored hidden-state precision.")
+]
+RestartOption = Annotated[
+    bool, typer.Option("--restart", rich_help_panel=PANEL_STORE, help="Discard an existing checkpoint and start over.")
+]
 ReheadOption = Annotated[
     Path | None,
     typer.Option(
         "--rehead",
-        help="Re-score the checkpoint's hidden states with the joint head in this folder (no thinker; not "
-        "with --ray).",
+        rich_help_panel=PANEL_STORE,
+        help="Re-score the checkpoint's hidden states with the joint head in this folder (not with --ray or "
+        "--hidden-states); the thinker runs only on the records whose states the store lacks.",
     ),
 ]
 
@@ -135,6 +182,7 @@ RayOption = Annotated[
     bool,
     typer.Option(
         "--ray",
+        rich_help_panel=PANEL_RAY,
         help="Run on Ray Data across GPUs and machines (needs clef-cli[ray]): joins the cluster at "
         "--ray-address, or starts a local one. The options below marked --ray need it.",
     ),
@@ -143,32 +191,44 @@ RayAddressOption = Annotated[
     str | None,
     typer.Option(
         "--ray-address",
+        rich_help_panel=PANEL_RAY,
         envvar="RAY_ADDRESS",
         help="--ray: the cluster to join (ray://head:10001, auto, or local for a new local cluster).",
     ),
 ]
 RayActorsOption = Annotated[
-    int, typer.Option("--ray-actors", min=1, help="--ray: scoring actors, each with its own model copy.")
+    int,
+    typer.Option(
+        "--ray-actors", min=1, rich_help_panel=PANEL_RAY, help="--ray: scoring actors, each with its own model copy."
+    ),
 ]
 GpusPerWorkerOption = Annotated[
-    float | None, typer.Option("--gpus-per-worker", min=0, help="--ray: GPUs per actor (default 1 with CUDA).")
+    float | None,
+    typer.Option(
+        "--gpus-per-worker", min=0, rich_help_panel=PANEL_RAY, help="--ray: GPUs per actor (default 1 with CUDA)."
+    ),
 ]
 CpusPerWorkerOption = Annotated[
     float | None,
     typer.Option(
         "--cpus-per-worker",
         min=0,
+        rich_help_panel=PANEL_RAY,
         help="--ray: CPUs per actor (default: share what Ray Data's read tasks leave, at most 1 each).",
     ),
 ]
 BlockRecordsOption = Annotated[
-    int, typer.Option("--block-records", min=1, help="--ray: records handed to an actor at a time.")
+    int,
+    typer.Option(
+        "--block-records", min=1, rich_help_panel=PANEL_RAY, help="--ray: records handed to an actor at a time."
+    ),
 ]
 StallTimeoutOption = Annotated[
     float,
     typer.Option(
         "--stall-timeout",
         min=1,
+        rich_help_panel=PANEL_RAY,
         help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
     ),
 ]
@@ -177,28 +237,48 @@ EngineOption = Annotated[
     Engine,
     typer.Option(
         "--engine",
+        rich_help_panel=PANEL_ENGINE,
         help="hf: transformers in this process; vllm: vLLM as the backbone in its own environment "
         "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states. Audio-in-video records "
         "are refused for now.",
     ),
 ]
 MaxModelLenOption = Annotated[
-    int | None, typer.Option("--max-model-len", min=1, help="--engine vllm: longest prompt vLLM takes.")
+    int | None,
+    typer.Option(
+        "--max-model-len", min=1, rich_help_panel=PANEL_ENGINE, help="--engine vllm: longest prompt vLLM takes."
+    ),
 ]
 GpuMemoryUtilizationOption = Annotated[
     float | None,
     typer.Option(
-        "--gpu-memory-utilization", min=0.01, max=1.0, help="--engine vllm: share of GPU memory vLLM may take."
+        "--gpu-memory-utilization",
+        min=0.01,
+        max=1.0,
+        rich_help_panel=PANEL_ENGINE,
+        help="--engine vllm: share of GPU memory vLLM may take.",
     ),
 ]
 TensorParallelSizeOption = Annotated[
-    int | None, typer.Option("--tensor-parallel-size", min=1, help="--engine vllm: GPUs one model spans.")
+    int | None,
+    typer.Option(
+        "--tensor-parallel-size", min=1, rich_help_panel=PANEL_ENGINE, help="--engine vllm: GPUs one model spans."
+    ),
 ]
 CpuKvCacheOption = Annotated[
     float | None,
-    typer.Option("--cpu-kv-cache-gib", min=0.1, help="--engine vllm on the CPU: KV-cache space in GiB."),
+    typer.Option(
+        "--cpu-kv-cache-gib",
+        min=0.1,
+        rich_help_panel=PANEL_ENGINE,
+        help="--engine vllm on the CPU: KV-cache space in GiB.",
+    ),
 ]
 VLLM_ONLY = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "cpu_kv_cache_gib")
+
+SELECTIVE_ONLY = ("keep_below", "keep_sample")
+NOT_WITH_REHEAD = ("hidden_states", *SELECTIVE_ONLY)
+"""A rehead keeps every state it computes (`on_demand.states_settings`): no keep policy applies."""
 
 RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "block_records", "stall_timeout")
 

@@ -138,6 +138,9 @@ def _rehead_job(job: Job, head: JointSchemaHead, head_dir: Path, computed: OnDem
         manifest = job.manifest | {"settings": source.manifest["settings"]}
         if computed.records:
             job.summary.notes.append(computed.describe())
+        # the summary's time is the whole command's, the states computed first included
+        job.summary.rehead_states_computed = computed.records
+        job.started -= computed.seconds
         described = {"clef.rehead_from": str(source.path), "clef.rehead_states_computed": str(computed.records)}
         return job.finish(job.results(target), described, manifest=manifest)
     finally:

@@ -27,6 +27,8 @@ NOUL_DEFAULTS: dict[str, str | None] = {
     "false": "The proposition is false or the answer is no.",
 }
 MEDIA_FIELDS = ("images", "audio", "videos")
+NO_QUESTIONS = "no questions (give them in the record or with --questions)"
+"""A record's error when it carries no questions and the job has no --questions file."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def question_type(qtype: Any, record_id: str, where: str) -> str:
 def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
     """Validate a question schema (question id -> question object), keeping the record's order."""
     if questions is None:
-        raise RecordError(record_id, "questions", "no questions (give them in the record or with --questions)")
+        raise RecordError(record_id, "questions", NO_QUESTIONS)
     if not isinstance(questions, Mapping):
         raise RecordError(record_id, "questions", "questions must be an object of question id -> question")
     if not questions:

@@ -311,6 +311,18 @@ class Checkpoint:
     def size_on_disk(self) -> int:
         return sum(path.stat().st_size for path in self.path.rglob("*") if path.is_file())
 
+    def keys_with_states(self) -> int:
+        """Scored keys whose hidden states the store holds: the live rows without an error of the
+        shards that have states (a failed record's row has none)."""
+        assert self.index is not None
+        count = 0
+        for entry in self.entries:
+            if entry.has_hidden:
+                rows = self.index.live_rows(entry.name)
+                errors = self.shard_table(entry.name).column("error").take(pa.array(rows, pa.int64()))
+                count += errors.null_count
+        return count
+
     def info(self) -> dict[str, Any]:
         """The scoring fingerprint, the keys, the size by kind, and the runs that used the store."""
         manifest = self.manifest
@@ -324,6 +336,7 @@ class Checkpoint:
             "keys": self.index.count(),
             "shards": len(self.entries),
             "shards_with_hidden_states": sum(entry.has_hidden for entry in self.entries),
+            "keys_with_hidden_states": self.keys_with_states(),
             "size_bytes": self.size_on_disk(),
             "results_bytes": sizes["results"],
             "hidden_bytes": sizes["hidden"],

@@ -132,6 +132,16 @@ class Ledger:
         counts.invalid = total - keyed
         counts.run = self.to_run.count
 
+    def unhidden_rows(self) -> list[tuple[str, int]]:
+        """(shard, row) of this job's stored final results that have no hidden states (errors
+        need none): what a `keep` run computes again, and a `selective` or `drop` one does not."""
+        with self.index.lock:
+            query = (
+                "SELECT shard, row FROM keys WHERE key IN (SELECT key FROM temp.job) AND final = 1 AND hidden = 0 "
+                "ORDER BY shard, row"
+            )
+            return list(self.index.db.execute(query))
+
     def stored_rows(self) -> dict[str, list[int]]:
         """shard -> the rows that hold this job's keys (what `--rehead` reads, and no more)."""
         rows: dict[str, list[int]] = {}

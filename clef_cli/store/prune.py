@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from clef_cli.errors import UsageError
+from clef_cli.sizes import plural
 from clef_cli.store import durable
 from clef_cli.store.checkpoint import (
     Checkpoint,
@@ -120,10 +121,11 @@ def _prune(
     report.keys_dropped = report.keys_before - kept_keys
     report.drops_every_key = report.keys_before > 0 and kept_keys == 0
     if report.drops_every_key and not force:
+        every = "the only key" if report.keys_before == 1 else f"all {report.keys_before:,} keys"
         raise UsageError(
-            f"this prune would drop all {report.keys_before} keys of {checkpoint.path}: no kept run used any "
-            f"({len(report.kept_runs)} completed runs with keys kept); see `clef checkpoint prune --dry-run`, "
-            "keep more runs, or add --force to drop them all"
+            f"this prune would drop {every} of {checkpoint.path}: no kept run used any "
+            f"({plural(len(report.kept_runs), 'completed run')} with keys kept); see `clef checkpoint prune "
+            "--dry-run`, keep more runs, or add --force to drop them all"
         )
     changes = [(entry, index.live_rows(entry.name, seqs)) for entry in checkpoint.entries]
     changes = [(entry, live) for entry, live in changes if len(live) != checkpoint.shard_table(entry.name).num_rows]

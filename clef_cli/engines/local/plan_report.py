@@ -106,19 +106,34 @@ def plan_report(
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
     report.valid += report.already_done
     report.records = report.valid + sum(report.failed_by_kind.values())
-    _hidden_sizes(report, settings, sum(report.lengths) * hidden_bytes_per_token(settings, release.hidden_size))
+    unhidden = _from_store(settings, lambda checkpoint: _unhidden_tokens(settings, release, checkpoint)) or 0
+    new = sum(report.lengths) - (unhidden if settings.hidden_states == KEEP else 0)
+    _hidden_sizes(report, settings, new, unhidden, hidden_bytes_per_token(settings, release.hidden_size))
     return report
 
 
-def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, every: int) -> None:
-    """The states' size under each policy; `selective` from the share of the store's results
-    under the threshold (the sample's share of the rest added), a range without results."""
+def _unhidden_tokens(settings: ScoreSettings, release: Release, checkpoint: Checkpoint) -> int:
+    """Prompt tokens of the job's stored results without hidden states (a `keep` run computes
+    their states again: they are among its planned prompts, and no other policy's)."""
+    ledger = job_ledger(settings, release, checkpoint, needs_hidden=True)
+    tokens = 0
+    for shard, row in ledger.unhidden_rows():
+        tokens += int(checkpoint.shard_table(shard).column("prompt_tokens")[row].as_py() or 0)
+    return tokens
+
+
+def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, new: int, unhidden: int, per_token: float) -> None:
+    """The states each policy's run would write: `keep` those of the new prompts and of the
+    stored results without states (it computes them again), `selective` its share of the new
+    prompts alone (from the share of the store's results under the threshold, the sample's share
+    of the rest added; a range without results), `drop` none."""
     stored = _stored_results(settings)
     below = None if stored is None else measured_below(stored, settings.keep_below)
     report.selective_measured = below
     for policy in (KEEP, SELECTIVE, DROP):
         low, high = stored_fraction(policy, below, settings.keep_sample)
-        report.hidden_state_bytes_by_policy[policy] = (int(every * low), int(every * high))
+        tokens = new + unhidden if policy == KEEP else new
+        report.hidden_state_bytes_by_policy[policy] = (int(tokens * per_token * low), int(tokens * per_token * high))
     report.hidden_state_bytes = report.hidden_state_bytes_by_policy[settings.hidden_states][0]
 
 

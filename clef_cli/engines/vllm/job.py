@@ -47,7 +47,10 @@ class VllmScoreJob(ScoreJob):
         """The local dry run, with the prompts over vLLM's limit counted as the run refuses them."""
         report = super().dry_run()
         limit = report.engine_limit = self.derived_limit
-        report.over_engine_limit = sum(1 for length in report.lengths if limit is not None and length > limit)
+        over = report.over_engine_limit = sum(1 for length in report.lengths if limit is not None and length > limit)
+        if over:
+            report.failed_by_kind["overflow"] = report.failed_by_kind.get("overflow", 0) + over
+            report.valid -= over
         return report
 
     def run(self) -> JobSummary:
@@ -66,10 +69,14 @@ class VllmScoreJob(ScoreJob):
         if self.scorer is None:
             from clef_cli.engines.vllm.scorer import load_vllm_scorer
 
-            self.progress.note("starting vLLM")
-            with job.summary.stats.stage("load"):
-                log = job.checkpoint.path / "vllm.log"
-                self.scorer = load_vllm_scorer(job.release, job.settings, compute_dtype(job.settings), log, self.stop)
+            self.progress.phase("starting vLLM")
+            try:
+                with job.summary.stats.stage("load"):
+                    log = job.checkpoint.path / "vllm.log"
+                    dtype = compute_dtype(job.settings)
+                    self.scorer = load_vllm_scorer(job.release, job.settings, dtype, log, self.stop)
+            finally:
+                self.progress.phase(None)
             self.version = self.scorer.backbone.worker.version  # type: ignore[attr-defined]
         return self.scorer
 

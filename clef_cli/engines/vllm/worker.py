@@ -140,9 +140,24 @@ def load(model: str, options: dict[str, Any]) -> Any:
     )
 
 
+def test_hooks() -> None:
+    """Inert unless a test asks (as clef_cli/faults.py's): mark that a request began, then hold it,
+    so a signal can be sent while vLLM is busy."""
+    marker = os.environ.get("CLEF_TEST_VLLM_BUSY")
+    if marker:
+        with open(marker, "a"):
+            pass
+    seconds = os.environ.get("CLEF_TEST_SLOW_VLLM")
+    if seconds:
+        import time
+
+        time.sleep(float(seconds))
+
+
 def hidden(llm: Any, prompts: list[dict[str, Any]]) -> list[Any]:
     from vllm import PoolingParams
 
+    test_hooks()
     requests = []
     for prompt in prompts:
         request: dict[str, Any] = {"prompt_token_ids": list(prompt["ids"])}
@@ -180,7 +195,23 @@ def serve(inbox: Any, outbox: Any) -> None:
             send(outbox, {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind})
 
 
+def die_with_parent() -> None:
+    """The worker runs in a session of its own (clef's Ctrl-C is not its); should clef itself be
+    killed, Linux ends the worker too, so no orphan holds the GPU (elsewhere a closed pipe does)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # clef was gone before the request took
+        os._exit(1)
+
+
 def main() -> None:
+    die_with_parent()
     inbox = os.fdopen(int(sys.argv[1]), "rb")
     outbox = os.fdopen(int(sys.argv[2]), "wb")
     os.dup2(2, 1)  # whatever vLLM prints goes to stderr; the pipe stays clean

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from clef_cli.quality.calibrate.temperature import T_BOUNDS, CalibrationRun, named_temperatures
 from clef_cli.quality.text_table import TextTable, cell, fixed, tsv
+from clef_cli.sizes import plural
 
 CALIBRATE_HEADERS = ["method", "log loss", "Brier", "ECE", "chosen"]
 
@@ -17,7 +18,7 @@ def calibrate_table(run: CalibrationRun, notes: Sequence[str] = ()) -> TextTable
         mark = "chosen" if method == run.calibration.method else ""
         label = "none (uncalibrated)" if method == "none" else method
         rows.append([label, fixed(found["log_loss"], 4), fixed(found["brier"], 4), fixed(found["ece"], 4), mark])
-    title = f"clef calibrate: cross-fitted ({run.folds} folds of records)"
+    title = f"clef calibrate: cross-fitted ({plural(run.folds, 'fold')} of records)"
     return TextTable(title, list(CALIBRATE_HEADERS), rows, [False, True, True, True, False], list(notes))
 
 
@@ -42,9 +43,10 @@ def bound_warnings(run: CalibrationRun) -> list[str]:
     calibration = run.calibration
     values = named_temperatures(calibration)
     n = calibration.fitted_on.get("n")
+    labels = f" ({plural(n, 'label')})" if n is not None else ""
     return [
         f"temperature {name} = {values[name]:.4g} is the edge of the search range [{T_BOUNDS[0]:g}, {T_BOUNDS[1]:g}]"
-        f"{f' ({n} labels)' if n is not None else ''}: the labels do not pin it down (too few, or answers wrong "
+        f"{labels}: the labels do not pin it down (too few, or answers wrong "
         "with full confidence); look at them before applying it (`at_search_bound` in the file)"
         for name in calibration.at_search_bound
     ]

@@ -187,8 +187,8 @@ def no_shared_records(comparison: Comparison) -> str | None:
     if document["shared_records"]:
         return None
     return (
-        f"the two runs share no scored record (joined on {document['join']}; {document['old']['records']} in old, "
-        f"{document['new']['records']} in new): nothing was compared"
+        f"the two runs share no scored record (joined on {document['join']}; {document['old']['records']:,} in old, "
+        f"{document['new']['records']:,} in new): nothing was compared"
     )
 
 

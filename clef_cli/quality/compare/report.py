@@ -14,6 +14,7 @@ import numpy as np
 
 from clef_cli.quality.compare.drift import Comparison, QuestionDrift
 from clef_cli.quality.figures import STYLE, new_figure, place_legend, png_uri
+from clef_cli.sizes import plural
 from clef_cli.store.atomic import write_text
 
 OLD_COLOUR, NEW_COLOUR = "#7f8c8d", "#1f6fb4"
@@ -81,10 +82,10 @@ def render(comparison: Comparison) -> str:
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>clef compare report</title>",
         f"<style>{STYLE}</style></head><body><h1>clef compare</h1>",
-        f"<p>old: {html.escape(document['old']['path'])} ({document['old']['records']} scored records); "
-        f"new: {html.escape(document['new']['path'])} ({document['new']['records']}). "
-        f"{document['shared_records']} records in both, joined on <code>{document['join']}</code>; "
-        f"{document['only_old_records']} only in old, {document['only_new_records']} only in new.</p>",
+        f"<p>old: {html.escape(document['old']['path'])} ({plural(document['old']['records'], 'scored record')}); "
+        f"new: {html.escape(document['new']['path'])} ({document['new']['records']:,}). "
+        f"{plural(document['shared_records'], 'record')} in both, joined on <code>{document['join']}</code>; "
+        f"{document['only_old_records']:,} only in old, {document['only_new_records']:,} only in new.</p>",
         *_summary(document),
     ]
     for qid, drift in comparison.questions.items():

@@ -6,13 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from clef_cli.quality.text_table import TextTable, fixed
+from clef_cli.sizes import plural
 
 
 def compare_tables(document: Mapping[str, Any]) -> list[TextTable]:
     """Per question n, flips, PSI, JS and mean confidence; then the answer shares of both runs."""
     title = (
-        f"{document['shared_records']} records in both runs (joined on {document['join']}); "
-        f"{document['only_old_records']} only in old, {document['only_new_records']} only in new"
+        f"{plural(document['shared_records'], 'record')} in both runs (joined on {document['join']}); "
+        f"{document['only_old_records']:,} only in old, {document['only_new_records']:,} only in new"
     )
     rows = []
     for qid, found in document["questions"].items():

@@ -16,6 +16,7 @@ import numpy as np
 from clef_cli.quality import metrics
 from clef_cli.quality.figures import STYLE, new_figure, place_legend, png_uri
 from clef_cli.quality.labels.scored import QuestionData
+from clef_cli.sizes import plural
 from clef_cli.store.atomic import write_text
 
 
@@ -67,7 +68,7 @@ def coverage_figure(data: QuestionData, target: float, found: Mapping[str, Any])
         label = f"threshold c = {found['threshold']:.3f}"
         few = metrics.few_records(found)
         if few:
-            label += f": rests on {found['threshold_records']} records (fewer than {metrics.FEW_RECORDS})"
+            label += f": rests on {plural(found['threshold_records'], 'record')} (fewer than {metrics.FEW_RECORDS})"
         face = "none" if few else "#c0392b"
         axes.plot([coverage[at]], [accuracy[at]], "D", markersize=8, color="#c0392b", markerfacecolor=face, label=label)
         axes.axvline(coverage[at], linestyle=":", color="#c0392b")
@@ -142,8 +143,9 @@ def render(document: Mapping[str, Any], questions: Mapping[str, QuestionData], b
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>clef eval report</title>",
         f"<style>{STYLE}</style></head><body><h1>clef eval</h1>",
-        f"<p>{document['records']} records with gold; joint exact match {_number(document['joint_exact_match'])}. "
-        f"ECE with {bins} bins; threshold for accuracy ≥ {target:g}.</p>",
+        f"<p>{plural(document['records'], 'record')} with gold; joint exact match "
+        f"{_number(document['joint_exact_match'])}. ECE with {plural(bins, 'bin')}; threshold for accuracy ≥ "
+        f"{target:g}.</p>",
     ]
     if "calibration" in document:
         parts.append(f"<p class='note'>Evaluated with calibration {html.escape(str(document['calibration']))}.</p>")

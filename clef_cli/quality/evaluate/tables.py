@@ -13,6 +13,7 @@ from rich.console import Console
 from clef_cli.quality.labels.gold import GoldProblem
 from clef_cli.quality.metrics import FEW_RECORDS, few_records
 from clef_cli.quality.text_table import TextTable, cell, fixed, print_tables, tsv, write
+from clef_cli.sizes import plural
 
 SHOWN_PROBLEMS = 20
 FEW_MARK = "*"
@@ -26,11 +27,13 @@ TSV_HEADERS = [
 def print_problems(console: Console, problems: Sequence[GoldProblem], warnings: Sequence[str] = ()) -> None:
     """Gold problems are warnings: counted, the first 20 listed (file-wide ones first), never a failure."""
     if problems:
-        console.print(f"warning: {len(problems)} gold problem(s); the labels concerned are skipped", markup=False)
+        console.print(
+            f"warning: {plural(len(problems), 'gold problem')}; the labels concerned are skipped", markup=False
+        )
         for problem in problems[:SHOWN_PROBLEMS]:
             console.print(f"  {problem.message}", markup=False)
         if len(problems) > SHOWN_PROBLEMS:
-            console.print(f"  ... and {len(problems) - SHOWN_PROBLEMS} more", markup=False)
+            console.print(f"  ... and {len(problems) - SHOWN_PROBLEMS:,} more", markup=False)
     for warning in warnings:
         console.print(f"warning: {warning}", markup=False)
 
@@ -62,7 +65,8 @@ def eval_table(document: Mapping[str, Any], title: str = "clef eval") -> TextTab
         )
         for name, reason in found.get("undefined", {}).items():
             notes.append(f"{qid}: {name} is undefined (null in --json): {reason}")
-    caption = f"{document['records']} records with gold · joint exact match {fixed(document['joint_exact_match'])}"
+    exact = fixed(document["joint_exact_match"])
+    caption = f"{plural(document['records'], 'record')} with gold · joint exact match {exact}"
     if few:
         notes.insert(
             0,

@@ -18,6 +18,7 @@ from pathlib import Path
 from clef_cli.errors import UsageError
 from clef_cli.quality.labels.exports import GoldFormat, export_rows
 from clef_cli.release import file_sha256
+from clef_cli.sizes import plural
 
 QuestionOptions = Mapping[str, tuple[str, tuple[str, ...]]]
 """question_id -> (type, allowed option ids in head order)."""
@@ -91,7 +92,7 @@ def read_gold_rows(
         GoldProblem(
             None,
             None,
-            f"column {column!r} is ignored in {len(ids)} row(s) that hold a `labels` object "
+            f"column {column!r} is ignored in {plural(len(ids), 'row')} holding a `labels` object "
             f"(first: record {ids[0]!r}); give either `labels` or one column per question",
         )
         for column, ids in ignored.items()
@@ -277,7 +278,7 @@ def match_gold(
             GoldProblem(
                 None,
                 question_id,
-                f"question {question_id!r} is not a question of any scored record ({count} gold rows)",
+                f"question {question_id!r} is not a question of any scored record ({plural(count, 'gold row')})",
             )
         )
     problems.sort(key=lambda problem: problem.record_id is not None)  # stable: file-wide ones first

@@ -10,6 +10,7 @@ from typing import Any
 from clef_cli.errors import UsageError
 from clef_cli.quality.labels.gold import GoldSet, column_gold_rows, load_gold, match_gold
 from clef_cli.quality.labels.scored import ScoredFile, read_scored
+from clef_cli.sizes import plural
 
 
 @dataclass
@@ -47,5 +48,6 @@ def passed_column(scored: ScoredFile, name: str, option: str) -> list[Any]:
 def no_usable_gold(gold: GoldSet) -> UsageError:
     """Why nothing can be measured: the problems listed above, or a gold with no label at all."""
     if gold.problems:
-        return UsageError(f"no scored record has a usable gold label; see the {len(gold.problems)} problem(s) above")
+        problems = plural(len(gold.problems), "problem")
+        return UsageError(f"no scored record has a usable gold label; see the {problems} above")
     return UsageError("no scored record has a usable gold label: the gold holds no label for any scored record")

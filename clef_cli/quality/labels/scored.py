@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from clef_cli.errors import UsageError
 from clef_cli.quality.labels.gold import GoldSet, QuestionOptions
 from clef_cli.release import file_sha256
+from clef_cli.sizes import plural
 
 Scores = tuple[tuple[float, ...], tuple[float, ...]]
 """(probabilities, logits) of one question of one record, in head order."""
@@ -89,6 +90,8 @@ def read_scored(path: Path) -> ScoredFile:
     Only scored records are records here: a failed row (an invalid record, a duplicate id) is
     listed in `failed` and nothing else, even when it carries the id of a scored row."""
     path = Path(path)
+    if not path.exists():  # else pyarrow's own words: "could not be read as Parquet: PATH"
+        raise UsageError(f"scored file {str(path)!r} not found")
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as exc:
@@ -249,7 +252,7 @@ def labelled(
             question_id, qtype, option_ids, record_ids, prob_array, logit_array, np.asarray(gold_index, dtype=np.int64)
         )
     warnings = [
-        f"question {qid!r}: {count} record(s) with other options than the first were skipped"
+        f"question {qid!r}: skipped {plural(count, 'record')} with other options than the first"
         for qid, count in mismatched.items()
     ]
     return Labelled(questions, warnings)

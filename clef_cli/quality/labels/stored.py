@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from clef_cli.errors import UsageError
+from clef_cli.sizes import plural
 
 if TYPE_CHECKING:
     from clef_cli.store.checkpoint import Checkpoint
@@ -95,15 +96,15 @@ def _by_stored_id(
         if unresolved:
             named = ", ".join(map(repr, unresolved[:NAMED])) + (" ..." if len(unresolved) > NAMED else "")
             raise UsageError(
-                f"{len(unresolved)} gold id(s) name several stored prompts (records edited between runs) and the "
-                f"latest run that used the store does not tell which one the gold labels: {named}; pass --scored "
-                "OUT.parquet, the `clef score` output whose ids the gold file uses"
+                f"the gold names {plural(len(unresolved), 'id')} with several stored prompts (records edited "
+                f"between runs), and the latest run that used the store does not tell which one it labels: {named}; "
+                "pass --scored OUT.parquet, the `clef score` output whose ids the gold file uses"
             )
         for record_id, key in chosen.items():
             prompts[record_id] = {key: prompts[record_id][key]}
         notes.append(
-            f"{len(ambiguous)} gold id(s) name several stored prompts (records edited between runs); each was taken "
-            "as the prompt the latest run used (--scored OUT.parquet maps them exactly)"
+            f"{plural(len(ambiguous), 'gold id')} with several stored prompts (records edited between runs): each "
+            "was taken as the prompt the latest run used (--scored OUT.parquet maps them exactly)"
         )
     return [(record_id, record) for record_id, by_key in prompts.items() for record in by_key.values()]
 

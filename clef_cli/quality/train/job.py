@@ -30,6 +30,7 @@ from clef_cli.quality.train.fit import Example, FitSettings, fit
 from clef_cli.quality.train.folds import assign_folds
 from clef_cli.quality.train.report import held_out_report
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release
+from clef_cli.sizes import plural
 from clef_cli.store.atomic import ensure_writable_folder, write_bytes, write_text
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.hidden_store import HiddenReader, load_states
@@ -153,6 +154,26 @@ def gold_examples(
     return examples, gold
 
 
+def _check_records_questions(settings: TrainHeadSettings) -> None:
+    """`--records` keys each record as `clef score` did; a record that carries no questions was
+    read with a --questions file, and without it would be refused, so no state gets computed and
+    the store then seems to lack --records. Checked on the first gold record (the records of one
+    job carry their questions alike), before anything runs."""
+    if not settings.records or settings.questions is not None:
+        return
+    from clef_cli.inputs.readers import read_records
+    from clef_cli.inputs.records import NO_QUESTIONS, InvalidRecord
+
+    rows, _ = read_gold_rows(settings.gold, settings.gold_format)
+    wanted = {record_id for record_id, _ in rows}
+    first = next((record for record in read_records(settings.records) if record.id in wanted), None)
+    if isinstance(first, InvalidRecord) and NO_QUESTIONS in first.error:
+        raise UsageError(
+            f"--records: record {first.id!r} carries no questions; add --questions with the file "
+            "its job was scored with"
+        )
+
+
 def _open_inputs(settings: TrainHeadSettings) -> tuple[Checkpoint, HiddenReader, Release, Path]:
     checkpoint = Checkpoint.open_existing(settings.checkpoint)
     reader = checkpoint.hidden_reader()
@@ -187,6 +208,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
     ensure_writable_folder(settings.output, "-o")
     progress = progress or SilentTrainProgress()
     computed = None
+    _check_records_questions(settings)
     if settings.records:  # before the locks: the run that computes them takes the checkpoint's own
         from clef_cli.engines.on_demand import gold_states
 
@@ -196,13 +218,18 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
         )  # fmt: skip
         progress.stage(computed.describe())
     with job_locks(settings.output, settings.checkpoint):
-        result = _train_head(settings, progress)
-    if computed is not None:
-        result.report["states_computed"] = {
-            "records": computed.records, "tokens": computed.tokens, "seconds": round(computed.seconds, 3),
-            "summary": computed.describe(),
-        }  # fmt: skip
-    return result
+        return _train_head(settings, progress, computed)
+
+
+def states_computed(computed: Any | None) -> dict[str, Any]:
+    """training_report.json's `states_computed`: what running the thinker for `--records` cost
+    (`computed`: engines.on_demand.OnDemandCost; zeros without --records)."""
+    if computed is None:
+        return {"records": 0, "tokens": 0, "seconds": 0.0, "summary": "no --records: the thinker did not run"}
+    return {
+        "records": computed.records, "tokens": computed.tokens, "seconds": round(computed.seconds, 3),
+        "summary": computed.describe(),
+    }  # fmt: skip
 
 
 def _report(
@@ -263,13 +290,14 @@ def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
             f"have {width} and the backbone {release.hidden_size}"
         )
     if len(examples) < settings.folds:
-        raise UsageError(f"{len(examples)} gold records with stored states are fewer than --folds {settings.folds}")
-    progress.stage(f"verifying {len(reader.shards)} hidden-state shards")
+        found = plural(len(examples), "gold record")
+        raise UsageError(f"{found} with stored states: fewer than --folds {settings.folds}")
+    progress.stage(f"verifying {plural(len(reader.shards), 'hidden-state shard')}")
     reader.verify()
     return checkpoint, release, base_dir, base, examples, gold
 
 
-def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHeadResult:
+def _train_head(settings: TrainHeadSettings, progress: TrainProgress, computed: Any | None) -> TrainHeadResult:
     from clef_cli.families import family_of
     from clef_cli.model.backbone import resolve_device
 
@@ -277,20 +305,23 @@ def _train_head(settings: TrainHeadSettings, progress: TrainProgress) -> TrainHe
     device = resolve_device(settings.device)
     lexical = family_of(release).lexical_rows(release).to(device)
     folds = assign_folds(examples, settings.folds, settings.seed)
-    progress.stage(f"{len(examples)} gold records, {gold.n_labels} labels, {settings.folds} folds")
+    progress.stage(
+        f"{plural(len(examples), 'gold record')}, {plural(gold.n_labels, 'label')}, {plural(settings.folds, 'fold')}"
+    )
     crossed = cross_fit(
         base, lexical, examples, folds, settings.fit, settings.seed, device,
         lambda run, epoch, loss: progress.epoch(run, epoch, settings.fit.epochs, loss),
     )  # fmt: skip
     report = _report(settings, checkpoint, release, base_dir, gold, examples, str(device))
     report["folds"] = crossed.folds
+    report["states_computed"] = states_computed(computed)
     report.update(held_out_report(examples, crossed, settings.bootstrap_resamples, settings.seed))
     report["gate"]["forced"] = settings.force and not report["gate"]["passed"]
     if not report["gate"]["passed"] and not settings.force:
         raise GateRefused(report)
 
     epochs = int(np.median(crossed.best_epochs))
-    progress.stage(f"training on every gold record ({epochs} epochs, the folds' median best)")
+    progress.stage(f"training on every gold record ({plural(epochs, 'epoch')}, the folds' median best)")
     final = copy.deepcopy(base)
     report["final_epochs"] = epochs
     report["loss_curve"] = fit(
