@@ -26,6 +26,7 @@ from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
+from clef_cli.sizes import plural
 from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.keep_policy import SELECTIVE, KeepPolicy
@@ -89,7 +90,7 @@ def key_metadata(settings: ScoreSettings, release: Release) -> dict[str, str]:
     `clef review --records` can tell a record edited since it was scored (store/record_key.py)."""
     return {
         "clef.key_prompt": key_prompt(settings, release).as_metadata(),
-        "clef.media_limits": json.dumps(settings.limits.as_dict()),
+        "clef.media_limits": json.dumps(settings.limits.as_metadata()),
     }
 
 
@@ -268,7 +269,8 @@ def open_job(
             damaged = sum(entry.records for entry in checkpoint.dropped)
             if checkpoint.dropped:
                 shards = len(checkpoint.dropped)
-                progress.note(f"{shards} damaged checkpoint shard(s): their {damaged} records will be computed again")
+                what = f"{plural(shards, 'damaged checkpoint shard')}: their {plural(damaged, 'record')}"
+                progress.note(f"{what} will be computed again")
             checkpoint.begin_run(settings.inputs, settings.output)
             settings, spool = with_remote_spool(settings, checkpoint.path)
             progress.note("keying the records")

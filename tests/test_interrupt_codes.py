@@ -63,6 +63,7 @@ def test_a_stop_on_a_job_with_a_failed_record_exits_130(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # a real process: its start-up alone (torch, the model) is most of 20 s here
 def test_sigint_on_a_job_with_a_failed_record_exits_130(tmp_path):
+    """The same as a user meets it: SIGINT to the process group once its first batches are in."""
     inputs, output = write_jsonl(tmp_path / "in.jsonl", RECORDS), tmp_path / "out.parquet"
     process = subprocess.Popen(
         [sys.executable, "-m", "clef_cli", *score_command(inputs, output)],

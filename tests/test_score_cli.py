@@ -176,6 +176,7 @@ def test_provenance_metadata(scored_sample):
     assert json.loads(metadata.pop("clef.media_limits")) == {
         "max_image_pixels": 40_000_000, "max_audio_seconds": 1800.0, "max_video_seconds": 300.0,
         "max_file_bytes": 256 * 1024 * 1024, "allow_remote": False,
+        "allowed_media_domains": [], "allow_private_media_hosts": False,
     }  # fmt: skip
     assert metadata == {
         "clef.version": version("clef-cli"),

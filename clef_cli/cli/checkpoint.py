@@ -25,12 +25,25 @@ def _when(stamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(stamp)) if stamp else "-"
 
 
+RUN_COUNT_WORDS = {
+    "run": "to compute",
+    "forwarded": "through the model",
+    "reused": "reused",
+    "duplicates": "duplicates",
+    "retried": "retried",
+    "invalid": "invalid",
+}
+"""A run's counts (docs/scoring.md, "Counts") as words after the number: `run 20` read like a run id."""
+
+
 def _print_runs(runs: list[dict[str, Any]]) -> None:
     for run in runs:
         if run["finished"] is None:
             done = "not finished (stopped, failed or still running)"
         else:
-            counts = ", ".join(f"{name} {value}" for name, value in (run["counts"] or {}).items())
+            counts = ", ".join(
+                f"{value:,} {RUN_COUNT_WORDS.get(name, name)}" for name, value in (run["counts"] or {}).items()
+            )
             done = f"finished {_when(run['finished'])} UTC ({counts})"
         if not run["counted"]:
             done += "; not counted by prune --keep-runs"
@@ -75,7 +88,8 @@ def checkpoint_info(
     stdout.print(f"checkpoint: {info['path']}", markup=False)
     stdout.print(
         f"keys: {info['keys']:,} in {plural(info['shards'], 'shard')} "
-        f"({info['shards_with_hidden_states']:,} with hidden states)"
+        f"({plural(info['shards_with_hidden_states'], 'shard')} with hidden states, "
+        f"{plural(info['keys_with_hidden_states'], 'key')} with their states)"
     )
     stdout.print(
         f"size on disk: {human_size(info['size_bytes'])} (results {human_size(info['results_bytes'])}, "

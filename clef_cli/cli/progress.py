@@ -10,7 +10,7 @@ from typing import Any
 
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.progress import Progress
-from clef_cli.sizes import human_size
+from clef_cli.sizes import human_size, plural
 
 
 class RichProgress(Progress):
@@ -54,7 +54,7 @@ class RichProgress(Progress):
             self._task,
             advance=records,
             rate=f"{self.tokens / elapsed:,.0f} tok/s",
-            errors=f"{self.failed} errors" if self.failed else "",
+            errors=plural(self.failed, "error") if self.failed else "",
         )
 
     def phase(self, description: str | None) -> None:
@@ -116,7 +116,8 @@ def install_stop_handlers(stop: threading.Event) -> None:
 def print_summary(summary: Any) -> None:
     if summary.interrupted:
         stderr.print(
-            f"interrupted: {summary.committed} records committed this run; rerun the same command to continue",
+            f"interrupted: {plural(summary.committed, 'record')} committed this run; "
+            "rerun the same command to continue",
             markup=False,
         )
         return
@@ -132,9 +133,9 @@ def print_summary(summary: Any) -> None:
     extra += [(summary.damaged, "again for damaged checkpoint shards")]
     more = "".join(f", {count} {what}" for count, what in extra if count)
     stderr.print(
-        f"{summary.scored} scored, {summary.failed} failed of {summary.records} records "
-        f"({summary.forwarded} run through the model, {summary.reused} from the checkpoint, "
-        f"{summary.duplicates} duplicates collapsed, {summary.retried} retried{more}); "
+        f"{summary.scored:,} scored, {summary.failed:,} failed of {plural(summary.records, 'record')} "
+        f"({summary.forwarded:,} run through the model, {summary.reused:,} from the checkpoint, "
+        f"{plural(summary.duplicates, 'duplicate')} collapsed, {summary.retried:,} retried{more}); "
         f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}",
         markup=False,
     )
@@ -187,7 +188,7 @@ def print_dry_run(report: Any, settings: Any) -> None:
         stdout.print(f"total prompt tokens: {sum(report.lengths):,}")
     stdout.print(
         f"batches: {report.batches} ({report.audio_in_video_batches} with audio-in-video) under "
-        f"{settings.max_batch_tokens} padded tokens and at most {settings.max_batch_size} records each"
+        f"{settings.max_batch_tokens:,} padded tokens and at most {plural(settings.max_batch_size, 'record')} each"
     )
     stdout.print(f"padding waste: {report.padding_waste:.2%}")
     if report.over_engine_limit:

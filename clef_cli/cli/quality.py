@@ -269,8 +269,9 @@ def train_head(
     finally:
         progress.stop()
     print_gate(result.report)
-    if "states_computed" in result.report:  # also under --quiet, which hides the stage lines
-        stderr.print(result.report["states_computed"]["summary"], markup=False)
+    computed = result.report.get("states_computed")
+    if computed and not computed["summary"].startswith("no --records"):  # also under --quiet (no stage lines)
+        stderr.print(computed["summary"], markup=False)
     stderr.print(f"wrote {output} ({plural(result.report['new_head']['parameters'], 'parameter')})", markup=False)
 
 

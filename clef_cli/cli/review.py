@@ -11,6 +11,7 @@ import typer
 from clef_cli.cli.console import stderr
 from clef_cli.cli.options import ReviewFormat, ReviewOrder, writable_file, writable_file_or_stdout
 from clef_cli.quality.labels.exports import GoldFormat
+from clef_cli.sizes import plural
 
 
 def command(
@@ -78,4 +79,4 @@ def command(
     result = run_review(settings)
     for note in result.notes:
         stderr.print(f"note: {note}", markup=False)
-    stderr.print(f"wrote {output}: {result.records} of {result.candidates} records", markup=False)
+    stderr.print(f"wrote {output}: {result.records:,} of {plural(result.candidates, 'record')}", markup=False)

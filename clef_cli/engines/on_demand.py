@@ -26,6 +26,7 @@ from clef_cli.model.scoring import Scorer
 from clef_cli.progress import Progress
 from clef_cli.release import DEFAULT_MODEL
 from clef_cli.settings import ScoreSettings
+from clef_cli.sizes import plural
 from clef_cli.store.checkpoint import SHARDS
 from clef_cli.store.keep_policy import KEEP
 from clef_cli.store.manifest import read_manifest, scored_model, stored_engine
@@ -51,7 +52,7 @@ class OnDemandCost:
             return "every hidden state needed was stored"
         rate = f", {self.tokens / self.seconds:,.0f} tokens/s" if self.seconds > 0 else ""
         return (
-            f"computed the hidden states of {self.records} stored records without them "
+            f"computed the hidden states of {plural(self.records, 'stored record')} without them "
             f"({self.tokens:,} prompt tokens through the thinker in {self.seconds:.1f} s{rate})"
         )
 
@@ -124,7 +125,7 @@ def compute_missing_states(
             job.ledger.restrict(set(ids))
         wanted = job.ledger.counts.run
         if wanted:
-            progress.note(f"computing the hidden states of {wanted} stored records without them")
+            progress.note(f"computing the hidden states of {plural(wanted, 'stored record')} without them")
             progress.start(wanted, 0)
             engine.score_marked(job)
         assert job.checkpoint.index is not None
