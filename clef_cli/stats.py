@@ -146,18 +146,12 @@ class JobStats:
     def padding_waste(self) -> float:
         return self.padded_tokens / self.real_tokens - 1 if self.real_tokens else 0.0
 
-    @property
-    def steady_encode_wait_share(self) -> float:
-        """The share of the time after the first forward that the model waited for its inputs:
-        start-up (the first window planned, an engine started) is no sign of too few workers."""
-        startup = self.first_forward_seconds
-        steady = self.scoring_seconds - startup
-        return max(0.0, self.stages["encode_wait"] - startup) / steady if steady > 0 else 0.0
-
     def advice(self) -> str | None:
-        """One line when the model waited for its inputs more than 10% of the steady time."""
-        share = self.steady_encode_wait_share
-        if not self.measured or share <= ADVICE_THRESHOLD:
+        """One line when the model waited for its inputs more than 10% of the time; none when
+        starting the model or engine took longer than all the scoring (a job too short to judge
+        its feed by: the wait was start-up, not too few workers)."""
+        share = self.encode_wait_share
+        if not self.measured or share <= ADVICE_THRESHOLD or self.stages["load"] > self.scoring_seconds:
             return None
         media = any(kind != "text" and rate.records for kind, rate in self.encode.items())
         what = "media decoding" if media else "prompt encoding"

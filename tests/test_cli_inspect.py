@@ -78,7 +78,7 @@ def test_invalid_record_is_one_line_and_exit_1(tmp_path):
 
 def test_missing_model_is_one_line(tmp_path):
     result = runner.invoke(app, ["inspect-spans", str(GOLDEN_RECORDS), "--model", str(tmp_path / "nowhere")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.strip() == f"error: model folder not found: {tmp_path / 'nowhere'}"
 
 

@@ -270,5 +270,5 @@ def test_checkpoint_info_reads_a_real_checkpoint_without_importing_torch(tmp_pat
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "keys: 5 in 1 shard (1 with hidden states)" in done.stdout
+    assert "keys: 5 in 1 shard (1 shard with hidden states, 5 keys with their states)" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "[]"

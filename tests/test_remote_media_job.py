@@ -23,7 +23,7 @@ from .media_server import body, media_server
 
 runner = CliRunner()
 NOUL = {"q": {"type": "noul", "instructions": "Is it a parcel?"}}
-COUNTS = re.compile(r"(\d+) run through the model, (\d+) from the checkpoint, (\d+) duplicates collapsed")
+COUNTS = re.compile(r"(\d+) run through the model, (\d+) from the checkpoint, (\d+) duplicates? collapsed")
 
 
 def score(inputs, output, *extra):

@@ -264,8 +264,8 @@ def expected_dry_run(records: list, processor, max_batch_tokens: int, max_batch_
     return (
         f"records: {len(records)} ({len(records)} valid, 0 invalid)\n"
         f"prompt tokens: min {lengths[0]}, p50 {at(0.5)}, p90 {at(0.9)}, p99 {at(0.99)}, max {lengths[-1]}\n"
-        f"total prompt tokens: {sum(lengths)}\n"
-        f"batches: {len(batches)} ({with_sound} with audio-in-video) under {max_batch_tokens} padded tokens "
+        f"total prompt tokens: {sum(lengths):,}\n"
+        f"batches: {len(batches)} ({with_sound} with audio-in-video) under {max_batch_tokens:,} padded tokens "
         f"and at most {max_batch_size} records each\n"
         f"padding waste: {waste:.2%}\n"
         f"hidden states on disk with --hidden-states keep (this run): about {size_text(hidden)}\n"
@@ -346,7 +346,7 @@ def test_output_must_be_parquet_and_inputs_must_exist(tmp_path):
     assert result.exit_code == 2 and "input not found" in result.stderr
 
 
-def test_missing_model_is_fatal_exit_1(tmp_path):
+def test_missing_model_is_a_usage_error_exit_2(tmp_path):
     result = runner.invoke(
         app,
         [
@@ -359,7 +359,7 @@ def test_missing_model_is_fatal_exit_1(tmp_path):
             "--quiet",
         ],
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a bad file: nothing was done
     assert result.stderr.strip() == f"error: model folder not found: {tmp_path / 'nowhere'}"
 
 
@@ -412,7 +412,7 @@ def test_dry_run_counts_records_already_in_the_checkpoint(tmp_path):
     result = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(out), "--dry-run")
     assert "already in the checkpoint: 5 (not planned again)" in result.stdout
     assert "records: 17 (17 valid, 0 invalid)" in result.stdout  # every record, those stored too
-    planned = result.stdout.split("total prompt tokens: ")[1].split()[0]
+    planned = result.stdout.split("total prompt tokens: ")[1].split()[0].replace(",", "")
     fresh = score(str(SAMPLE_DATA / "records.jsonl"), "-o", str(tmp_path / "fresh.parquet"), "--dry-run")
     skipped = sum(row["prompt_tokens"] for row in pq.read_table(out).to_pylist())
-    assert int(planned) == int(fresh.stdout.split("total prompt tokens: ")[1].split()[0]) - skipped
+    assert int(planned) == int(fresh.stdout.split("total prompt tokens: ")[1].split()[0].replace(",", "")) - skipped

@@ -23,7 +23,7 @@ from .helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 COUNTS = re.compile(
-    r"(\d+) run through the model, (\d+) from the checkpoint, (\d+) duplicates collapsed, (\d+) retried"
+    r"(\d+) run through the model, (\d+) from the checkpoint, (\d+) duplicates? collapsed, (\d+) retried"
 )
 QUESTIONS = [
     {"urgent": {"type": "noul", "instructions": "Urgent?"}},

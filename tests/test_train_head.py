@@ -341,7 +341,7 @@ def test_a_gold_id_names_the_prompt_of_the_latest_run_not_every_stored_one(tmp_p
                            checkpoint=store["checkpoint"])).run()  # fmt: skip
     result = train(store["checkpoint"], store["gold"], tmp_path / "head", *QUICK)
     assert result.exit_code == 2, result.output
-    assert "3 gold id(s)" in result.stderr and "'r0', 'r1', 'r2'" in result.stderr
+    assert "3 ids with several stored prompts" in result.stderr and "'r0', 'r1', 'r2'" in result.stderr
     assert "--scored OUT.parquet" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "head").exists()
     assert examples(store["outputs"][1]) == (keys[1], [])

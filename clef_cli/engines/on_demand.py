@@ -115,7 +115,7 @@ def compute_missing_states(
     with open_job(settings, progress, compute_dtype(settings), preflight=engine.preflight) as job:
         counts = job.ledger.counts
         if ids is None:
-            missing = counts.run - counts.unhidden
+            missing = counts.run - counts.unhidden - counts.retried  # a retried key has its stored row
             if missing:
                 raise ClefError(
                     f"checkpoint {job.checkpoint.path} holds {counts.records - counts.invalid - missing} of "
