@@ -113,3 +113,24 @@ def test_the_limit_is_the_option_else_the_releases_and_audio_in_video_is_unsuppo
     assert engine_refusal(78, False, 77)[0] == "overflow"
     assert engine_refusal(77, False, 77) is None
     assert engine_refusal(10, True, 77)[0] == "unsupported"
+
+
+def test_a_vllm_load_failure_is_one_line_and_the_log_has_the_whole_error(tmp_path, monkeypatch):
+    """The worker started in an environment without vLLM fails its load: one line on stderr with
+    the log's path (exit 1); vllm.log holds a header with the time and vLLM's whole traceback."""
+    from typer.testing import CliRunner
+
+    from clef_cli.cli import app
+
+    monkeypatch.setenv("CLEF_VLLM_PYTHON", sys.executable)  # a Python, but without vLLM
+    out = tmp_path / "out.parquet"
+    result = CliRunner().invoke(app, ["score", str(TINY_MODEL.parent.parent.parent / "sample_data" / "records.jsonl"),
+                                      "-o", str(out), "--model", str(TINY_MODEL), "--engine", "vllm", "--limit", "2",
+                                      "--workers", "0", "--quiet", "--cpu-kv-cache-gib", "1"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: vLLM failed while loading the model: ModuleNotFoundError")
+    log = tmp_path / "out.parquet.ckpt" / "vllm.log"
+    assert f"(its log: {log})" in lines[0]
+    text = log.read_text()
+    assert text.lstrip().startswith("===== clef ") and "Traceback" in text

@@ -159,7 +159,7 @@ def test_vllm_engine_refuses_audio_in_video_records_as_their_errors(parity_runs)
     got = rows(parity_runs / "vllm.parquet")
     for record_id in AUDIO_IN_VIDEO_IDS:
         assert "--engine vllm does not score audio in video yet" in got[record_id]["error"]
-        assert got[record_id]["error_kind"] == "media"
+        assert got[record_id]["error_kind"] == "unsupported"  # no verdict on the record: tried again
 
 
 @pytest.mark.slow
@@ -193,8 +193,9 @@ def test_vllm_output_names_the_engine_and_stores_hidden_states(parity_runs, tmp_
 
 @pytest.mark.slow
 def test_vllm_refusals_are_record_errors_and_batches_do_not_matter(tmp_path, vllm_release, monkeypatch):
-    """A record longer than --max-model-len is that record's error; the rest score, alone
-    (--max-batch-size 1) or in one batch, alike and as the HF engine does."""
+    """A record longer than --max-model-len is that record's `overflow` error; the rest score,
+    alone (--max-batch-size 1) or in one batch, alike and as the HF engine does; a rerun with a
+    larger limit scores it (the refusal was not stored as final)."""
     monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
     ids = ("ticket-001", "ticket-002", "ticket-006", "mod-002", "mod-007")
     inputs = write_records(tmp_path, ids)
@@ -210,9 +211,14 @@ def test_vllm_refusals_are_record_errors_and_batches_do_not_matter(tmp_path, vll
         code, output = score(vllm_release, inputs, tmp_path / f"{name}.parquet", *options)
         assert code == 3, output  # a record failed, the job went on
         outputs[name] = rows(tmp_path / f"{name}.parquet")
-        assert "vLLM refused the request" in outputs[name][longest]["error"]
+        assert "more than vLLM's max_model_len" in outputs[name][longest]["error"]
+        assert outputs[name][longest]["error_kind"] == "overflow"
         assert_parity(outputs[name], rows(tmp_path / "hf.parquet"), fine)
     assert_parity(outputs["alone"], outputs["batched"], fine)
+    raised = ("--engine", "vllm", "--hidden-states", "drop", "--cpu-kv-cache-gib", "1")  # the release's own limit
+    code, output = score(vllm_release, inputs, tmp_path / "batched.parquet", *raised)
+    assert code == 0, output
+    assert_parity(rows(tmp_path / "batched.parquet"), rows(tmp_path / "hf.parquet"), ids)
 
 
 def journal_records(checkpoint: Path) -> int:
