@@ -178,6 +178,7 @@ def test_only_wheels_that_fit_the_interpreter_are_unpacked(wheel, python, fits):
     assert load_benchmark("gpu_env").fits(wheel, python) is fits
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_gpu_check_cpu_smoke_runs_every_step():
     """The script's steps at tiny sizes on the CPU: every step ends with exit 0 and the summary
     holds each step's figures (parity within the float32 fixtures' fallback bound). The run is

@@ -266,6 +266,7 @@ def in_process(inputs: Path, output: Path, *extra: str):
     )
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_prompt_settings_and_inputs_share_the_store_and_another_dtype_is_refused(job):
     inputs, output = job
     assert in_process(inputs, output, "--max-length", "4096").exit_code == 0
@@ -466,6 +467,7 @@ def test_checkpoint_info(job):
     assert missing.exit_code == 2 and "is not a clef checkpoint" in missing.stderr
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_checkpoint_info_says_a_shard_is_damaged(job):
     inputs, output = job
     checkpoint = Path(str(output) + ".ckpt")
@@ -513,6 +515,7 @@ def test_a_key_index_from_before_runs_named_their_files_still_opens(tmp_path):
     assert [run["counted"] for run in runs] == [True, False]
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_a_damaged_hidden_state_shard_is_computed_again_and_rehead_then_works(job, tmp_path):
     """Resume checks the hidden states as it checks the results: one flipped byte drops that
     shard, its records run again, and --rehead, which refused the damaged shard, then succeeds."""

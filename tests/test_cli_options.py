@@ -177,6 +177,7 @@ def test_short_q_is_quiet_and_questions_is_long_only():
                 assert param.opts == ["--questions"], path
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_quiet_train_head_prints_no_stage_lines(tmp_path):
     """-q on train-head: the stage and epoch lines (shown without it, even off a terminal) go away;
     the gate's verdict still prints, and the exit code is the same."""

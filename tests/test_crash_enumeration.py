@@ -165,6 +165,7 @@ def test_every_crash_state_of_four_workloads_resumes_to_the_uncrashed_result(tmp
     assert all(checked >= min(produced, CAP) for _, produced, checked in counts)
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_a_few_crash_states_of_night_1_resume(tmp_path, scorer):
     """The quick loop's sample of the enumeration: night 1 only, a handful of states."""
     counts = enumerate_workloads(tmp_path, scorer, cap=4, only=1)

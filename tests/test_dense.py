@@ -219,6 +219,7 @@ def test_a_head_for_another_hidden_size_is_refused(tmp_path):
         load_scorer(str(folder), device="cpu", dtype="float32")
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_score_inspect_and_rehead_end_to_end(tmp_path, valid):
     out = tmp_path / "dense.parquet"
     inputs = str(DENSE_RECORDS)

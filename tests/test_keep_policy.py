@@ -175,7 +175,7 @@ def test_the_disk_guard_counts_only_what_selective_will_surely_store(tmp_path, m
     assert stored_states(Path(f"{output}.ckpt")) == {}
 
 
-@pytest.mark.parametrize("policy", ["drop", "selective"])
+@pytest.mark.parametrize("policy", [pytest.param("drop", marks=pytest.mark.slow), "selective"])
 def test_every_policy_counts_the_tokens_it_ran(tmp_path, policy):
     """A run that keeps fewer states forwards the same prompts: its token count (summary, stats,
     output) is a keep run's, not only the kept records'."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 from clef_cli.encoding.batching import PlanEntry, plan_batches
@@ -30,6 +31,7 @@ def test_a_record_longer_than_the_budget_gets_its_own_batch():
     assert [b.indices for b in batches] == [[0], [1]]
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_out_of_memory_halves_the_budget_and_loses_nothing(tmp_path, scorer, monkeypatch):
     reference = ScoreJob(settings_for(tmp_path / "a", output=tmp_path / "a.parquet", limit=8), scorer=scorer)
     (tmp_path / "a").mkdir()

@@ -129,6 +129,7 @@ def test_two_actors_on_two_cpus_finish_and_print_one_line(cluster, clean_input, 
     print(f"two actors on two CPUs: {time.monotonic() - started:.1f} s")
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 @pytest.mark.ray
 def test_a_plan_that_cannot_fit_exits_2_at_once(cluster, clean_input, tmp_path):
     done = run_clef(cluster, str(clean_input), "-o", str(tmp_path / "out.parquet"), "--ray-actors", "2",

@@ -363,6 +363,7 @@ def test_missing_model_is_a_usage_error_exit_2(tmp_path):
     assert result.stderr.strip() == f"error: model folder not found: {tmp_path / 'nowhere'}"
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_background_workers_give_the_same_output(scored_sample, tmp_path, sample_with_bad_records):
     out = tmp_path / "workers.parquet"
     result = runner.invoke(

@@ -176,6 +176,7 @@ def test_planted_tasks_reach_the_probe_at_full_size(task, tmp_path):
     assert after >= PLANTED_SIZES[task] * probe
 
 
+@pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
 def test_shuffled_labels_from_the_release_head_are_refused(planted, tmp_path):
     """Shuffled labels carry no signal about the record, only their frequencies (skewed here, 3/4
     red, so a head gains held-out log loss over the raw release head by learning them, and the

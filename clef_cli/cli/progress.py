@@ -122,9 +122,18 @@ def print_summary(summary: Any) -> None:
         )
         return
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
-    if summary.rehead_states_computed is not None:
-        print_rehead_summary(summary, rate)
-        return
+    headline = rehead_line(summary, rate) if summary.rehead_states_computed is not None else score_line(summary, rate)
+    stderr.print(headline, markup=False)
+    for note in summary.notes:
+        stderr.print(note, markup=False)
+    advice = summary.stats.advice() if summary.rehead_states_computed is None else None
+    if advice:
+        stderr.print(advice, markup=False)
+    print_failures(summary)
+
+
+def score_line(summary: Any, rate: float) -> str:
+    """What a run did with its records, where its time went, and where the output is."""
     stats = summary.stats
     busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
     startup = f", start-up {stats.stages['startup']:.1f} s" if stats.stages["startup"] >= 0.05 else ""
@@ -132,35 +141,24 @@ def print_summary(summary: Any) -> None:
     extra = [(summary.failed_running, "failed while running"), (summary.invalid, "invalid")]
     extra += [(summary.damaged, "again for damaged checkpoint shards")]
     more = "".join(f", {count} {what}" for count, what in extra if count)
-    stderr.print(
+    return (
         f"{summary.scored:,} scored, {summary.failed:,} failed of {plural(summary.records, 'record')} "
         f"({summary.forwarded:,} run through the model, {summary.reused:,} from the checkpoint, "
         f"{plural(summary.duplicates, 'duplicate')} collapsed, {summary.retried:,} retried{more}); "
-        f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}",
-        markup=False,
+        f"{summary.tokens:,} tokens in {summary.seconds:.1f} s ({rate:,.0f} tok/s{busy}{startup}) -> {summary.output}"
     )
-    for note in summary.notes:
-        stderr.print(note, markup=False)
-    advice = stats.advice()
-    if advice:
-        stderr.print(advice, markup=False)
-    print_failures(summary)
 
 
-def print_rehead_summary(summary: Any, rate: float) -> None:
+def rehead_line(summary: Any, rate: float) -> str:
     """A `--rehead`: every record re-scored by the head from stored states; the thinker ran only
     on those whose states the store lacked (the note after says what that cost)."""
     computed = summary.rehead_states_computed
     thinker = f"the thinker ran first on {computed:,} whose states were not stored" if computed else "no thinker run"
-    stderr.print(
-        f"{summary.scored:,} scored, {summary.failed:,} failed of {summary.records:,} records, re-scored by the "
-        f"head from stored hidden states ({thinker}); {summary.tokens:,} tokens in {summary.seconds:.1f} s "
-        f"({rate:,.0f} tok/s) -> {summary.output}",
-        markup=False,
+    return (
+        f"{summary.scored:,} scored, {summary.failed:,} failed of {plural(summary.records, 'record')}, re-scored by "
+        f"the head from stored hidden states ({thinker}); {summary.tokens:,} tokens in {summary.seconds:.1f} s "
+        f"({rate:,.0f} tok/s) -> {summary.output}"
     )
-    for note in summary.notes:
-        stderr.print(note, markup=False)
-    print_failures(summary)
 
 
 def print_failures(summary: Any) -> None:
