@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
+from clef_cli.errors import UsageError
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.output import OutputSpec, write_output
@@ -28,7 +29,7 @@ from clef_cli.results import OutputCounts
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import plural
 from clef_cli.store.atomic import remove_stale_temporaries
-from clef_cli.store.checkpoint import Checkpoint
+from clef_cli.store.checkpoint import Checkpoint, discard
 from clef_cli.store.keep_policy import SELECTIVE, KeepPolicy
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
@@ -260,11 +261,13 @@ def open_job(
     with job_locks(settings.output, path) as lock:
         if lock.took_over:
             progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
+        made_here = not existing and not path.exists()
         if existing:
             checkpoint = Checkpoint.open_existing(path)
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
         spool: RemoteSpool | None = None
+        refused = False
         try:
             damaged = sum(entry.records for entry in checkpoint.dropped)
             if checkpoint.dropped:
@@ -280,7 +283,14 @@ def open_job(
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
             yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started)
+        except UsageError:
+            # a check that needs the open store or the cluster (Ray's fit, its nodes' view of the
+            # store) refused the run: a store this run made, with nothing committed, goes with it
+            refused = made_here and not checkpoint.entries
+            raise
         finally:
             if spool is not None:
                 spool.remove()
             checkpoint.close()
+            if refused:
+                discard(path)

@@ -185,3 +185,24 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_with_0(files, co
         os.close(write)
     assert done.returncode == CODES["success"], done.stderr
     assert done.stderr == ""
+
+
+def test_a_refusal_that_needs_the_open_store_removes_the_store_it_made(tmp_path):
+    """Ray's fit and its nodes' view of the store can only be checked once the job is open: a
+    UsageError then removes a store the run made with nothing committed, and keeps one that was
+    there before."""
+    from clef_cli.errors import UsageError
+    from clef_cli.job import open_job
+    from clef_cli.progress import Progress
+    from tests.helpers import settings_for
+
+    settings = settings_for(tmp_path, limit=2, hidden_states="drop")
+    with pytest.raises(UsageError), open_job(settings, Progress(), "float32"):
+        raise UsageError("the cluster cannot place this plan")
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+    settings.checkpoint_path.mkdir()  # a store from before (empty: it is made on open)
+    with open_job(settings, Progress(), "float32"):
+        pass
+    with pytest.raises(UsageError), open_job(settings, Progress(), "float32"):
+        raise UsageError("the cluster cannot place this plan")
+    assert settings.checkpoint_path.is_dir()

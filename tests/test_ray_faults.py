@@ -141,6 +141,7 @@ def test_a_plan_that_cannot_fit_exits_2_at_once(cluster, clean_input, tmp_path):
         "(fit automatically)"
     ]
     assert not (tmp_path / "out.parquet").exists()
+    assert not (tmp_path / "out.parquet.ckpt").exists()  # refused: the store it made goes with it
 
 
 @pytest.mark.ray
