@@ -3,15 +3,14 @@ per-record errors, output, stats) with vLLM as the backbone (scorer.py) instead 
 
 from __future__ import annotations
 
-from functools import cached_property
-
 from clef_cli.engines.local.pipeline import ScoreJob, compute_dtype
 from clef_cli.engines.local.plan_report import DryRunReport
 from clef_cli.engines.local.workers import Planned
+from clef_cli.engines.vllm.client import VllmWorker
 from clef_cli.engines.vllm.limits import engine_refusal, prompt_limit
 from clef_cli.job import Job
 from clef_cli.model.scoring import Scorer
-from clef_cli.release import Release, resolve_release
+from clef_cli.release import Release
 from clef_cli.settings import JobSummary, ScoreSettings
 
 
@@ -21,6 +20,9 @@ class VllmScoreJob(ScoreJob):
     checked before anything is written, by the run and the dry run alike."""
 
     version: str = ""
+    planned_limit: int | None = None
+    """What vLLM's prompt limit will be before it is loaded (--max-model-len, or the release's),
+    from the release the preflight was given: every run, dry run and on-demand job calls it."""
 
     def preflight(self, settings: ScoreSettings, release: Release) -> None:
         from clef_cli.engines.vllm.client import vllm_python
@@ -28,25 +30,25 @@ class VllmScoreJob(ScoreJob):
 
         check_family(release)
         vllm_python()
+        self.planned_limit = prompt_limit(settings, release)
 
     def engine_refusal(self, planned: Planned) -> tuple[str, str] | None:
         return engine_refusal(planned.length or 0, planned.audio_in_video, self.limit())
 
-    @cached_property
-    def derived_limit(self) -> int | None:
-        """What vLLM's limit will be before it is loaded (--max-model-len, or the release's)."""
-        release = resolve_release(self.settings.model, revision=self.settings.revision, with_weights=False)
-        return prompt_limit(self.settings, release)
+    @property
+    def worker(self) -> VllmWorker | None:
+        """The started worker (None until the first batch needs it)."""
+        return getattr(getattr(self.scorer, "backbone", None), "worker", None)
 
     def limit(self) -> int | None:
         """vLLM's prompt limit: the loaded engine's own, else what it will derive (limits.py)."""
-        loaded = getattr(getattr(getattr(self.scorer, "backbone", None), "worker", None), "max_model_len", None)
-        return loaded or self.derived_limit
+        loaded = self.worker.max_model_len if self.worker is not None else None
+        return loaded or self.planned_limit
 
     def dry_run(self) -> DryRunReport:
         """The local dry run, with the prompts over vLLM's limit counted as the run refuses them."""
         report = super().dry_run()
-        limit = report.engine_limit = self.derived_limit
+        limit = report.engine_limit = self.planned_limit
         over = report.over_engine_limit = sum(1 for length in report.lengths if limit is not None and length > limit)
         if over:
             report.failed_by_kind["overflow"] = report.failed_by_kind.get("overflow", 0) + over
@@ -77,7 +79,8 @@ class VllmScoreJob(ScoreJob):
                     self.scorer = load_vllm_scorer(job.release, job.settings, dtype, log, self.stop)
             finally:
                 self.progress.phase(None)
-            self.version = self.scorer.backbone.worker.version  # type: ignore[attr-defined]
+            assert self.worker is not None
+            self.version = self.worker.version
         return self.scorer
 
     def engine_metadata(self) -> dict[str, str]:
@@ -85,6 +88,5 @@ class VllmScoreJob(ScoreJob):
         return {"clef.vllm_version": self.version}
 
     def close(self) -> None:
-        worker = getattr(getattr(self.scorer, "backbone", None), "worker", None)
-        if worker is not None:
-            worker.close()
+        if self.worker is not None:
+            self.worker.close()
