@@ -278,6 +278,21 @@ def _busy_head_excluded(device_seconds: float, steady: float, head: float) -> fl
     return min(1.0, device_seconds / (steady - head)) if steady > head else 0.0
 
 
+def job_runner(args: argparse.Namespace, folder: Path):
+    """The measurement of one run: the HF engine around SimulatedDevice, or the vLLM engine
+    around its stand-in worker (feed_vllm.py)."""
+    if args.engine == "hf":
+        scorer = simulated_scorer(args.device_rate)
+        return lambda path, out, workers, window: run_job(path, out, workers, window, scorer)
+    import feed_vllm
+
+    device_log = folder / "device.log"
+    feed_vllm.install(args.device_rate, args.hidden_size, device_log)
+    return lambda path, out, workers, window: feed_vllm.run_job(
+        path, out, workers, window, args.hidden_states, device_log
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device-rate", type=float, default=40000, help="simulated prefill tokens/s (default 40000)")
@@ -287,6 +302,9 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=4, help="split each set into about this many planning windows")
     parser.add_argument("--media-dir", type=Path, default=Path(tempfile.gettempdir()) / "clef-bench-feed-media")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="hf, or vllm through a stand-in worker")
+    parser.add_argument("--hidden-size", type=int, default=2048, help="--engine vllm: the states' width (default 2048)")
+    parser.add_argument("--hidden-states", choices=("keep", "drop"), default="keep", help="--engine vllm: the policy")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -294,9 +312,9 @@ def main() -> None:
     worker_counts = [int(value) for value in args.workers.split(",")]
     print(f"simulated device: {args.device_rate:,.0f} tokens/s; {len(os.sched_getaffinity(0))} usable cores")
     files = media_files(args.media_dir, names)
-    scorer = simulated_scorer(args.device_rate)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        measure = job_runner(args, Path(tmp))
         for name in names:
             folder = Path(tmp) / name
             folder.mkdir()
@@ -306,7 +324,7 @@ def main() -> None:
             per_core = rate["tokens_per_s_cpu"]
             # a window must hold a few records per worker, or the workers cannot all be busy at once
             window = max(math.ceil(count / args.windows), 2 * max(worker_counts))
-            runs = {str(w): run_job(path, folder, w, window, scorer) for w in worker_counts}
+            runs = {str(w): measure(path, folder, w, window) for w in worker_counts}
             busy = {w: run["busy"] for w, run in runs.items()}
             busy_without_head = {w: run["busy_head_excluded"] for w, run in runs.items()}
             feedable = {w: min(1.0, int(w) * per_core / args.device_rate) for w in busy if int(w) > 0}
@@ -336,7 +354,20 @@ def main() -> None:
                 f"efficiency {eff}; main-thread CPU s per 1k tokens {cpu}; MB copied per media batch {copied}",
                 flush=True,
             )
-    report = {"device_rate": args.device_rate, "sets": results}
+            if args.engine == "vllm":
+                for w, run in runs.items():
+                    print(
+                        f"       w{w}: main thread {run['main_thread_cpu_us_per_token']:.2f} CPU us/token "
+                        f"({run['main_thread_cpu_us_per_token_head_excluded']:.2f} with the head on the device), "
+                        f"main process {run['main_process_cpu_us_per_token']:.2f} "
+                        f"({run['main_process_cpu_us_per_token_head_excluded']:.2f}); disk "
+                        f"{run['disk_mb_per_s_needed']:.0f} MB/s needed, {run['disk_mb_per_s_got']:.0f} MB/s got "
+                        f"({run['disk_mb_per_s_got_head_excluded']:.0f})",
+                        flush=True,
+                    )
+    report = {"device_rate": args.device_rate, "engine": args.engine, "sets": results}
+    if args.engine == "vllm":
+        report |= {"hidden_size": args.hidden_size, "hidden_states": args.hidden_states}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     shown = ("busy", "efficiency", "efficiency_head_excluded")

@@ -42,6 +42,8 @@ class VllmOptions:
     tensor_parallel_size: int | None = None
     cpu_kv_cache_gib: float | None = None
     """The KV-cache space on the CPU build (VLLM_CPU_KVCACHE_SPACE), in whole GiB."""
+    enforce_eager: bool = False
+    """No compiled mode or CUDA graphs on a GPU (the CPU build always runs eager)."""
 
     def validate(self) -> None:
         """What vLLM would refuse only after minutes of loading, refused at once (exit 2)."""

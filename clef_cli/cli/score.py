@@ -42,6 +42,7 @@ from clef_cli.cli.score_options import (
     CalibrationOption,
     CheckpointOption,
     CpuKvCacheOption,
+    EnforceEagerOption,
     CpusPerWorkerOption,
     DryRunOption,
     EngineOption,
@@ -155,6 +156,7 @@ def score(
     gpu_memory_utilization: GpuMemoryUtilizationOption = None,
     tensor_parallel_size: TensorParallelSizeOption = None,
     cpu_kv_cache_gib: CpuKvCacheOption = None,
+    enforce_eager: EnforceEagerOption = False,
     limits: MediaLimits | None = None,  # replaced by the five media-limit options (with_media_limits)
 ) -> None:
     """Score records into Parquet: one row per input record, in input order, with a probability

@@ -274,7 +274,15 @@ CpuKvCacheOption = Annotated[
         help="--engine vllm on the CPU: KV-cache space in GiB.",
     ),
 ]
-VLLM_ONLY = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "cpu_kv_cache_gib")
+EnforceEagerOption = Annotated[
+    bool,
+    typer.Option(
+        "--enforce-eager",
+        rich_help_panel=PANEL_ENGINE,
+        help="--engine vllm on a GPU: no compiled mode or CUDA graphs (the CPU build always runs eager).",
+    ),
+]
+VLLM_ONLY = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "cpu_kv_cache_gib", "enforce_eager")
 
 SELECTIVE_ONLY = ("keep_below", "keep_sample")
 NOT_WITH_REHEAD = ("hidden_states", *SELECTIVE_ONLY)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from clef_cli.encoding.batching import ModelBatch
+from clef_cli.encoding.batching import ModelBatch, collate
+from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.errors import ModelLoadError
 from clef_cli.model.dtypes import torch_dtype
 from clef_cli.release import HEAD_FILES, Release
@@ -127,10 +128,32 @@ class Backbone(ABC):
     dtype: torch.dtype
     hidden_size: int
 
+    in_flight: ClassVar[int] = 1
+    """Batches `submit` may have started before the first of them is collected by `forward`."""
+
     @abstractmethod
     def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
         """Final-norm hidden states `[B, L, hidden]` of a right-padded batch; each record's real
         tokens get exactly the states they get when the record runs alone."""
+
+    def forward(self, records: Sequence[EncodedRecord], batch: ModelBatch | None, pad_token_id: int) -> torch.Tensor:
+        """`hidden_states` of these records (`batch`: already collated by an encoding worker)."""
+        return self.hidden_states(batch if batch is not None else collate(records, pad_token_id))
+
+    def submit(self, records: Sequence[EncodedRecord]) -> None:
+        """Start these records' forward now, before `forward` asks for it: an engine whose forward
+        runs in another process keeps it busy while clef scores the batch before. In process,
+        nothing to do."""
+        return None
+
+    def release_states(self) -> None:
+        """The states handed out so far are read and copied where they must be kept: an engine
+        that lent its own memory for them may reuse it."""
+        return None
+
+    def close(self) -> None:
+        """End what the backbone runs outside this process (an engine's worker); in process, nothing."""
+        return None
 
 
 def load_lexical_rows(release: Release, key: str) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from clef_cli.choices import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS
-from clef_cli.encoding.batching import ModelBatch, PlanEntry, collate, plan_batches
+from clef_cli.encoding.batching import ModelBatch, PlanEntry, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.errors import RecordError
 from clef_cli.families import family_of
@@ -35,6 +35,7 @@ def head_logits(
     records: Sequence[EncodedRecord],
 ) -> list[list[torch.Tensor]]:
     """Per record, per question: the option logits (head order), from padded hidden states."""
+    hidden_states = hidden_states.to(lexical_rows.device, non_blocking=True)  # states an engine lent on the host
     layout = build_layout(
         [record.questions for record in records],
         [record.input_ids for record in records],
@@ -75,7 +76,7 @@ class Scorer:
     def hidden_states(self, records: Sequence[EncodedRecord], batch: ModelBatch | None = None) -> torch.Tensor:
         """One right-padded forward: `[B, L, hidden]`, padding rows beyond each record's length
         (`batch`: the records already collated, by an encoding worker)."""
-        return self.backbone.hidden_states(batch if batch is not None else collate(records, self.pad_token_id))
+        return self.backbone.forward(records, batch, self.pad_token_id)
 
     def score_batch(self, records: Sequence[EncodedRecord]) -> list[ScoredRecord]:
         """Score records that may share a forward (same audio-in-video flag)."""
@@ -172,6 +173,11 @@ class BatchRunner:
     on_budget_change: Callable[[int], None] | None = None
     stats: JobStats | None = None
     """Where forward and head times and padding are added up, when someone is measuring."""
+
+    def submit(self, records: list[EncodedRecord]) -> None:
+        """Start the forward of a batch `run` will take whole, where the backbone runs ahead."""
+        if records and (max(record.length for record in records) * len(records) <= self.max_batch_tokens):
+            self.scorer.backbone.submit(records)
 
     def run(self, records: list[EncodedRecord], batch: ModelBatch | None = None) -> Iterator[BatchOutcome]:
         """`batch`: these records already collated (by an encoding worker); when it must be split,

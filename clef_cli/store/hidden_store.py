@@ -64,7 +64,7 @@ def hidden_payload(
     `hidden_states` belongs to `records[i]`), its input ids and its spans."""
     tensors: dict[str, torch.Tensor] = {}
     described = []
-    hidden_cpu = hidden_states.detach().to("cpu", dtype)
+    hidden_cpu = hidden_states.detach().to("cpu", dtype, copy=True)  # never a view of memory lent by an engine
     for row, record in enumerate(records):
         index = record.record.index
         tensors[f"hidden.{index}"] = hidden_cpu[row, : record.length].contiguous()

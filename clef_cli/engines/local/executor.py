@@ -5,8 +5,10 @@ memory lowers the token budget for the rest of the job instead of stopping it.""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -32,6 +34,18 @@ W = TypeVar("W")
 
 Pending = Future | list[EncodedRecord | Future]
 """A batch being made ready: one worker's whole batch, or its records one by one."""
+
+
+@dataclass
+class Launched:
+    """A batch made ready and handed to the backbone, waiting for its forward's outcome."""
+
+    batch: PlannedBatch
+    encoded: list[EncodedRecord]
+    model_batch: ModelBatch | None
+    failures: list[FailedRecord]
+    slot: Slot | None
+    slot_bytes: int
 
 
 def _failed(planned: Planned, error: str, kind: str = "media") -> FailedRecord:
@@ -72,6 +86,13 @@ class BatchExecutor:
         """The model is loaded when the first batch needs it (a finished job never loads it)."""
         return BatchRunner(self.load_scorer(), self.batch_tokens, self._lower_budget, stats=self.stats)
 
+    @property
+    def depth(self) -> int:
+        """Batches in flight at once: the backbone's, once loaded (a job whose batches all failed
+        to encode never loads it)."""
+        runner: BatchRunner | None = self.__dict__.get("runner")
+        return runner.scorer.backbone.in_flight if runner is not None else 1
+
     def _lower_budget(self, tokens: int) -> None:
         self.batch_tokens = tokens
         self.budget_lowered(tokens)
@@ -92,25 +113,17 @@ class BatchExecutor:
         feed: BatchFeed[tuple[Pending, Slot | None]] = BatchFeed(
             stream, lambda batch: self._prepare(batch, by_index, pinner), PREFETCH_BATCHES
         )
+        launched: deque[Launched | W] = deque()
         try:
             while not self.stop.is_set():
                 with self.stats.stage("encode_wait"):
                     item = feed.next()
                 if item is None:
-                    return
-                if not isinstance(item, tuple):
-                    on_other(item)
-                    continue
-                batch, (pending, slot) = item
-                with self.stats.stage("encode_wait"):
-                    encoded, model_batch, failures, slot_bytes = self._collect(batch, pending, by_index)
-                self.commit([], failures)
-                if encoded:
-                    self._score_and_commit(encoded, model_batch)
-                if slot is not None:  # the batch has run: its slot can take another
-                    self.slots.give_back(slot, slot_bytes)
-                for index in batch.indices:
-                    by_index.pop(index).discard()
+                    break
+                launched.append(item if not isinstance(item, tuple) else self._launch(*item, by_index))
+                self._finish_ready(launched, by_index, on_other)
+            while launched:  # the batches in flight run to their commit, a stop request or not
+                self._finish(launched.popleft(), by_index, on_other)
         finally:
             for _, (pending, _) in feed.close():
                 for waiting in pending if isinstance(pending, list) else [pending]:
@@ -118,6 +131,39 @@ class BatchExecutor:
                         waiting.cancel()
             if pinner is not None:
                 pinner.shutdown(wait=False, cancel_futures=True)
+
+    def _launch(
+        self, batch: PlannedBatch, prepared: tuple[Pending, Slot | None], by_index: dict[int, Planned]
+    ) -> Launched:
+        """A batch made ready (its failures committed) and, where the backbone runs ahead, started."""
+        pending, slot = prepared
+        with self.stats.stage("encode_wait"):
+            encoded, model_batch, failures, slot_bytes = self._collect(batch, pending, by_index)
+        if encoded:
+            self.runner.submit(encoded)
+        return Launched(batch, encoded, model_batch, failures, slot, slot_bytes)
+
+    def _finish_ready(self, launched: deque[Launched | W], by_index: dict[int, Planned], on_other: Callable) -> None:
+        """Finish, in order, what need not wait: windows at the front, and batches beyond the
+        backbone's depth in flight (with an in-process backbone, each batch at once)."""
+        while launched and (
+            not isinstance(launched[0], Launched) or sum(isinstance(item, Launched) for item in launched) >= self.depth
+        ):
+            self._finish(launched.popleft(), by_index, on_other)
+
+    def _finish(self, item: Launched | W, by_index: dict[int, Planned], on_other: Callable[[W], None]) -> None:
+        """A planned window's bookkeeping, or a batch's forward, head and commits, in stream order."""
+        if not isinstance(item, Launched):
+            on_other(item)
+            return
+        self.commit([], item.failures)
+        if item.encoded:
+            self._score_and_commit(item.encoded, item.model_batch)
+            self.runner.scorer.backbone.release_states()
+        if item.slot is not None:  # the batch has run: its slot can take another
+            self.slots.give_back(item.slot, item.slot_bytes)
+        for index in item.batch.indices:
+            by_index.pop(index).discard()
 
     def _prepare(
         self, batch: PlannedBatch, by_index: dict[int, Planned], pinner: ThreadPoolExecutor | None

@@ -88,6 +88,8 @@ class VllmWorker:
         os.close(from_worker_write)
         self.outbox = os.fdopen(to_worker_write, "wb")
         self.inbox = os.fdopen(from_worker_read, "rb")
+        self._tickets = 0
+        self._replies: dict[int | None, dict[str, Any]] = {}
         try:
             send(self.outbox, {"op": "load", "model": str(model), "options": options})
             self._wait_for_reply(stop)
@@ -121,16 +123,6 @@ class VllmWorker:
             raise ModelLoadError(f"vLLM failed while {doing}: {one_line(reply['error'])} (its log: {self.log})")
         raise VllmRecordError(f"vLLM refused the request: {one_line(reply['error'])}")
 
-    def _ask(self, message: dict[str, Any], doing: str) -> dict[str, Any]:
-        try:
-            send(self.outbox, message)
-        except (BrokenPipeError, OSError):
-            code = self.process.wait()
-            raise ModelLoadError(
-                f"the vLLM worker stopped while {doing} (exit code {code}; its log: {self.log})"
-            ) from None
-        return self._reply(doing)
-
     def kill(self) -> None:
         """End the worker now (a stop while loading, a failed start): nothing of it is needed."""
         with contextlib.suppress(OSError):
@@ -140,11 +132,39 @@ class VllmWorker:
             with contextlib.suppress(OSError):
                 stream.close()
 
-    def hidden(self, prompts: list[dict[str, Any]]) -> list[Any]:
-        """Each prompt's final hidden states (a float32 numpy array [L, hidden]) and the token ids
-        vLLM ran (its own expansion of the media placeholders)."""
-        hidden: list[Any] = self._ask({"op": "hidden", "prompts": prompts}, "running a batch")["hidden"]
-        return hidden
+    def submit(self, message: dict[str, Any]) -> int:
+        """Send one request without waiting for it (the worker reads requests on a thread of its
+        own and answers them in order); its ticket, for `collect`."""
+        ticket = self._tickets = self._tickets + 1
+        try:
+            send(self.outbox, {**message, "ticket": ticket})
+        except (BrokenPipeError, OSError):
+            code = self.process.wait()
+            raise ModelLoadError(
+                f"the vLLM worker stopped while running a batch (exit code {code}; its log: {self.log})"
+            ) from None
+        return ticket
+
+    def collect(self, ticket: int) -> dict[str, Any]:
+        """The reply to a submitted request; replies to earlier requests read on the way are kept."""
+        while ticket not in self._replies:
+            try:
+                reply = receive(self.inbox)
+            except EOFError:
+                code = self.process.wait()
+                raise ModelLoadError(
+                    f"the vLLM worker stopped while running a batch (exit code {code}; its log: {self.log})"
+                ) from None
+            self._replies[reply.get("ticket")] = reply
+        reply = self._replies.pop(ticket)
+        if reply["ok"]:
+            return reply
+        raise VllmRecordError(f"vLLM refused the request: {one_line(reply['error'])}")
+
+    def forget(self, path: str) -> None:
+        """The worker unmaps a shared-memory file clef is about to remove."""
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            send(self.outbox, {"op": "forget", "path": path})
 
     def close(self) -> None:
         if self.process.poll() is not None and self.outbox.closed:

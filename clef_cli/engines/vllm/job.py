@@ -88,5 +88,6 @@ class VllmScoreJob(ScoreJob):
         return {"clef.vllm_version": self.version}
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
+        backbone = getattr(self.scorer, "backbone", None)
+        if backbone is not None:
+            backbone.close()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.families.base import decode_entries
@@ -38,7 +40,7 @@ def vllm_request(
     tokenizer, without special tokens, for the media segment's unexpanded placeholder text."""
     record = encoded.record
     if not record.has_media:
-        return {"ids": list(encoded.input_ids)}
+        return {"ids": np.asarray(encoded.input_ids, dtype=np.int32)}
     from clef_cli.encoding.media import AUDIO_SAMPLE_RATE, decode_audio, decode_image, decode_video
     from clef_cli.families.base import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
     from clef_cli.families.omni import IMAGE_SIZE
@@ -66,4 +68,4 @@ def vllm_request(
     )
     start, end = encoded.media_span
     ids = [*encoded.input_ids[:start], *tokenize(text), *encoded.input_ids[end:]]
-    return {"ids": ids, "mm": media, "mm_kwargs": kwargs}
+    return {"ids": np.asarray(ids, dtype=np.int32), "mm": media, "mm_kwargs": kwargs}

@@ -9,23 +9,29 @@ Media kinds not yet proven exact are refused as their records' errors."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from clef_cli.encoding.batching import ModelBatch
+from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.vllm.client import VllmRecordError, VllmWorker, vllm_python
 from clef_cli.engines.vllm.limits import MEDIA_REFUSED, EngineRefusal, too_long
 from clef_cli.engines.vllm.mm_requests import unsupported_media, vllm_request
+from clef_cli.engines.vllm.transport import Slot, StateSlots, padded_bytes
 from clef_cli.errors import UsageError
-from clef_cli.model.backbone import Backbone
+from clef_cli.model.backbone import Backbone, resolve_device
 from clef_cli.model.scoring import Scorer
 from clef_cli.release import Release
 from clef_cli.settings import ScoreSettings
 
 FAMILIES = ("omni",)
+IN_FLIGHT = 2
+"""Batches sent to vLLM at once: one running, the next waiting in the worker, so vLLM starts it
+the moment the first ends, while clef runs the head and commits."""
 
 
 def check_family(release: Release) -> None:
@@ -47,12 +53,17 @@ def worker_options(settings: ScoreSettings, dtype: str) -> dict[str, Any]:
             "gpu_memory_utilization": vllm.gpu_memory_utilization,
             "tensor_parallel_size": vllm.tensor_parallel_size,
             "cpu_kv_cache_gib": vllm.cpu_kv_cache_gib,
+            "enforce_eager": vllm.enforce_eager,
         }
     return options
 
 
 class VllmBackbone(Backbone):
-    """The thinker served by a vLLM worker; hidden states come back over the pipe."""
+    """The thinker served by a vLLM worker. Batches are submitted ahead (`IN_FLIGHT` at once), so
+    vLLM runs the next while clef scores and commits this one; their states come back through
+    shared memory (transport.py), in the compute dtype, already right-padded."""
+
+    in_flight = IN_FLIGHT
 
     def __init__(
         self,
@@ -68,34 +79,84 @@ class VllmBackbone(Backbone):
         self.release = release
         self.limits = limits
         self.lexical_rows = lexical_rows
-        self.device = torch.device("cpu")
+        self.device = lexical_rows.device
         self.dtype = dtype
         self.hidden_size = int(lexical_rows.shape[1])
+        self.slots = StateSlots()
+        self.submitted: dict[tuple[int, ...], tuple[int, Slot]] = {}
 
     def tokenize(self, text: str) -> list[int]:
         """Placeholder text to ids, as the prompt encoder's processor call tokenizes it."""
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
-        """Right-padded `[B, L, hidden]`: each prompt runs as its own vLLM request, so a record's
-        states do not depend on its batch."""
-        for record in batch.records:  # planning refused these already (VllmScoreJob): a safety net
-            if (kind := unsupported_media(record)) is not None:
-                raise EngineRefusal(MEDIA_REFUSED.format(kind=kind), "unsupported")
-            if (message := too_long(record.length, self.worker.max_model_len)) is not None:
-                raise EngineRefusal(message, "overflow")
-        prompts = [vllm_request(record, self.release, self.limits, self.tokenize) for record in batch.records]
-        states = self.worker.hidden(prompts)
-        longest = max(record.length for record in batch.records)
-        padded = torch.zeros(len(states), longest, self.hidden_size, dtype=self.dtype)
-        for row, (record, (state, ids)) in enumerate(zip(batch.records, states, strict=True)):
-            if ids != list(record.input_ids):
+    def submit(self, records: Sequence[EncodedRecord]) -> None:
+        """Send the batch to vLLM now; `forward` collects it. Records the engine refuses are left
+        for `forward` to refuse (and the batch runner to narrow)."""
+        if refusal(records, self.worker.max_model_len) is not None:
+            return
+        longest = max(record.length for record in records)
+        slot = self.slots.take(padded_bytes(len(records), longest, self.hidden_size, self.dtype))
+        message = {
+            "op": "hidden",
+            "prompts": [vllm_request(record, self.release, self.limits, self.tokenize) for record in records],
+            "slot": {"path": str(slot.path), "bytes": slot.size},
+            "padded": longest,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+        try:
+            ticket = self.worker.submit(message)
+        except BaseException:
+            self.slots.give_back(slot)
+            raise
+        self.submitted[_batch_key(records)] = (ticket, slot)
+
+    def forward(self, records: Sequence[EncodedRecord], batch: ModelBatch | None, pad_token_id: int) -> torch.Tensor:
+        """Right-padded `[B, L, hidden]` over the slot's pages: each prompt runs as its own vLLM
+        request, so a record's states do not depend on its batch."""
+        if (refused := refusal(records, self.worker.max_model_len)) is not None:
+            raise refused  # planning refused these already (VllmScoreJob): a safety net
+        if _batch_key(records) not in self.submitted:
+            self.submit(records)
+        ticket, slot = self.submitted.pop(_batch_key(records))
+        try:
+            reply = self.worker.collect(ticket)
+        except BaseException:
+            self.slots.give_back(slot)
+            raise
+        self.slots.lend(slot)
+        for record, ids in zip(records, reply["ids"], strict=True):
+            if ids is not None and ids.tolist() != list(record.input_ids):
                 raise VllmRecordError(
                     f"vLLM expanded the prompt to {len(ids)} tokens, not the {record.length} clef's encoder made "
                     "(the media processors disagree): score this record with --engine hf"
                 )
-            padded[row, : record.length] = torch.from_numpy(state).to(self.dtype)
-        return padded
+        return slot.view(tuple(reply["shape"]), self.dtype)
+
+    def hidden_states(self, batch: ModelBatch) -> torch.Tensor:
+        return self.forward(batch.records, batch, 0)
+
+    def release_states(self) -> None:
+        self.slots.release_read()
+
+    def close(self) -> None:
+        for slot in self.slots.every:
+            self.worker.forget(str(slot.path))
+        self.worker.close()
+        self.slots.close()
+
+
+def _batch_key(records: Sequence[EncodedRecord]) -> tuple[int, ...]:
+    return tuple(record.record.index for record in records)
+
+
+def refusal(records: Sequence[EncodedRecord], limit: int | None) -> EngineRefusal | None:
+    """Why vLLM cannot run one of these records (a modality, a length), or None."""
+    for record in records:
+        if (kind := unsupported_media(record)) is not None:
+            return EngineRefusal(MEDIA_REFUSED.format(kind=kind), "unsupported")
+        if (message := too_long(record.length, limit)) is not None:
+            return EngineRefusal(message, "overflow")
+    return None
 
 
 def load_vllm_scorer(
@@ -109,9 +170,10 @@ def load_vllm_scorer(
 
     check_family(release)
     torch_dtype = getattr(torch, dtype)
+    device = resolve_device(settings.device)  # the head runs on the model's device
     worker = VllmWorker(vllm_python(), release.path, worker_options(settings, dtype), log, stop)
-    lexical = family_of(release).lexical_rows(release).to(torch_dtype)
-    head = load_joint_head(release.path)
+    lexical = family_of(release).lexical_rows(release).to(device, torch_dtype)
+    head = load_joint_head(release.path).to(device)
     tokenizer = load_processor(release).tokenizer
     backbone = VllmBackbone(worker, lexical, torch_dtype, release, settings.limits, tokenizer)
     return Scorer(backbone=backbone, head=head, pad_token_id=int(tokenizer.pad_token_id), release=release)

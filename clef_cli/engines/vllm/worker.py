@@ -2,21 +2,31 @@
 vLLM's excludes), and answers clef over a pipe.
 
 Started as `python worker.py FD_IN FD_OUT` by clef (client.py). Everything vLLM prints goes to
-stderr; the pipe carries length-prefixed pickle frames (clef_cli/engines/vllm/protocol.py):
+stderr; the pipe carries length-prefixed pickle frames of small messages only
+(clef_cli/engines/vllm/protocol.py); the hidden states cross through shared memory:
 
-- `{"op": "load", "model": path, "options": {...}}` -> `{"ok": True, "version": vllm.__version__}`
-- `{"op": "hidden", "prompts": [{"ids": [...], "mm": {...}, "mm_kwargs": {...}}, ...]}` ->
-  `{"ok": True, "hidden": [(float32 array [L, H], expanded ids) per prompt]}`: the thinker's final
-  hidden states (cut (b): vLLM is the backbone, clef's own head scores them)
-- any failure -> `{"ok": False, "error": "...", "kind": "record" | "fatal"}`
+- `{"op": "load", "model": path, "options": {...}}` -> `{"ok": True, "version": ..., "max_model_len": n}`
+- `{"op": "hidden", "ticket": n, "prompts": [{"ids": int32 array, "mm": {...}, "mm_kwargs": {...}}],
+  "slot": {"path": file, "bytes": size}, "padded": L, "dtype": "float32" | "bfloat16" | ...}` ->
+  `{"ok": True, "ticket": n, "ids": [None, or vLLM's expanded ids (int32) where they differ from the
+  request's, per prompt], "shape": [B, L, H]}`: the thinker's final hidden states, written
+  right-padded (zeros past each prompt) in the compute dtype into the slot, a file clef made in
+  shared memory (cut (b): vLLM is the backbone, clef's own head scores them)
+- any failure -> `{"ok": False, "ticket": n, "error": "...", "kind": "record" | "fatal"}`
+
+Requests are read on a thread of their own and answered in order, so clef can send the next
+batch while vLLM runs this one (requests in flight) without ever blocking on a full pipe.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
+import queue
 import struct
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -109,6 +119,24 @@ def release_overrides(head_config: dict[str, Any]) -> Any:
     return override
 
 
+def engine_options(options: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
+    """vLLM's engine arguments from clef's options. Eager mode only where it is needed: on the CPU
+    build, or when the user forces it (`--enforce-eager`); on CUDA vLLM compiles the model and
+    captures CUDA graphs wherever its pooling runner supports them."""
+    kwargs = {
+        key: options[key]
+        for key in ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "dtype")
+        if options.get(key) is not None
+    }
+    if kwargs.get("gpu_memory_utilization") is None and on_cpu:
+        # On the CPU build this is the share of the machine's memory vLLM claims at start (0.92 by
+        # default), which fails beside any other large process; the KV cache has its own setting.
+        kwargs["gpu_memory_utilization"] = CPU_MEMORY_SHARE
+    kwargs["enforce_eager"] = bool(options.get("enforce_eager")) or on_cpu
+    kwargs["limit_mm_per_prompt"] = options.get("limit_mm_per_prompt") or {"image": 8, "video": 2, "audio": 8}
+    return kwargs
+
+
 def load(model: str, options: dict[str, Any]) -> Any:
     """The engine, with clef's release overrides (the architecture, the head's config)."""
     import json
@@ -118,25 +146,14 @@ def load(model: str, options: dict[str, Any]) -> Any:
     if options.get("cpu_kv_cache_gib"):  # vLLM reads a whole number of GiB: "1.0" fails its int()
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(options["cpu_kv_cache_gib"]))
     register_hidden_model()
-    if options.get("gpu_memory_utilization") is None and _on_cpu():
-        # On the CPU build this is the share of the machine's memory vLLM claims at start (0.92 by
-        # default), which fails beside any other large process; the KV cache has its own setting.
-        options = {**options, "gpu_memory_utilization": CPU_MEMORY_SHARE}
     with open(os.path.join(model, "joint_head_config.json")) as file:
         head_config = json.load(file)
-    kwargs = {
-        key: options[key]
-        for key in ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "dtype")
-        if options.get(key) is not None
-    }
     return LLM(
         model=model,
         runner="pooling",
         hf_overrides=release_overrides(head_config),
-        enforce_eager=True,
         seed=0,
-        limit_mm_per_prompt=options.get("limit_mm_per_prompt") or {"image": 8, "video": 2, "audio": 8},
-        **kwargs,
+        **engine_options(options, _on_cpu()),
     )
 
 
@@ -154,45 +171,103 @@ def test_hooks() -> None:
         time.sleep(float(seconds))
 
 
-def hidden(llm: Any, prompts: list[dict[str, Any]]) -> list[Any]:
+def encode(llm: Any, prompts: list[dict[str, Any]]) -> list[Any]:
+    """vLLM's pooled outputs, one per prompt: each prompt's [L, H] final hidden states."""
     from vllm import PoolingParams
 
     test_hooks()
     requests = []
     for prompt in prompts:
-        request: dict[str, Any] = {"prompt_token_ids": list(prompt["ids"])}
+        request: dict[str, Any] = {"prompt_token_ids": prompt["ids"].tolist()}
         if prompt.get("mm"):
             request["multi_modal_data"] = prompt["mm"]
             if prompt.get("mm_kwargs"):
                 request["mm_processor_kwargs"] = prompt["mm_kwargs"]
         requests.append(request)
     params = PoolingParams(task="token_embed")
-    outputs = llm.encode(requests, pooling_params=params, pooling_task="token_embed", use_tqdm=False)
-    return [(output.outputs.data.float().cpu().numpy(), list(output.prompt_token_ids)) for output in outputs]
+    return list(llm.encode(requests, pooling_params=params, pooling_task="token_embed", use_tqdm=False))
+
+
+class Slots:
+    """clef's shared-memory files, each mapped once (again when clef has grown it)."""
+
+    def __init__(self) -> None:
+        self.mapped: dict[str, tuple[int, mmap.mmap]] = {}
+
+    def view(self, path: str, size: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+        import torch
+
+        known = self.mapped.get(path)
+        if known is None or known[0] != size:
+            with open(path, "r+b") as file:
+                self.mapped[path] = (size, mmap.mmap(file.fileno(), size))
+        count = shape[0] * shape[1] * shape[2]
+        return torch.frombuffer(self.mapped[path][1], dtype=dtype, count=count).view(shape)
+
+    def forget(self, path: str) -> None:
+        self.mapped.pop(path, None)
+
+
+def hidden(llm: Any, message: dict[str, Any], slots: Slots) -> dict[str, Any]:
+    """Run one batch and write its states right-padded into clef's slot, in the compute dtype."""
+    import numpy as np
+    import torch
+
+    prompts = message["prompts"]
+    outputs = encode(llm, prompts)
+    states = [output.outputs.data for output in outputs]
+    width = int(states[0].shape[-1])
+    shape = (len(states), int(message["padded"]), width)
+    slot = message["slot"]
+    padded = slots.view(slot["path"], slot["bytes"], getattr(torch, message["dtype"]), shape)
+    ids: list[Any] = []
+    for row, (prompt, output, state) in enumerate(zip(prompts, outputs, states, strict=True)):
+        length = int(state.shape[0])
+        padded[row, :length].copy_(state)
+        padded[row, length:].zero_()
+        ran = np.asarray(output.prompt_token_ids, dtype=np.int32)
+        ids.append(None if np.array_equal(ran, prompt["ids"]) else ran)
+    return {"ok": True, "ticket": message["ticket"], "ids": ids, "shape": list(shape)}
+
+
+def read_requests(inbox: Any, requests: queue.Queue) -> None:
+    """On a thread: every request as it comes, so clef's writes never wait for a batch to end."""
+    while True:
+        try:
+            requests.put(receive(inbox))
+        except (EOFError, OSError, ValueError):
+            requests.put(None)
+            return
+
+
+def answer(llm: Any, message: dict[str, Any], slots: Slots) -> tuple[Any, dict[str, Any]]:
+    """(the engine, the reply) for one request."""
+    op = message["op"]
+    if op == "load":
+        import vllm
+
+        llm = load(message["model"], message["options"])
+        return llm, {"ok": True, "version": vllm.__version__, "max_model_len": int(llm.model_config.max_model_len)}
+    if op == "forget":
+        slots.forget(message["path"])
+        return llm, {}
+    return llm, hidden(llm, message, slots)
 
 
 def serve(inbox: Any, outbox: Any) -> None:
-    llm = None
-    while True:
+    requests: queue.Queue = queue.Queue()
+    threading.Thread(target=read_requests, args=(inbox, requests), daemon=True).start()
+    llm, slots = None, Slots()
+    while (message := requests.get()) is not None and message["op"] != "stop":
         try:
-            message = receive(inbox)
-        except EOFError:
-            return
-        try:
-            if message["op"] == "load":
-                import vllm
-
-                llm = load(message["model"], message["options"])
-                limit = llm.model_config.max_model_len
-                send(outbox, {"ok": True, "version": vllm.__version__, "max_model_len": int(limit)})
-            elif message["op"] == "hidden":
-                send(outbox, {"ok": True, "hidden": hidden(llm, message["prompts"])})
-            elif message["op"] == "stop":
-                return
+            llm, reply = answer(llm, message, slots)
         except Exception as error:
             traceback.print_exc(file=sys.stderr)
             kind = "fatal" if message.get("op") == "load" else "record"
-            send(outbox, {"ok": False, "error": f"{type(error).__name__}: {error}", "kind": kind})
+            reply = {"ok": False, "ticket": message.get("ticket"), "error": f"{type(error).__name__}: {error}"}
+            reply["kind"] = kind
+        if reply:
+            send(outbox, reply)
 
 
 def die_with_parent() -> None:
