@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -149,7 +148,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
 
 
 def write_job_output(
-    settings: ScoreSettings, results: pa.Table, metadata: dict[str, str], passthrough: Any = None
+    settings: ScoreSettings, results: Iterable[pa.Table], metadata: dict[str, str], passthrough: Any = None
 ) -> OutputCounts:
     """The job's Parquet output from its committed results (any engine), in input order. With
     --limit, the ledger holds only the first records, so the rest of the store stays out of it."""
@@ -186,20 +185,16 @@ class Job:
         sampled = self.ledger.sampled(settings.keep_sample) if settings.hidden_states == SELECTIVE else b""
         return KeepPolicy(settings.hidden_states, settings.keep_below, settings.keep_sample, sampled)
 
-    def results(self, store: Checkpoint | None = None) -> pa.Table:
-        """The job's rows, gathered by key from `store` (default: the job's checkpoint) into a
-        spill file there, memory-mapped, so writing the output keeps memory flat."""
+    def results(self, store: Checkpoint | None = None) -> Iterator[pa.Table]:
+        """The job's rows in input order, a chunk at a time, gathered by key from `store`
+        (default: the job's checkpoint) as the output is written, so memory stays flat."""
         store = store or self.checkpoint
         assert store.index is not None
-        spill = store.path / f".gathered.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            return self.ledger.results(store.index, store.shard_table, spill)
-        finally:
-            spill.unlink(missing_ok=True)  # the mapping stays valid; the next open removes leftovers
+        return self.ledger.ordered(store.index, store.open_shard)
 
     def finish(
         self,
-        results: pa.Table,
+        results: Iterable[pa.Table],
         metadata: dict[str, str] | None = None,
         passthrough: Any = None,
         manifest: dict[str, Any] | None = None,

@@ -7,7 +7,8 @@ leaves a half-written output that a downstream reader could take for a result.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -22,7 +23,7 @@ from clef_cli.errors import ClefError, UsageError
 from clef_cli.inputs.json_values import without_lone_surrogates
 from clef_cli.inputs.readers import iter_column_values, parquet_only
 from clef_cli.inputs.sources import expand_inputs
-from clef_cli.results import LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, failures_of, long_rows
+from clef_cli.results import FIRST_ERRORS, LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, failures_of, long_rows
 from clef_cli.store.atomic import write_file
 
 if TYPE_CHECKING:
@@ -155,28 +156,62 @@ def _passthrough_chunks(
 # ----------------------------------------------------------------------------- writing
 
 
-def _ordered(results: pa.Table) -> pa.Array:
-    """Row order for input order; every record index must appear exactly once."""
-    order = pc.sort_indices(results, sort_keys=[("record_index", "ascending")])
-    ordered = pc.take(results.column("record_index"), order).to_numpy()
-    if not np.array_equal(ordered, np.arange(results.num_rows)):
-        raise ClefError("the checkpoint does not hold exactly one result per input record; rerun with --restart")
-    return order
+def row_groups(results: Iterable[pa.Table], size: int) -> Iterator[tuple[int, pa.Table]]:
+    """(first record_index, rows) of each row group, from `results` in input order, checked:
+    the records of the job, each exactly once, from index 0 (a chunk at a time, never the job)."""
+    pending: list[pa.Table] = []
+    held = start = 0
+    for table in results:
+        if table.num_rows == 0:
+            continue
+        indices = table.column("record_index").to_numpy()
+        expected = np.arange(start + held, start + held + table.num_rows)
+        if not np.array_equal(indices, expected):
+            raise ClefError("the checkpoint does not hold exactly one result per input record; rerun with --restart")
+        pending.append(table)
+        held += table.num_rows
+        while held >= size:
+            rows = pa.concat_tables(pending)
+            yield start, rows.slice(0, size).combine_chunks()
+            pending, held, start = [rows.slice(size)], held - size, start + size
+    if held:
+        yield start, pa.concat_tables(pending).combine_chunks()
+
+
+@dataclass
+class _Failures:
+    """The failed rows counted as the output streams past (`results.failures_of`, chunk by chunk)."""
+
+    count: int = 0
+    by_kind: Counter = field(default_factory=Counter)
+    first: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, rows: pa.Table) -> None:
+        failed = rows.column("error").is_valid()
+        if not pc.any(failed).as_py():
+            return
+        by_kind, first = failures_of(rows)
+        self.count += sum(by_kind.values())
+        self.by_kind.update(by_kind)
+        self.first.extend(first[: FIRST_ERRORS - len(self.first)])
+
+    def counts(self, records: int) -> OutputCounts:
+        return OutputCounts(records, self.count, dict(sorted(self.by_kind.items())), tuple(self.first))
 
 
 def write_output(
     spec: OutputSpec,
-    results: pa.Table,
+    results: Iterable[pa.Table],
     inputs: Sequence[Path],
     limit: int | None,
     passthrough: Passthrough | None = None,
 ) -> OutputCounts:
-    """Write `results` (one row per record, any order) to `spec.path` in input order.
+    """Write `results` (one row per record, in input order, in chunks) to `spec.path`, a row
+    group at a time, so memory does not grow with the job.
 
     `passthrough` (from `passthrough_types`, computed early so a bad --keep-columns fails before
     the model runs) is worked out here when not given."""
     check_keep_columns(spec.keep_columns)
-    order = _ordered(results)
     schema = LONG_SCHEMA if spec.layout == "long" else RESULT_SCHEMA
     chunks: Iterator[dict[str, pa.Array]] | None = None
     if spec.keep_columns:
@@ -186,27 +221,28 @@ def write_output(
             schema = schema.append(pa.field(name, passthrough.types[name]))
     metadata = dict(spec.metadata)
     if spec.calibration is not None:
-        from clef_cli.quality.calibrate.temperature import calibrate_results
-
         metadata["clef.calibration_sha256"] = spec.calibration.sha256 or ""
         metadata["clef.calibration_method"] = spec.calibration.method
     schema = schema.with_metadata({key: str(value) for key, value in metadata.items()})
+    failures, records = _Failures(), 0
 
     def write(handle: BinaryIO) -> None:
+        nonlocal records
         with pq.ParquetWriter(handle, schema) as writer:
-            for start in range(0, results.num_rows, spec.row_group_size):
-                chunk = results.take(order[start : start + spec.row_group_size])
+            for start, chunk in row_groups(results, spec.row_group_size):
+                failures.add(chunk)
+                records += chunk.num_rows
                 if spec.calibration is not None:
+                    from clef_cli.quality.calibrate.temperature import calibrate_results
+
                     chunk = calibrate_results(chunk, spec.calibration)
                 extra = next(chunks) if chunks is not None else {}
                 writer.write_table(_shape(chunk, spec.layout, extra, start, schema), row_group_size=1 << 30)
-            if results.num_rows == 0:
+            if records == 0:
                 writer.write_table(schema.empty_table())
 
     write_file(spec.path, write, before_rename=faults.before_output_rename)
-    failed = results.num_rows - results.column("error").null_count
-    by_kind, first_errors = failures_of(results) if failed else ({}, ())
-    return OutputCounts(records=results.num_rows, failed=failed, failed_by_kind=by_kind, first_errors=first_errors)
+    return failures.counts(records)
 
 
 def _shape(chunk: pa.Table, layout: str, extra: dict[str, pa.Array], start: int, schema: pa.Schema) -> pa.Table:

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 FOLDER = Path(__file__).parent / "fixtures" / "output_golden"
-STORE = "store.ckpt"
+STORE = "store"
 CREATED = (2026, 12, 2, 6, 0, 0, 2, 336, 0)
 """The fixed `clef.created` of every golden output."""
 QUESTIONS = {
@@ -41,8 +41,8 @@ ROW_GROUP = 4
 
 
 def records() -> list[dict]:
-    """15 records: scored ones of varied length, a duplicate under another id, two invalid ones,
-    one too long for `max_length`, and pass-through values of mixed types."""
+    """15 records: scored ones of varied length, a duplicate under another id, three invalid ones
+    (one reusing an earlier id), one too long for `max_length`, pass-through values of mixed types."""
     rows: list[dict] = []
     metas = [1, "two", None, {"k": [1, 2]}, 2.5, True, 7, "x", None, [3], 9, "late", 11, None, 0]
     for number, meta in enumerate(metas):
@@ -51,6 +51,7 @@ def records() -> list[dict]:
     rows[5]["state"] = rows[2]["state"]  # a duplicate: one prompt, two ids
     rows[8] = {"id": "r08", "meta": None, "n": 8}  # invalid: no state
     rows[11]["questions"] = {"q": {"type": "nonsense", "instructions": "?"}}  # invalid: bad question type
+    rows[12]["id"] = "r03"  # invalid: an id an earlier record used
     rows[13]["state"] = "long " * 1200  # over max_length: a failed row with its prompt length
     return rows
 

@@ -16,6 +16,7 @@ from typing import Any
 from clef_cli.errors import RecordError, unexpected_error
 from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
+from clef_cli.inputs.seen_ids import SeenIds
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
 """Question type names and the ids the head's type embedding uses."""
@@ -231,7 +232,8 @@ class RecordBuilder:
     default_questions: Mapping[str, Any] | None = None
     check_duplicates: bool = True
     """Off where records are built in parallel; the caller then checks ids across all records."""
-    _seen_ids: dict[str, int] = field(default_factory=dict)
+    _seen_ids: SeenIds = field(default_factory=SeenIds)
+    """Bounded in memory (a job of millions of ids spills them to a temporary file)."""
 
     def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
         """The record, or its error; never raises for what a record holds."""
@@ -241,11 +243,9 @@ class RecordBuilder:
         try:
             record_id = record_id_of(raw, index)
             if self.check_duplicates:
-                if record_id in self._seen_ids:
-                    raise RecordError(
-                        record_id, "id", f"duplicate record id (first used by record {self._seen_ids[record_id]})"
-                    )
-                self._seen_ids[record_id] = index
+                first = self._seen_ids.first_use(record_id, index)
+                if first is not None:
+                    raise RecordError(record_id, "id", f"duplicate record id (first used by record {first})")
             return self._validate(raw, record_id, index, base_dir, json_text)
         except RecordError as error:
             return InvalidRecord(record_id, index, str(error))

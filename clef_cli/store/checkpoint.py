@@ -103,6 +103,7 @@ class Checkpoint:
         self.run_id = uuid.uuid4().hex[:12]
         self.run_seq = 0
         self._tables: dict[str, pa.Table] = {}
+        self._named: dict[str, ShardEntry] = {}
         self.dropped: list[ShardEntry] = []
         """Shards found damaged on open; their records are computed again."""
 
@@ -282,10 +283,18 @@ class Checkpoint:
     def shard_table(self, name: str) -> pa.Table:
         """One committed shard's results (memory-mapped, opened once)."""
         if name not in self._tables:
-            entry = next(entry for entry in self.entries if entry.name == name)
-            source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
-            self._tables[name] = ipc.open_file(source).read_all()
+            self._tables[name] = self.open_shard(name)
         return self._tables[name]
+
+    def open_shard(self, name: str) -> pa.Table:
+        """One committed shard's results, memory-mapped, not kept open by the checkpoint (the
+        output's bounded reader closes what it no longer needs)."""
+        entry = self._named.get(name)
+        if entry is None or entry not in self.entries:  # a shard committed (or pruned) since
+            self._named = {entry.name: entry for entry in self.entries}
+            entry = self._named[name]
+        source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
+        return ipc.open_file(source).read_all()
 
     def results(self) -> pa.Table:
         """Every committed row (memory-mapped, so a large job does not load it into RAM)."""

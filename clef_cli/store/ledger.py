@@ -5,17 +5,18 @@ grown table are the same operation: what the store holds is not run again.
 
 The ledger is a temporary SQLite table beside the key index, so a job of millions of records
 keeps only a byte per record in memory (`ToRun`). At the end, the output's rows are gathered from
-the store by key and given the current id and record_index.
+the store by key, a chunk of positions at a time in input order, and given the current id and
+record_index (`ordered`: no table of the whole job is ever held).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
+import pyarrow.compute as pc
 
 from clef_cli.errors import ClefError
 from clef_cli.inputs.records import InvalidRecord, Record
@@ -24,6 +25,8 @@ from clef_cli.store.key_index import LOOKUP_CHUNK, KeyIndex
 from clef_cli.store.record_key import MediaHasher, PromptShape, record_key
 
 READ_CHUNK = 4096
+SHARD_CACHE = 64 << 20
+"""Bytes of result shards the output keeps mapped at once."""
 
 
 RUN, INVALID = 1, 2
@@ -85,8 +88,7 @@ class Ledger:
     ) -> Ledger:
         """Key every record (no media decoded; remote media fetched), then decide what runs."""
         iterator = iter(records)
-        total = 0
-        invalid: list[int] = []
+        flags = bytearray()  # a byte per record: INVALID for those without a key
         while chunk := list(islice(iterator, READ_CHUNK)):
             media.prefetch(item for item in chunk if isinstance(item, Record))
             rows = [
@@ -97,14 +99,15 @@ class Ledger:
             ]
             with self.index.transaction() as db:
                 db.executemany("INSERT OR REPLACE INTO temp.job VALUES (?, ?, ?, ?)", rows)
-            total = max(total, max(row[0] for row in rows) + 1)
-            invalid.extend(row[0] for row in rows if row[2] is None)
+            flags.extend(bytes(max(0, max(row[0] for row in rows) + 1 - len(flags))))
+            for row in rows:
+                if row[2] is None:
+                    flags[row[0]] = INVALID
         with self.index.lock:
             self.index.db.execute("CREATE INDEX temp.job_by_key ON job(key)")
-        self.to_run = ToRun(total)
-        for position in invalid:
-            self.to_run.flags[position] = INVALID
-        self._decide(total, needs_hidden)
+        self.to_run = ToRun(0)
+        self.to_run.flags = flags
+        self._decide(len(flags), needs_hidden)
         return self
 
     def _decide(self, total: int, needs_hidden: bool) -> None:
@@ -166,17 +169,16 @@ class Ledger:
         from clef_cli.store.keep_policy import sample_flags
 
         with self.index.lock:
-            rows = self.index.db.execute("SELECT position, key FROM temp.job WHERE key IS NOT NULL").fetchall()
-        return sample_flags(rows, len(self.to_run), fraction)
+            rows = self.index.db.execute("SELECT position, key FROM temp.job WHERE key IS NOT NULL")
+            return sample_flags(rows, len(self.to_run), fraction)
 
     def restrict(self, ids: set[str]) -> int:
         """Run only the marked records whose id is in `ids` (train-head computes the states of its
         gold records, no others); returns how many stay marked."""
         with self.index.lock:
-            rows = self.index.db.execute("SELECT position, id FROM temp.job").fetchall()
-        for position, record_id in rows:
-            if record_id not in ids and self.to_run.flags[position] == RUN:
-                self.to_run.flags[position] = 0
+            for position, record_id in self.index.db.execute("SELECT position, id FROM temp.job"):
+                if record_id not in ids and self.to_run.flags[position] == RUN:
+                    self.to_run.flags[position] = 0
         self.counts.run = self.to_run.count
         return self.counts.run
 
@@ -199,33 +201,60 @@ class Ledger:
             while rows := cursor.fetchmany(chunk):
                 yield rows
 
-    def results(self, index: KeyIndex, shard_table: Callable[[str], pa.Table], spill: Path) -> pa.Table:
-        """One row per record of this job: its key's stored row under its own id and index;
-        invalid records from the ledger. `index`/`shard_table`: the store to gather from. Rows
-        are written to `spill` chunk by chunk and returned memory-mapped (memory stays flat)."""
-        with ipc.new_file(str(spill), RESULT_SCHEMA) as writer:
-            for piece in self._gathered(index, shard_table):
-                writer.write_table(piece)
-        return ipc.open_file(pa.memory_map(str(spill))).read_all()
-
-    def _gathered(self, index: KeyIndex, shard_table: Callable[[str], pa.Table]) -> Iterator[pa.Table]:
+    def ordered(self, index: KeyIndex, open_shard: Callable[[str], pa.Table]) -> Iterator[pa.Table]:
+        """One row per record of this job, in input order, a chunk of positions at a time: its
+        key's stored row under its own id and index; invalid records from the ledger.
+        `index`/`open_shard`: the store to gather from (at most SHARD_CACHE bytes of its shards
+        mapped at once, so memory stays flat however many the job reads)."""
+        shards = ShardCache(open_shard, SHARD_CACHE)
         for rows in self._rows():
-            found = index.locate(sorted({key for _, _, key, _ in rows if key is not None}))
-            invalid = [FailedRecord(rid, pos, err or "", kind="invalid") for pos, rid, key, err in rows if key is None]
-            if invalid:
-                yield results_table([], invalid)
-            by_shard: dict[str, list[tuple[int, int, str]]] = {}
-            for position, record_id, key, _ in rows:
-                if key is None:
-                    continue
-                if key not in found:
-                    raise ClefError(
-                        f"the checkpoint holds no result for record {record_id!r} (key {key[:12]}); rerun the job"
-                    )
-                shard, row = found[key]
-                by_shard.setdefault(shard, []).append((row, position, record_id))
-            for shard, wanted in by_shard.items():
-                taken = shard_table(shard).take(pa.array([row for row, _, _ in wanted], pa.int64()))
-                taken = taken.set_column(0, "id", pa.array([rid for _, _, rid in wanted], pa.string()))
-                taken = taken.set_column(1, "record_index", pa.array([pos for _, pos, _ in wanted], pa.int64()))
-                yield taken.cast(RESULT_SCHEMA)
+            pieces = list(self._gathered(rows, index, shards))
+            table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
+            yield table.take(pc.sort_indices(table.column("record_index")))
+
+    def _gathered(
+        self, rows: list[tuple[int, str, str | None, str | None]], index: KeyIndex, shards: ShardCache
+    ) -> Iterator[pa.Table]:
+        """The rows of one chunk of positions: the invalid ones, then the stored ones shard by shard."""
+        found = index.locate(sorted({key for _, _, key, _ in rows if key is not None}))
+        invalid = [FailedRecord(rid, pos, err or "", kind="invalid") for pos, rid, key, err in rows if key is None]
+        if invalid:
+            yield results_table([], invalid)
+        by_shard: dict[str, list[tuple[int, int, str]]] = {}
+        for position, record_id, key, _ in rows:
+            if key is None:
+                continue
+            if key not in found:
+                raise ClefError(
+                    f"the checkpoint holds no result for record {record_id!r} (key {key[:12]}); rerun the job"
+                )
+            shard, row = found[key]
+            by_shard.setdefault(shard, []).append((row, position, record_id))
+        for shard, wanted in by_shard.items():
+            taken = shards.take(shard, [row for row, _, _ in wanted])
+            taken = taken.set_column(0, "id", pa.array([rid for _, _, rid in wanted], pa.string()))
+            taken = taken.set_column(1, "record_index", pa.array([pos for _, pos, _ in wanted], pa.int64()))
+            yield taken.cast(RESULT_SCHEMA)
+
+
+class ShardCache:
+    """Committed shards' results, memory-mapped, the least recently used closed beyond `budget`
+    bytes: every page of a map that was read counts in the process's memory until it is closed,
+    and a job's output reads every shard it has."""
+
+    def __init__(self, open_shard: Callable[[str], pa.Table], budget: int) -> None:
+        self.open_shard = open_shard
+        self.budget = budget
+        self.tables: OrderedDict[str, pa.Table] = OrderedDict()
+        self.bytes = 0
+
+    def take(self, shard: str, rows: list[int]) -> pa.Table:
+        table = self.tables.get(shard)
+        if table is None:
+            table = self.tables[shard] = self.open_shard(shard)
+            self.bytes += table.nbytes
+            while self.bytes > self.budget and len(self.tables) > 1:
+                _, dropped = self.tables.popitem(last=False)
+                self.bytes -= dropped.nbytes
+        self.tables.move_to_end(shard)
+        return table.take(pa.array(rows, pa.int64()))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watche
 from clef_cli.errors import ClefError, RecordError
 from clef_cli.inputs.readers import load_questions_file
 from clef_cli.inputs.records import InvalidRecord, RecordBuilder
+from clef_cli.inputs.seen_ids import SeenIds
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job import open_job
 from clef_cli.model.backbone import resolve_dtype
@@ -169,31 +171,29 @@ def _connect(address: str | None) -> bool:
     return True
 
 
-def mark_duplicates(results: pa.Table) -> pa.Table:
-    """Records whose id an earlier record already used become errors, as in a local run."""
-    ordered = results.sort_by("record_index")
-    first: dict[str, int] = {}
-    duplicates: dict[int, str] = {}
-    ids, indices = ordered.column("id").to_pylist(), ordered.column("record_index").to_pylist()
-    for record_id, index in zip(ids, indices, strict=True):
-        if record_id in first:
-            error = RecordError(record_id, "id", f"duplicate record id (first used by record {first[record_id]})")
-            duplicates[index] = str(error)
-        else:
-            first[record_id] = index
-    if not duplicates:
-        return results
+def mark_duplicates(results: Iterable[pa.Table]) -> Iterator[pa.Table]:
+    """Records whose id an earlier record already used become errors, as in a local run: the
+    rows in input order, a chunk at a time (the ids seen are bounded in memory: `SeenIds`)."""
+    seen = SeenIds()
+    try:
+        for chunk in results:
+            duplicates: dict[int, str] = {}
+            ids, indices = chunk.column("id").to_pylist(), chunk.column("record_index").to_pylist()
+            for record_id, index in zip(ids, indices, strict=True):
+                first = seen.first_use(record_id, index)
+                if first is not None:
+                    error = RecordError(record_id, "id", f"duplicate record id (first used by record {first})")
+                    duplicates[index] = str(error)
+            yield _marked(chunk, duplicates) if duplicates else chunk
+    finally:
+        seen.close()
+
+
+def _marked(chunk: pa.Table, duplicates: dict[int, str]) -> pa.Table:
+    empty = {"prompt_tokens": None, "state_tokens_cut": None, "answers": None}
     rows = [
-        {
-            **row,
-            "prompt_tokens": None,
-            "state_tokens_cut": None,
-            "answers": None,
-            "error": duplicates[row["record_index"]],
-        }
-        if row["record_index"] in duplicates
-        else row
-        for row in results.to_pylist()
+        {**row, **empty, "error": duplicates[row["record_index"]]} if row["record_index"] in duplicates else row
+        for row in chunk.to_pylist()
     ]
     return pa.Table.from_pylist(rows, schema=RESULT_SCHEMA)
 
