@@ -66,6 +66,8 @@ class StateSlots:
         if self.free:
             slot = self.free.pop()
         else:
+            if not self.every:
+                remove_orphans(self.folder)
             path = self.folder / f"clef-vllm-{os.getpid()}-{id(self):x}-{next(self._names)}"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             os.close(fd)
@@ -94,6 +96,15 @@ class StateSlots:
         self.every.clear()
         self.free.clear()
         self.read.clear()
+
+
+def remove_orphans(folder: Path) -> None:
+    """Slot files of a clef that was killed (its pid gone): nothing else removes them from RAM."""
+    for path in folder.glob("clef-vllm-*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def padded_bytes(batch: int, length: int, width: int, dtype: torch.dtype) -> int:
