@@ -234,9 +234,12 @@ def _update_index(checkpoint: Checkpoint, obsolete: list[ShardEntry], moves: lis
     with index.transaction() as db:
         for old, new, live in moves:
             seq = int(new) if new.isdigit() else 0
+            # by key (the primary key): an update by (shard, row) scans the shard's rows for each
+            position = {row: number for number, row in enumerate(live)}
+            stored = db.execute("SELECT key, row FROM keys WHERE shard = ?", (old,)).fetchall()
             db.executemany(
-                "UPDATE keys SET shard = ?, seq = ?, row = ? WHERE shard = ? AND row = ?",
-                [(new, seq, position, old, row) for position, row in enumerate(live)],
+                "UPDATE keys SET shard = ?, seq = ?, row = ? WHERE key = ?",
+                [(new, seq, position[row], key) for key, row in stored if row in position],
             )
             db.execute("INSERT OR REPLACE INTO shards(name, seq) VALUES (?, ?)", (new, seq))
         for entry in obsolete:
