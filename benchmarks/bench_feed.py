@@ -289,7 +289,7 @@ def job_runner(args: argparse.Namespace, folder: Path):
     device_log = folder / "device.log"
     feed_vllm.install(args.device_rate, args.hidden_size, device_log)
     return lambda path, out, workers, window: feed_vllm.run_job(
-        path, out, workers, window, args.hidden_states, device_log
+        path, out, workers, window, args.hidden_states, device_log, args.dtype
     )
 
 
@@ -305,6 +305,9 @@ def main() -> None:
     parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="hf, or vllm through a stand-in worker")
     parser.add_argument("--hidden-size", type=int, default=2048, help="--engine vllm: the states' width (default 2048)")
     parser.add_argument("--hidden-states", choices=("keep", "drop"), default="keep", help="--engine vllm: the policy")
+    parser.add_argument(
+        "--dtype", default="bfloat16", help="--engine vllm: the compute dtype the states cross in (default: a GPU's)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -367,7 +370,7 @@ def main() -> None:
                     )
     report = {"device_rate": args.device_rate, "engine": args.engine, "sets": results}
     if args.engine == "vllm":
-        report |= {"hidden_size": args.hidden_size, "hidden_states": args.hidden_states}
+        report |= {"hidden_size": args.hidden_size, "hidden_states": args.hidden_states, "dtype": args.dtype}
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     shown = ("busy", "efficiency", "efficiency_head_excluded")

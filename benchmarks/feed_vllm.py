@@ -48,6 +48,15 @@ class HeadOnDevice:
 
 
 HEAD = HeadOnDevice(None)
+STEADY: dict[str, float] = {}
+"""The main thread's and the process's CPU time at the run's first request to the worker: the
+figures per token are counted from there (start-up, imports and the first window's planning are
+the run's `startup_s`, not a cost per token)."""
+
+
+def _mark_steady() -> None:
+    if not STEADY:
+        STEADY.update(thread=time.thread_time(), process=time.process_time())
 
 
 def install(rate: float, hidden_size: int, device_log: Path) -> None:
@@ -82,6 +91,14 @@ def install(rate: float, hidden_size: int, device_log: Path) -> None:
         return loaded
 
     scorer.load_vllm_scorer = real_width
+    name = "submit" if hasattr(client.VllmWorker, "submit") else "hidden"  # "hidden": the design before issue 37
+    first_request = getattr(client.VllmWorker, name)
+
+    def marked(self: Any, *args: Any) -> Any:
+        _mark_steady()
+        return first_request(self, *args)
+
+    setattr(client.VllmWorker, name, marked)
 
 
 def device_seconds(device_log: Path) -> float:
@@ -96,13 +113,15 @@ def hidden_bytes(store: Path) -> int:
     return sum(path.stat().st_size for path in store.rglob("*") if path.is_file() and "hidden" in path.name)
 
 
-def run_job(path: Path, folder: Path, workers: int, window: int, hidden_states: str, device_log: Path) -> dict:
+def run_job(
+    path: Path, folder: Path, workers: int, window: int, hidden_states: str, device_log: Path, dtype: str = "bfloat16"
+) -> dict:
     """Two runs through the stand-in: with the head on this CPU, and with the head as device work
     (`busy_head_excluded` and the CPU figures `_head_excluded` are from that one)."""
     HEAD.enabled = False
-    with_head = _run(path, folder, workers, window, hidden_states, device_log)
+    with_head = _run(path, folder, workers, window, hidden_states, device_log, dtype)
     HEAD.enabled = True
-    without = _run(path, folder, workers, window, hidden_states, device_log)
+    without = _run(path, folder, workers, window, hidden_states, device_log, dtype)
     HEAD.enabled = False
     with_head["busy_head_excluded"] = without["busy"]
     for key in ("main_thread_cpu_us_per_token", "main_process_cpu_us_per_token", "disk_mb_per_s_got"):
@@ -111,7 +130,7 @@ def run_job(path: Path, folder: Path, workers: int, window: int, hidden_states: 
     return with_head
 
 
-def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str, device_log: Path) -> dict:
+def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str, device_log: Path, dtype: str) -> dict:
     """One `clef score --engine vllm` run through the stand-in: busy, CPU per token, disk rates."""
     from bench_score import MODEL
 
@@ -121,12 +140,12 @@ def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str
     out = folder / f"out-vllm-{workers}-{hidden_states}.parquet"
     settings = ScoreSettings(
         inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=True,
-        engine="vllm", hidden_states=hidden_states, device="cpu", dtype="float32",
+        engine="vllm", hidden_states=hidden_states, device="cpu", dtype=dtype,
     )
     device_log.write_text("")
-    main_cpu, process_cpu = time.thread_time(), time.process_time()
+    STEADY.clear()
     summary = VllmScoreJob(settings).run()
-    main_cpu, process_cpu = time.thread_time() - main_cpu, time.process_time() - process_cpu
+    main_cpu, process_cpu = time.thread_time() - STEADY["thread"], time.process_time() - STEADY["process"]
     stats = summary.final_stats()
     busy_seconds = device_seconds(device_log)
     steady = stats.scoring_seconds - stats.first_forward_seconds

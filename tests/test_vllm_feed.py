@@ -112,6 +112,21 @@ def test_enforce_eager_passes_from_the_command_line_to_the_worker(monkeypatch, t
 # ----------------------------------------------------------------------------- requests in flight
 
 
+def _observed(backbone, depth: int, calls: list) -> tuple:
+    """The backbone's own submit and forward, each call noted as (what, depth, first record id)."""
+    submit, forward = backbone.submit, backbone.forward
+
+    def noted_submit(records):
+        calls.append(("submit", depth, records[0].record.id))
+        return submit(records)
+
+    def noted_forward(records, *rest):
+        calls.append(("forward", depth, records[0].record.id))
+        return forward(records, *rest)
+
+    return noted_submit, noted_forward
+
+
 def test_batches_in_flight_keep_results_and_commits_in_order(tmp_path):
     """A backbone that runs two batches ahead is asked for batch N+1 before batch N's states are
     scored; the journal's commits and the output are those of one batch at a time."""
@@ -125,13 +140,7 @@ def test_batches_in_flight_keep_results_and_commits_in_order(tmp_path):
         scorer = load_scorer(str(TINY_MODEL), device="cpu")
         backbone = scorer.backbone
         type(backbone).in_flight = depth
-        submit, forward = backbone.submit, backbone.forward
-        backbone.submit = lambda batch, submit=submit: calls.append(("submit", depth, batch[0].record.id)) or submit(
-            batch
-        )
-        backbone.forward = lambda records, *rest, forward=forward: calls.append(
-            ("forward", depth, records[0].record.id)
-        ) or forward(records, *rest)
+        backbone.submit, backbone.forward = _observed(backbone, depth, calls)
         out = tmp_path / f"out{depth}.parquet"
         settings = ScoreSettings(
             inputs=[records], output=out, model=str(TINY_MODEL), workers=0, max_batch_size=1, device="cpu",

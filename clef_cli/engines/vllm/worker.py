@@ -208,13 +208,12 @@ class Slots:
         self.mapped.pop(path, None)
 
 
-def hidden(llm: Any, message: dict[str, Any], slots: Slots) -> dict[str, Any]:
-    """Run one batch and write its states right-padded into clef's slot, in the compute dtype."""
+def write_states(message: dict[str, Any], outputs: list[Any], slots: Slots) -> dict[str, Any]:
+    """Write one batch's states right-padded into clef's slot, in the compute dtype; the reply."""
     import numpy as np
     import torch
 
     prompts = message["prompts"]
-    outputs = encode(llm, prompts)
     states = [output.outputs.data for output in outputs]
     width = int(states[0].shape[-1])
     shape = (len(states), int(message["padded"]), width)
@@ -230,6 +229,12 @@ def hidden(llm: Any, message: dict[str, Any], slots: Slots) -> dict[str, Any]:
     return {"ok": True, "ticket": message["ticket"], "ids": ids, "shape": list(shape)}
 
 
+def failure(message: dict[str, Any], error: Exception) -> dict[str, Any]:
+    traceback.print_exception(error, file=sys.stderr)
+    kind = "fatal" if message.get("op") == "load" else "record"
+    return {"ok": False, "ticket": message.get("ticket"), "error": f"{type(error).__name__}: {error}", "kind": kind}
+
+
 def read_requests(inbox: Any, requests: queue.Queue) -> None:
     """On a thread: every request as it comes, so clef's writes never wait for a batch to end."""
     while True:
@@ -240,34 +245,46 @@ def read_requests(inbox: Any, requests: queue.Queue) -> None:
             return
 
 
-def answer(llm: Any, message: dict[str, Any], slots: Slots) -> tuple[Any, dict[str, Any]]:
-    """(the engine, the reply) for one request."""
-    op = message["op"]
-    if op == "load":
-        import vllm
-
-        llm = load(message["model"], message["options"])
-        return llm, {"ok": True, "version": vllm.__version__, "max_model_len": int(llm.model_config.max_model_len)}
-    if op == "forget":
-        slots.forget(message["path"])
-        return llm, {}
-    return llm, hidden(llm, message, slots)
+def answer_batches(finished: queue.Queue, outbox: Any, slots: Slots) -> None:
+    """On a thread: each finished batch's states written out and its reply sent, in order, while
+    vLLM already runs the next batch (copying states never holds the engine up)."""
+    while (item := finished.get()) is not None:
+        message, outputs = item
+        try:
+            reply = outputs if isinstance(outputs, dict) else write_states(message, outputs, slots)
+        except Exception as error:
+            reply = failure(message, error)
+        send(outbox, reply)
 
 
 def serve(inbox: Any, outbox: Any) -> None:
     requests: queue.Queue = queue.Queue()
     threading.Thread(target=read_requests, args=(inbox, requests), daemon=True).start()
-    llm, slots = None, Slots()
+    finished: queue.Queue = queue.Queue()
+    slots = Slots()
+    answering = threading.Thread(target=answer_batches, args=(finished, outbox, slots), daemon=True)
+    answering.start()
+    llm = None
     while (message := requests.get()) is not None and message["op"] != "stop":
+        op = message["op"]
         try:
-            llm, reply = answer(llm, message, slots)
+            if op == "load":
+                import vllm
+
+                llm = load(message["model"], message["options"])
+                limit = int(llm.model_config.max_model_len)
+                send(outbox, {"ok": True, "version": vllm.__version__, "max_model_len": limit})
+            elif op == "forget":
+                slots.forget(message["path"])
+            else:
+                finished.put((message, encode(llm, message["prompts"])))
         except Exception as error:
-            traceback.print_exc(file=sys.stderr)
-            kind = "fatal" if message.get("op") == "load" else "record"
-            reply = {"ok": False, "ticket": message.get("ticket"), "error": f"{type(error).__name__}: {error}"}
-            reply["kind"] = kind
-        if reply:
-            send(outbox, reply)
+            if op == "load":
+                send(outbox, failure(message, error))
+            else:
+                finished.put((message, failure(message, error)))
+    finished.put(None)
+    answering.join()
 
 
 def die_with_parent() -> None:
