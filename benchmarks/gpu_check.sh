@@ -12,10 +12,11 @@
 # bench_feed.py --sets text,image on this machine's CPUs; (6) on the device only, bench_engines.py:
 # the HF and vLLM engines side by side, when a vLLM is at hand ($CLEF_VLLM_PYTHON, this Python, or
 # the CUDA vllm wheels in $CLEF_VLLM_WHEELS: they do not fit the 64 MiB the device tool carries, so
-# a wheel folder must be there; otherwise the step says it was skipped, and why). Its figures go to
-# the log. Under $OUT, 8 files: gpu_check.log,
+# a wheel folder must be there; otherwise the step says it was skipped, and why), with vLLM's bare
+# LLM.encode and its own pooler beside them, then bench_feed.py --engine vllm (clef's vLLM feed
+# around a simulated device). Their figures go to the log. Under $OUT, 8 files: gpu_check.log,
 # environment.json, parity.json, gpu_omni.json, gpu_dense.json, score.json, feed.json and
-# summary.json. A step that fails or runs out of its time is logged and the others still run.
+# summary.json (and feed_vllm.json when a vLLM was at hand). A step that fails or runs out of its time is logged and the others still run.
 set -uo pipefail
 
 SMOKE=0
@@ -94,6 +95,9 @@ if [[ $SMOKE -eq 0 ]]; then  # the engines side by side (issue 33): HF against v
   if [[ -n "$VLLM_PY" ]]; then
     step engines 60 env CLEF_VLLM_PYTHON="$VLLM_PY" "$PY" benchmarks/bench_engines.py --device cuda \
       --dtype bfloat16 --records 400
+    # clef's side of the vLLM engine around a simulated device at the real width (issue 37)
+    step feed-vllm 60 "$PY" benchmarks/bench_feed.py --engine vllm --sets text,image --workers 1 \
+      --hidden-states drop --media-dir "${TMPDIR:-/tmp}/clef-feed-media" --json "$OUT/feed_vllm.json"
   else
     echo "=== engines: skipped: no vLLM here (set CLEF_VLLM_PYTHON, or CLEF_VLLM_WHEELS=DIR with the CUDA vllm wheels)"
   fi

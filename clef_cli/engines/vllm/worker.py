@@ -99,14 +99,14 @@ def _on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def release_overrides(head_config: dict[str, Any]) -> Any:
+def release_overrides(head_config: dict[str, Any], architecture: str = ARCHITECTURE) -> Any:
     """What vLLM must be told about a Clef-Omni release: the architecture, the head's config, and
     that its M-RoPE is interleaved. The reference (transformers' Qwen3-Omni thinker) always
     interleaves the T/H/W sections; vLLM does so only when `mrope_interleaved` is set, and
     otherwise gives vision tokens (whose three positions differ) other rotations (issue 33)."""
 
     def override(config: Any) -> Any:
-        config.architectures = [ARCHITECTURE]
+        config.architectures = [architecture]
         config.joint_head_config = head_config
         for holder in (getattr(config, "thinker_config", None), config):
             text = getattr(holder, "text_config", None)
