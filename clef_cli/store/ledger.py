@@ -25,7 +25,7 @@ from clef_cli.store.key_index import LOOKUP_CHUNK, KeyIndex
 from clef_cli.store.record_key import MediaHasher, PromptShape, record_key
 
 READ_CHUNK = 4096
-SHARD_CACHE = 64 << 20
+SHARD_CACHE = 16 << 20
 """Bytes of result shards the output keeps mapped at once."""
 
 
