@@ -32,6 +32,7 @@ from clef_cli.store.checkpoint import Checkpoint, discard
 from clef_cli.store.keep_policy import SELECTIVE, KeepPolicy
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
+from clef_cli.store.media_stats import MediaStats
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
 
 REMOTE_SPOOL = "remote-media"
@@ -69,11 +70,17 @@ def engine_setting(settings: ScoreSettings) -> dict[str, str]:
     return {} if settings.engine == "hf" else {"engine": settings.engine}
 
 
-def job_ledger(settings: ScoreSettings, release: Release, checkpoint: Checkpoint, needs_hidden: bool) -> Ledger:
-    """Key every record of the job (no media decoded) and mark what this run computes."""
+def job_ledger(
+    settings: ScoreSettings, release: Release, checkpoint: Checkpoint, needs_hidden: bool, dry_run: bool = False
+) -> Ledger:
+    """Key every record of the job (no media decoded) and mark what this run computes. Unchanged
+    local media are keyed from the store's stat cache (all hashed again with --verify-media); a
+    dry run reads the cache and writes nothing to it."""
     assert checkpoint.index is not None
     ledger = Ledger(checkpoint.index, checkpoint.run_seq)
-    ledger.build(job_records(settings), key_prompt(settings, release), MediaHasher(settings.limits), needs_hidden)
+    stats = MediaStats(checkpoint.index, writable=not dry_run, trusted=not settings.verify_media)
+    media = MediaHasher(settings.limits, stats=stats)
+    ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
     checkpoint.ledger = ledger
     return ledger
 

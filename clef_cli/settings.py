@@ -98,6 +98,9 @@ class ScoreSettings:
     """`selective`: and of this fraction of the rest, chosen by a hash of the record key."""
     hidden_dtype: str = "bfloat16"
     restart: bool = False
+    verify_media: bool = False
+    """Hash every local media file again instead of trusting the store's stat cache
+    (store/media_stats.py)."""
     row_group_size: int = 16384
     rehead: Path | None = None
     calibration: Path | None = None

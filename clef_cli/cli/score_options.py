@@ -167,6 +167,15 @@ HiddenDtypeOption = Annotated[
 RestartOption = Annotated[
     bool, typer.Option("--restart", rich_help_panel=PANEL_STORE, help="Discard an existing checkpoint and start over.")
 ]
+VerifyMediaOption = Annotated[
+    bool,
+    typer.Option(
+        "--verify-media",
+        rich_help_panel=PANEL_STORE,
+        help="Hash every local media file again to key it, instead of trusting the checkpoint's stat cache of "
+        "unchanged files (device, inode, size, mtime, ctime).",
+    ),
+]
 ReheadOption = Annotated[
     Path | None,
     typer.Option(
@@ -300,6 +309,7 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
     same = ("inputs", "output", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
     same += ("max_batch_tokens",)
     same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
+    same += ("verify_media",)
     return ScoreSettings(
         **{name: options[name] for name in same},
         overflow=options["on_overflow"],

@@ -99,6 +99,7 @@ class Ledger:
             ]
             with self.index.transaction() as db:
                 db.executemany("INSERT OR REPLACE INTO temp.job VALUES (?, ?, ?, ?)", rows)
+            media.flush()
             flags.extend(bytes(max(0, max(row[0] for row in rows) + 1 - len(flags))))
             for row in rows:
                 if row[2] is None:

@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,7 @@ from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 from clef_cli.release import file_sha256
+from clef_cli.store.media_stats import MediaStats, stamp_of
 
 KEY_VERSION = 1
 PROCESSOR_FILE_PATTERNS = (
@@ -134,12 +136,14 @@ def prompt_digest(
 @dataclass
 class MediaHasher:
     """Content digests of media entries; a file seen again (same path, size and mtime) or a URL
-    seen again within one job is not read again (bounded caches, so memory stays flat)."""
+    seen again within one job is not read again (bounded caches, so memory stays flat). With the
+    store's `stats` (media_stats.py), an unchanged local file is not read again on a later night."""
 
     limits: MediaLimits
     cache_size: int = 4096
     url_cache_size: int = 65536
     fetch_threads: int = 8
+    stats: MediaStats | None = None
     _cache: OrderedDict[tuple[str, int, int], str] = field(default_factory=OrderedDict)
     _urls: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
@@ -175,6 +179,19 @@ class MediaHasher:
         except FetchError as error:
             return f"unfetched:{url}" if error.transient else f"refused:{url}:{error}"
 
+    def flush(self) -> None:
+        """Write the stat cache's new entries (the ledger calls it once per chunk of records)."""
+        if self.stats is not None:
+            self.stats.flush()
+
+    def _stored(self, path: Path, info: os.stat_result) -> str | None:
+        return self.stats.digest(os.path.abspath(path), stamp_of(info)) if self.stats is not None else None
+
+    def _store(self, path: Path, info: os.stat_result, before: int, digest: str) -> str:
+        if self.stats is not None and digest.startswith("sha256:"):
+            self.stats.remember(os.path.abspath(path), stamp_of(info), before, digest)
+        return digest
+
     @staticmethod
     def _remember(cache: OrderedDict[Any, str], key: Any, value: str, size: int) -> str:
         cache[key] = value
@@ -205,6 +222,7 @@ class MediaHasher:
 
     def _confined(self, path: Path) -> str:
         """A file under --media-root, read through the same confined open as its decoding."""
+        before = time.time_ns()  # dates a stat cache entry: taken before the stat (media_stats.py)
         try:
             handle = open_confined(path, self.limits.media_roots, self.limits.max_file_bytes)
         except MediaError as error:
@@ -215,15 +233,19 @@ class MediaHasher:
             if cached in self._cache:
                 self._cache.move_to_end(cached)
                 return self._cache[cached]
+            if (stored := self._stored(path, info)) is not None:
+                return self._remember(self._cache, cached, stored, self.cache_size)
             digest = hashlib.sha256()
             try:
                 while chunk := handle.read(1 << 20):
                     digest.update(chunk)
             except OSError:
                 return f"unreadable:{path}"
-        return self._remember(self._cache, cached, "sha256:" + digest.hexdigest(), self.cache_size)
+        keyed = self._store(path, info, before, "sha256:" + digest.hexdigest())
+        return self._remember(self._cache, cached, keyed, self.cache_size)
 
     def _file(self, path: Path) -> str:
+        before = time.time_ns()  # dates a stat cache entry: taken before the stat (media_stats.py)
         try:
             info = os.stat(path)
         except FileNotFoundError:
@@ -238,8 +260,10 @@ class MediaHasher:
         if cached in self._cache:
             self._cache.move_to_end(cached)
             return self._cache[cached]
+        if (stored := self._stored(path, info)) is not None:
+            return self._remember(self._cache, cached, stored, self.cache_size)
         try:
-            digest = "sha256:" + file_sha256(path)
+            digest = self._store(path, info, before, "sha256:" + file_sha256(path))
         except (OSError, ValueError):
             return f"unreadable:{path}"
         return self._remember(self._cache, cached, digest, self.cache_size)

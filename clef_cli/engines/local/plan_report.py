@@ -115,7 +115,7 @@ def plan_report(
 def _unhidden_tokens(settings: ScoreSettings, release: Release, checkpoint: Checkpoint) -> int:
     """Prompt tokens of the job's stored results without hidden states (a `keep` run computes
     their states again: they are among its planned prompts, and no other policy's)."""
-    ledger = job_ledger(settings, release, checkpoint, needs_hidden=True)
+    ledger = job_ledger(settings, release, checkpoint, needs_hidden=True, dry_run=True)
     tokens = 0
     for shard, row in ledger.unhidden_rows():
         tokens += int(checkpoint.shard_table(shard).column("prompt_tokens")[row].as_py() or 0)
@@ -159,4 +159,8 @@ def _stored_results(settings: ScoreSettings) -> pa.Table | None:
 def _already_done(settings: ScoreSettings, release: Release) -> ToRun | None:
     """What a run would compute (the checkpoint's results stay as they are); None without one."""
     needs_hidden = settings.hidden_states == KEEP
-    return _from_store(settings, lambda checkpoint: job_ledger(settings, release, checkpoint, needs_hidden).to_run)
+
+    def to_run(checkpoint: Checkpoint) -> ToRun:
+        return job_ledger(settings, release, checkpoint, needs_hidden, dry_run=True).to_run
+
+    return _from_store(settings, to_run)
