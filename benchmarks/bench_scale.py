@@ -58,8 +58,17 @@ def write_records(path: Path, count: int, new: int = 0) -> Path:
 # ----------------------------------------------------------------------------- one night (child)
 
 
-def night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
-    """One `clef score` of `inputs` into `store`, in this process: CPU per stage and peak RSS."""
+def read_chars() -> int:
+    """Bytes this process has read through read() calls so far (page cache hits included)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def night(inputs: Path, output: Path, store: Path, rate: float, verify_media: bool = False) -> dict:
+    """One `clef score` of `inputs` into `store`, in this process: CPU per stage, peak RSS and
+    the bytes read (`verify_media`: every media file hashed again, as before the stat cache)."""
     from bench_feed import simulated_scorer
     from scale_stages import STAGES, StageCpu
 
@@ -70,11 +79,11 @@ def night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
     cpu.install()
     settings = ScoreSettings(
         inputs=[inputs], output=output, model=str(MODEL), workers=0, hidden_states="drop", checkpoint=store,
-        device="cpu", dtype="float32",
+        device="cpu", dtype="float32", verify_media=verify_media,
     )  # fmt: skip
-    before, wall = time.process_time(), time.perf_counter()
+    before, wall, read = time.process_time(), time.perf_counter(), read_chars()
     summary = ScoreJob(settings, scorer=scorer).run()
-    job_cpu, wall = time.process_time() - before, time.perf_counter() - wall
+    job_cpu, wall, read = time.process_time() - before, time.perf_counter() - wall, read_chars() - read
     stages = {name: cpu.seconds[name] for name in STAGES}
     stages["other"] = max(0.0, job_cpu - sum(stages.values()))
     return {
@@ -83,6 +92,7 @@ def night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
         "reused": summary.reused,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "job_cpu_s": job_cpu,
+        "read_bytes": read,
         "wall_s": wall,
         "cpu_us_per_record": 1e6 * job_cpu / summary.records,
         "stage_us_per_record": {name: 1e6 * value / summary.records for name, value in stages.items()},
@@ -91,13 +101,13 @@ def night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
 
 def child(args: argparse.Namespace) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    result = night(args.inputs, args.output, args.store, args.device_rate)
+    result = night(args.inputs, args.output, args.store, args.device_rate, args.verify_media)
     print("RESULT " + json.dumps(result))
 
 
-def run_night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
+def run_night(inputs: Path, output: Path, store: Path, rate: float, verify_media: bool = False) -> dict:
     command = [sys.executable, __file__, "--child", "--inputs", str(inputs), "--output", str(output),
-               "--store", str(store), "--device-rate", str(rate)]  # fmt: skip
+               "--store", str(store), "--device-rate", str(rate)] + ["--verify-media"] * verify_media  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"night failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -158,6 +168,7 @@ def main() -> None:
     parser.add_argument("--inputs", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--store", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--verify-media", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
