@@ -42,7 +42,7 @@ import pyarrow.ipc as ipc
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.store import durable
-from clef_cli.store.atomic import write_bytes, write_text
+from clef_cli.store.atomic import write_file, write_text
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex
 from clef_cli.store.manifest import (
     MANIFEST,
@@ -266,7 +266,7 @@ class Checkpoint:
         if hidden is not None:
             # Hidden states are large: a CRC (several GB/s) guards them against damage, where the
             # small results files carry a SHA-256.
-            files["hidden"] = self._write_file(f"{name}.hidden.safetensors", hidden.to_bytes(), "crc32")
+            files["hidden"] = self._write_file(f"{name}.hidden.safetensors", hidden.chunks(), "crc32")
         elif hidden_file is not None:
             files["hidden"] = hidden_file
         entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
@@ -275,7 +275,7 @@ class Checkpoint:
         if self.index is not None:
             self.index.add_shard(name, table, entry.has_hidden, self.run_seq)
 
-    def _write_file(self, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
+    def _write_file(self, file_name: str, data: bytes | Sequence[bytes | memoryview], checksum: str) -> dict[str, Any]:
         return write_shard_file(self.shards_path, file_name, data, checksum)
 
     # ------------------------------------------------------------------ reading
@@ -358,12 +358,24 @@ class Checkpoint:
         }
 
 
-def write_shard_file(folder: Path, file_name: str, data: bytes, checksum: str) -> dict[str, Any]:
+def write_shard_file(
+    folder: Path, file_name: str, data: bytes | Sequence[bytes | memoryview], checksum: str
+) -> dict[str, Any]:
     """Write a shard file atomically; its size and checksum (sha256 or crc32) come from the bytes
-    in memory, so nothing is read back from disk."""
-    write_bytes(folder / file_name, data)
-    digest = hashlib.sha256(data).hexdigest() if checksum == "sha256" else zlib.crc32(data)
-    return {"name": file_name, "bytes": len(data), checksum: digest}
+    in memory, so nothing is read back from disk. `data`: the bytes, or their pieces in order
+    (written and summed one by one, never joined)."""
+    chunks = [data] if isinstance(data, bytes) else list(data)
+    write_file(folder / file_name, lambda handle: [handle.write(chunk) for chunk in chunks])
+    if checksum == "sha256":
+        hasher = hashlib.sha256()
+        for chunk in chunks:
+            hasher.update(chunk)
+        digest: str | int = hasher.hexdigest()
+    else:
+        digest = 0
+        for chunk in chunks:
+            digest = zlib.crc32(chunk, digest)
+    return {"name": file_name, "bytes": sum(memoryview(chunk).nbytes for chunk in chunks), checksum: digest}
 
 
 def _absolute(location: str | Path) -> str:

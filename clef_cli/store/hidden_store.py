@@ -52,9 +52,40 @@ class HiddenPayload:
     metadata: dict[str, str]
 
     def to_bytes(self) -> bytes:
-        from safetensors.torch import save
+        return b"".join(self.chunks())
 
-        return save(self.tensors, self.metadata)
+    def chunks(self) -> list[memoryview | bytes]:
+        """The safetensors file as its header and each tensor's own bytes, not joined: a shard of
+        a big batch is written and checksummed piece by piece, never copied into one buffer (the
+        library's `save` copied every state twice on the committer's thread)."""
+        return safetensors_chunks(self.tensors, self.metadata)
+
+
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int32: "I32"}
+
+
+def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[memoryview | bytes]:
+    """A safetensors file (8-byte header length, JSON header padded to 8 bytes, then the data):
+    the widest dtypes first, so every tensor sits at an offset its element size divides."""
+    import struct
+
+    order = sorted(tensors, key=lambda name: -tensors[name].element_size())
+    header: dict[str, object] = {"__metadata__": metadata}
+    views, offset = [], 0
+    for name in order:
+        tensor = tensors[name].contiguous()
+        raw = tensor.view(torch.uint8) if tensor.numel() else torch.empty(0, dtype=torch.uint8)
+        size = raw.numel()
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        views.append(memoryview(raw.reshape(-1).numpy()))
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return [struct.pack("<Q", len(text)) + text, *views]
 
 
 def hidden_payload(
