@@ -7,7 +7,8 @@ tokens / --device-rate seconds and returns hidden states of the real width. Ever
 the worker (the serve loop, the protocol, the transport of the states) is the product's own.
 
 The stand-in cannot expand media placeholders as vLLM's processor does, so the bench's client
-side adds each record's expanded ids to its request (`bench_ids`); the stand-in hands them back.
+side adds each record's expanded ids to its prompt (`bench_ids`), the worker's request builder is
+wrapped to carry them, and the stand-in hands them back.
 Settings come from the environment: CLEF_BENCH_DEVICE_RATE (tokens/s), CLEF_BENCH_HIDDEN_SIZE,
 CLEF_BENCH_DEVICE_LOG (a file the stand-in appends its busy seconds to, one line per call).
 """
@@ -47,8 +48,6 @@ class SimulatedEngine:
         self.dtype = getattr(torch, dtype)
         self.model_config = types.SimpleNamespace(max_model_len=1 << 20)
         self._zeros = torch.zeros(0, hidden_size, dtype=self.dtype)
-        self.expanded: list[Any] = []
-        """Per prompt of the current call: clef's expanded ids (media prompts), else None."""
 
     def _states(self, length: int) -> Any:
         import torch
@@ -59,8 +58,8 @@ class SimulatedEngine:
 
     def encode(self, requests: list[dict[str, Any]], **_: Any) -> list[_Output]:
         ids = [
-            list(expanded) if expanded is not None else request["prompt_token_ids"]
-            for request, expanded in zip(requests, self.expanded, strict=True)
+            list(request["bench_ids"]) if request.get("bench_ids") is not None else request["prompt_token_ids"]
+            for request in requests
         ]
         seconds = sum(len(one) for one in ids) / self.rate
         time.sleep(seconds)
@@ -88,13 +87,12 @@ def main() -> None:
     hidden_size = int(os.environ["CLEF_BENCH_HIDDEN_SIZE"])
     log = os.environ.get("CLEF_BENCH_DEVICE_LOG")
     worker.load = lambda model, options: SimulatedEngine(rate, hidden_size, options.get("dtype", "float32"), log)
-    real_encode = worker.encode
+    real_request = worker.vllm_request
 
-    def encode(llm: SimulatedEngine, prompts: list[dict[str, Any]]) -> list[Any]:
-        llm.expanded = [prompt.get("bench_ids") for prompt in prompts]
-        return real_encode(llm, prompts)
+    def request_with_expanded_ids(prompt: dict[str, Any]) -> dict[str, Any]:
+        return {**real_request(prompt), "bench_ids": prompt.get("bench_ids")}
 
-    worker.encode = encode
+    worker.vllm_request = request_with_expanded_ids
     worker.main()
 
 

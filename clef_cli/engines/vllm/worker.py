@@ -20,6 +20,7 @@ batch while vLLM runs this one (requests in flight) without ever blocking on a f
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import pickle
@@ -133,6 +134,12 @@ def engine_options(options: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
         # default), which fails beside any other large process; the KV cache has its own setting.
         kwargs["gpu_memory_utilization"] = CPU_MEMORY_SHARE
     kwargs["enforce_eager"] = bool(options.get("enforce_eager")) or on_cpu
+    # A record's result must not depend on what ran before it (issue 38): no KV reused from an
+    # earlier prompt, no processed media reused from an earlier request (vLLM processes a
+    # record's clips together, so a clip processed beside a longer one differs from the same clip
+    # alone by 1e-5; reused in a later record, it made that record's result depend on history).
+    kwargs["enable_prefix_caching"] = False
+    kwargs["mm_processor_cache_gb"] = 0
     kwargs["limit_mm_per_prompt"] = options.get("limit_mm_per_prompt") or {"image": 8, "video": 2, "audio": 8}
     return kwargs
 
@@ -172,20 +179,48 @@ def test_hooks() -> None:
 
 
 def encode(llm: Any, prompts: list[dict[str, Any]]) -> list[Any]:
-    """vLLM's pooled outputs, one per prompt: each prompt's [L, H] final hidden states."""
+    """vLLM's pooled outputs, one per prompt: each prompt's [L, H] final hidden states. Prompts
+    with audio run one per call: vLLM encodes the clips of the requests it schedules together in
+    one padded batch, which moves a short clip's states by 1e-5 (issue 38); alone, each record's
+    clips are encoded as the HF engine encodes them."""
+    test_hooks()
+    requests = [vllm_request(prompt) for prompt in prompts]
+    together = [n for n, prompt in enumerate(prompts) if "audio" not in (prompt.get("mm") or {})]
+    outputs: list[Any] = [None] * len(prompts)
+    groups = [together] if together else []
+    groups += [[n] for n in range(len(prompts)) if n not in set(together)]
+    for group in groups:
+        for n, output in zip(group, pooled(llm, [requests[n] for n in group]), strict=True):
+            outputs[n] = output
+    return outputs
+
+
+def vllm_request(prompt: dict[str, Any]) -> dict[str, Any]:
+    request: dict[str, Any] = {"prompt_token_ids": prompt["ids"].tolist()}
+    if prompt.get("mm"):
+        request["multi_modal_data"] = prompt["mm"]
+        request["multi_modal_uuids"] = unique_media_ids(prompt["mm"])
+        if prompt.get("mm_kwargs"):
+            request["mm_processor_kwargs"] = prompt["mm_kwargs"]
+    return request
+
+
+def pooled(llm: Any, requests: list[dict[str, Any]]) -> list[Any]:
     from vllm import PoolingParams
 
-    test_hooks()
-    requests = []
-    for prompt in prompts:
-        request: dict[str, Any] = {"prompt_token_ids": prompt["ids"].tolist()}
-        if prompt.get("mm"):
-            request["multi_modal_data"] = prompt["mm"]
-            if prompt.get("mm_kwargs"):
-                request["mm_processor_kwargs"] = prompt["mm_kwargs"]
-        requests.append(request)
     params = PoolingParams(task="token_embed")
     return list(llm.encode(requests, pooling_params=params, pooling_task="token_embed", use_tqdm=False))
+
+
+REQUESTS = itertools.count()
+
+
+def unique_media_ids(media: dict[str, Any]) -> dict[str, list[str]]:
+    """An id of its own for every media item of every request: vLLM keys its encoder cache by an
+    item's id (by default a hash of its content), so an item's encoding, made beside another
+    request's other items, is never reused for a later request."""
+    serial = f"clef-{os.getpid()}-{next(REQUESTS)}"
+    return {kind: [f"{serial}-{kind}-{n}" for n in range(len(items))] for kind, items in media.items()}
 
 
 class Slots:
