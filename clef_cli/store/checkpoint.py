@@ -103,7 +103,10 @@ class Checkpoint:
         self.run_id = uuid.uuid4().hex[:12]
         self.run_seq = 0
         self._tables: dict[str, pa.Table] = {}
-        self._named: dict[str, ShardEntry] = {}
+        self._named: tuple[list[ShardEntry], int, dict[str, ShardEntry]] = ([], 0, {})
+        """(the entries list, its length, name -> entry) when last indexed (`open_shard`)."""
+        self._highest: tuple[list[ShardEntry], int, int] = ([], 0, 0)
+        """(the entries list, how many were scanned, the highest shard number) (`_next_name`)."""
         self.dropped: list[ShardEntry] = []
         """Shards found damaged on open; their records are computed again."""
 
@@ -233,7 +236,16 @@ class Checkpoint:
     # ------------------------------------------------------------------ committing
 
     def _next_name(self) -> str:
-        return self._next_name_after(self.entries)
+        """One past the highest shard number, scanning only the entries appended since the last
+        call (every entry at every commit made a million-record job's commits quadratic)."""
+        entries, scanned, highest = self._highest
+        if entries is not self.entries or scanned > len(self.entries):
+            scanned = highest = 0
+        for entry in self.entries[scanned:]:
+            if entry.name.isdigit():
+                highest = max(highest, int(entry.name))
+        self._highest = (self.entries, len(self.entries), highest)
+        return f"{highest + 1:08d}"
 
     @staticmethod
     def _next_name_after(entries: list[ShardEntry]) -> str:
@@ -289,10 +301,11 @@ class Checkpoint:
     def open_shard(self, name: str) -> pa.Table:
         """One committed shard's results, memory-mapped, not kept open by the checkpoint (the
         output's bounded reader closes what it no longer needs)."""
-        entry = self._named.get(name)
-        if entry is None or entry not in self.entries:  # a shard committed (or pruned) since
-            self._named = {entry.name: entry for entry in self.entries}
-            entry = self._named[name]
+        entries, count, named = self._named
+        if entries is not self.entries or count != len(self.entries):  # committed, pruned, reread since
+            named = {entry.name: entry for entry in self.entries}
+            self._named = (self.entries, len(self.entries), named)
+        entry = named[name]
         source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
         return ipc.open_file(source).read_all()
 
