@@ -17,6 +17,7 @@ import json
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,14 @@ class KeyIndex:
         """The seq of the latest run that used a stored key (None for an empty store; read-only)."""
         with self.lock:
             return self.db.execute("SELECT MAX(last_run) FROM keys").fetchone()[0]
+
+    def live_counts(self, kept_runs: Sequence[int]) -> dict[str, int]:
+        """shard -> rows the index points to that one of `kept_runs` used: one pass over the keys
+        (counted here: SQLite's GROUP BY sorts every key, ten times slower on a large store)."""
+        kept = set(kept_runs)
+        with self.lock:
+            rows = self.db.execute("SELECT shard, last_run FROM keys")
+            return dict(Counter(shard for shard, last_run in rows if last_run in kept))
 
     def live_rows(self, shard: str, kept_runs: Sequence[int] | None = None) -> list[int]:
         """Rows of `shard` the index points to (used by a kept run, when `kept_runs` is given)."""

@@ -127,10 +127,12 @@ def _prune(
             f"({plural(len(report.kept_runs), 'completed run')} with keys kept); see `clef checkpoint prune "
             "--dry-run`, keep more runs, or add --force to drop them all"
         )
-    changes = [(entry, index.live_rows(entry.name, seqs)) for entry in checkpoint.entries]
-    changes = [(entry, live) for entry, live in changes if len(live) != checkpoint.shard_table(entry.name).num_rows]
+    # the shards that lose rows, found in one pass over the index (a shard's rows: its journal line)
+    counts = index.live_counts(seqs)
+    changed = [entry for entry in checkpoint.entries if counts.get(entry.name, 0) != entry.records]
+    changes = [(entry, index.live_rows(entry.name, seqs)) for entry in changed]
     for entry, live in changes:
-        report.rows_dropped += checkpoint.shard_table(entry.name).num_rows - len(live)
+        report.rows_dropped += entry.records - len(live)
         report.shards_removed += not live
         report.shards_rewritten += bool(live)
     if not apply:
