@@ -253,11 +253,19 @@ def test_vllm_job_killed_mid_run_resumes_to_the_same_output(tmp_path, vllm_relea
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
-    committed = journal_records(output.with_name("out.parquet.ckpt"))
+    rerun_finishes_as_hf(command, output, vllm_release, inputs, tmp_path)
+
+
+def rerun_finishes_as_hf(command: list[str], output: Path, release: Path, inputs: Path, folder: Path) -> None:
+    """After an interruption with some batches committed: the rerun computes only the rest, and
+    its output equals the HF engine's (which an uninterrupted vLLM run equals)."""
+    import subprocess
+
+    committed = journal_records(output.with_name(output.name + ".ckpt"))
     assert 2 <= committed < len(TEXT_IDS) and not output.exists()
     done = subprocess.run(command, env=vllm_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert f"{len(TEXT_IDS) - committed} run through the model, {committed} from the checkpoint" in done.stderr
-    code, log = score(vllm_release, inputs, tmp_path / "hf.parquet", "--hidden-states", "drop")
+    code, log = score(release, inputs, folder / "hf.parquet", "--hidden-states", "drop")
     assert code == 0, log
-    assert_parity(rows(output), rows(tmp_path / "hf.parquet"), TEXT_IDS)
+    assert_parity(rows(output), rows(folder / "hf.parquet"), TEXT_IDS)

@@ -17,7 +17,7 @@ import torch
 
 from clef_cli.engines.vllm.transport import StateSlots, padded_bytes
 from tests.helpers import TINY_MODEL
-from tests.test_vllm_engine import TEXT_IDS, assert_parity, rows, score, vllm_python, write_records
+from tests.test_vllm_engine import TEXT_IDS, rows, score, vllm_python, write_records
 
 WORKER = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm" / "worker.py"
 
@@ -173,7 +173,7 @@ def test_a_worker_that_dies_with_requests_in_flight_loses_no_commit(tmp_path):
     """SIGKILL to the vLLM worker while clef has two requests outstanding: clef stops with one
     line naming the log (exit 1), every committed batch stays, and the rerun's output equals the
     HF engine's (which an uninterrupted vLLM run equals, tests/test_vllm_engine.py)."""
-    from tests.test_vllm_engine import journal_records, vllm_env
+    from tests.test_vllm_engine import journal_records, rerun_finishes_as_hf, vllm_env
     from tests.vllm_release import cached_release
 
     vllm_python()
@@ -198,12 +198,5 @@ def test_a_worker_that_dies_with_requests_in_flight_loses_no_commit(tmp_path):
     assert process.returncode == 1, stderr
     assert "vLLM worker stopped" in stderr and "vllm.log" in stderr
     assert "Traceback" not in stderr
-    committed = journal_records(checkpoint)
-    assert 2 <= committed < len(TEXT_IDS) and not output.exists()
-    done = subprocess.run(command, env=vllm_env(), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert f"{len(TEXT_IDS) - committed} run through the model, {committed} from the checkpoint" in done.stderr
-    code, log = score(release, inputs, tmp_path / "hf.parquet", "--hidden-states", "drop")
-    assert code == 0, log
-    assert_parity(rows(output), rows(tmp_path / "hf.parquet"), TEXT_IDS)
+    rerun_finishes_as_hf(command, output, release, inputs, tmp_path)
     assert not list(Path("/dev/shm").glob(f"clef-vllm-{process.pid}-*"))  # no shared-memory file left
