@@ -75,3 +75,19 @@ def test_row_groups_cut_ordered_chunks_into_groups_of_the_asked_size():
 def test_row_groups_refuse_a_result_missing_or_repeated(chunks):
     with pytest.raises(ClefError, match="exactly one result per input record"):
         list(row_groups(chunks, 4))
+
+
+def test_shard_names_follow_appends_and_start_over_on_another_list():
+    from types import SimpleNamespace
+
+    from clef_cli.store.shard_names import ShardNames
+
+    names = ShardNames()
+    entries = [SimpleNamespace(name="00000002"), SimpleNamespace(name="ray-x")]
+    assert names.next_name(entries) == "00000003"
+    entries.append(SimpleNamespace(name="00000007"))
+    assert names.next_name(entries) == "00000008" and names.entry(entries, "ray-x") is entries[1]
+    pruned = [SimpleNamespace(name="00000004")]
+    assert names.next_name(pruned) == "00000005"
+    with pytest.raises(KeyError):
+        names.entry(pruned, "00000007")

@@ -54,6 +54,7 @@ from clef_cli.store.manifest import (
     write_manifest,
 )
 from clef_cli.store.shard_checks import Stamp, file_matches, read_verified, remember_verified
+from clef_cli.store.shard_names import ShardNames
 
 if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
@@ -103,10 +104,7 @@ class Checkpoint:
         self.run_id = uuid.uuid4().hex[:12]
         self.run_seq = 0
         self._tables: dict[str, pa.Table] = {}
-        self._named: tuple[list[ShardEntry], int, dict[str, ShardEntry]] = ([], 0, {})
-        """(the entries list, its length, name -> entry) when last indexed (`open_shard`)."""
-        self._highest: tuple[list[ShardEntry], int, int] = ([], 0, 0)
-        """(the entries list, how many were scanned, the highest shard number) (`_next_name`)."""
+        self._names = ShardNames()
         self.dropped: list[ShardEntry] = []
         """Shards found damaged on open; their records are computed again."""
 
@@ -236,16 +234,7 @@ class Checkpoint:
     # ------------------------------------------------------------------ committing
 
     def _next_name(self) -> str:
-        """One past the highest shard number, scanning only the entries appended since the last
-        call (every entry at every commit made a million-record job's commits quadratic)."""
-        entries, scanned, highest = self._highest
-        if entries is not self.entries or scanned > len(self.entries):
-            scanned = highest = 0
-        for entry in self.entries[scanned:]:
-            if entry.name.isdigit():
-                highest = max(highest, int(entry.name))
-        self._highest = (self.entries, len(self.entries), highest)
-        return f"{highest + 1:08d}"
+        return self._names.next_name(self.entries)
 
     @staticmethod
     def _next_name_after(entries: list[ShardEntry]) -> str:
@@ -301,11 +290,7 @@ class Checkpoint:
     def open_shard(self, name: str) -> pa.Table:
         """One committed shard's results, memory-mapped, not kept open by the checkpoint (the
         output's bounded reader closes what it no longer needs)."""
-        entries, count, named = self._named
-        if entries is not self.entries or count != len(self.entries):  # committed, pruned, reread since
-            named = {entry.name: entry for entry in self.entries}
-            self._named = (self.entries, len(self.entries), named)
-        entry = named[name]
+        entry = self._names.entry(self.entries, name)
         source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
         return ipc.open_file(source).read_all()
 
