@@ -53,6 +53,28 @@ def test_bench_gpu_cpu_smoke(tmp_path):
         assert point["mfu"] == pytest.approx(flops / point["seconds_per_forward"] / 989e12)
 
 
+@pytest.mark.slow  # two clef runs through the stand-in worker; CI runs it
+def test_bench_feed_vllm_stand_in_smoke(tmp_path):
+    """bench_feed.py --engine vllm drives clef's real worker module through its stand-in engine:
+    every record scored at the real width, the device measured busy, the JSON shaped as the HF
+    bench's (so a change to the worker's protocol that the stand-in does not follow fails here)."""
+    out = tmp_path / "feed.json"
+    command = [sys.executable, str(BENCHMARKS / "bench_feed.py"), "--engine", "vllm", "--sets", "text,image"]
+    command += ["--scale", "0.1", "--workers", "1", "--device-rate", "200000", "--hidden-states", "keep"]
+    command += ["--hidden-size", "512", "--media-dir", str(tmp_path / "media"), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["engine"] == "vllm" and report["hidden_size"] == 512
+    for name in ("text", "image"):
+        result = report["sets"][name]
+        run = result["runs"]["1"]
+        assert run["failed"] == 0 and run["records"] == result["records"], run
+        assert 0 < result["busy"]["1"] <= 1 and 0 < result["busy_head_excluded"]["1"] <= 1
+        assert run["hidden_bytes_written"] >= run["tokens"] * 512 * 2  # bf16 states of every token kept
+        assert run["main_thread_cpu_us_per_token_head_excluded"] > 0
+
+
 @pytest.mark.parametrize("experts", ["eager", "grouped_mm"])
 def test_flop_formula_matches_torch_flop_counter(experts):
     """With eager attention (dense L x L matmuls) and per-expert loops torch counts every matmul;
