@@ -176,7 +176,7 @@ class BatchRunner:
 
     def submit(self, records: list[EncodedRecord]) -> None:
         """Start the forward of a batch `run` will take whole, where the backbone runs ahead."""
-        if records and (max(record.length for record in records) * len(records) <= self.max_batch_tokens):
+        if records and (len(records) == 1 or max(r.length for r in records) * len(records) <= self.max_batch_tokens):
             self.scorer.backbone.submit(records)
 
     def run(self, records: list[EncodedRecord], batch: ModelBatch | None = None) -> Iterator[BatchOutcome]:
