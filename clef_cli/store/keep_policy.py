@@ -15,7 +15,7 @@ A record stored without states is computed again only when states are needed: by
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -151,13 +151,14 @@ MEASURED_ROWS = 100_000
 """Latest stored results read to measure the share under the threshold (a store of millions is not read whole)."""
 
 
-def selective_share(settings: ScoreSettings, stored: pa.Table) -> tuple[float, str]:
+def selective_share(settings: ScoreSettings, stored: Callable[[], pa.Table]) -> tuple[float, str]:
     """The share of records whose states the run stores, for the disk guard (the lower bound:
     what will surely be written), and how it was found, for its message. `selective` counts the
-    share of the store's latest results under the threshold when it has some; else only the sample."""
+    share of the store's latest results under the threshold when it has some; else only the sample.
+    `stored` gives the store's results, read only for `selective` (a big store maps many shards)."""
     if settings.hidden_states != SELECTIVE:
         return stored_fraction(settings.hidden_states, None, 0.0)[0], ""
-    below = measured_below(stored, settings.keep_below)
+    below = measured_below(stored(), settings.keep_below)
     low, _ = stored_fraction(SELECTIVE, below, settings.keep_sample)
     if below is None:
         return low, f" (selective: at least its {settings.keep_sample:.0%} sample; no stored results to measure more)"

@@ -210,7 +210,7 @@ def _check_disk(job: Job, window: Window) -> None:
     settings, checkpoint = job.settings, job.checkpoint
     if settings.hidden_states == "drop":
         return
-    share, how = selective_share(settings, checkpoint.results())
+    share, how = selective_share(settings, checkpoint.results)
     lengths = [p.length or 0 for p in window.planned]
     remaining = max(len(lengths), job.ledger.counts.run)
     per_token = hidden_bytes_per_token(settings, job.release.hidden_size)
