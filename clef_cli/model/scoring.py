@@ -176,16 +176,20 @@ class BatchRunner:
 
     def submit(self, records: list[EncodedRecord]) -> None:
         """Start the forward of a batch `run` will take whole, where the backbone runs ahead."""
-        if records and (len(records) == 1 or max(r.length for r in records) * len(records) <= self.max_batch_tokens):
+        if records and self._whole(_padded(records), len(records)):
             self.scorer.backbone.submit(records)
+
+    def _whole(self, padded: int, count: int) -> bool:
+        """Whether `run` takes `count` records, padded to `padded` tokens, in one forward."""
+        return count == 1 or padded <= self.max_batch_tokens
 
     def run(self, records: list[EncodedRecord], batch: ModelBatch | None = None) -> Iterator[BatchOutcome]:
         """`batch`: these records already collated (by an encoding worker); when it must be split,
         its records' media are views of its tensors."""
         if not records:
             return
-        padded = max(record.length for record in records) * len(records)
-        if padded > self.max_batch_tokens and len(records) > 1:
+        padded = _padded(records)
+        if not self._whole(padded, len(records)):
             yield from self._halves(batch.records if batch is not None else records)
             return
         try:
@@ -225,6 +229,11 @@ class BatchRunner:
         middle = len(records) // 2
         yield from self.run(records[:middle])
         yield from self.run(records[middle:])
+
+
+def _padded(records: Sequence[EncodedRecord]) -> int:
+    """The tokens a right-padded forward of these records runs."""
+    return max(record.length for record in records) * len(records)
 
 
 def finite_outcome(records: list[EncodedRecord], scored: list[ScoredRecord], hidden: torch.Tensor) -> BatchOutcome:

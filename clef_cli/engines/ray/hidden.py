@@ -30,7 +30,7 @@ TAGS = pa.schema([(HIDDEN_FILE, pa.string()), (HIDDEN_BYTES, pa.int64()), (HIDDE
 
 def write_hidden(folder: Path, payload: HiddenPayload) -> dict[str, Any]:
     """Write one batch's hidden shard into the checkpoint's shard folder (not counted yet)."""
-    return write_shard_file(folder, f"ray-{uuid.uuid4().hex}.hidden.safetensors", payload.to_bytes(), "crc32")
+    return write_shard_file(folder, f"ray-{uuid.uuid4().hex}.hidden.safetensors", payload.chunks(), "crc32")
 
 
 def tag(results: pa.Table, described: dict[str, Any] | None) -> pa.Table:

@@ -21,6 +21,7 @@ from clef_cli.errors import ModelLoadError, UsageError
 PYTHON_ENV = "CLEF_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("worker.py")
 STOP_POLL_SECONDS = 0.2
+RUNNING = "running a batch"
 
 
 class VllmRecordError(ValueError):
@@ -109,19 +110,28 @@ class VllmWorker:
             if self.process.poll() is not None:
                 return  # the reply read then meets the closed pipe and says how it ended
 
-    def _reply(self, doing: str) -> dict[str, Any]:
+    def _stopped(self, doing: str) -> ModelLoadError:
+        """The job's error for a worker that has gone (its exit code and log named)."""
+        code = self.process.wait()
+        return ModelLoadError(f"the vLLM worker stopped while {doing} (exit code {code}; its log: {self.log})")
+
+    def _received(self, doing: str) -> dict[str, Any]:
         try:
             reply: dict[str, Any] = receive(self.inbox)
         except EOFError:
-            code = self.process.wait()
-            raise ModelLoadError(
-                f"the vLLM worker stopped while {doing} (exit code {code}; its log: {self.log})"
-            ) from None
+            raise self._stopped(doing) from None
+        return reply
+
+    def _checked(self, reply: dict[str, Any], doing: str) -> dict[str, Any]:
+        """A reply that says ok, else its failure: the job's (fatal) or one request's."""
         if reply["ok"]:
             return reply
         if reply.get("kind") == "fatal":
             raise ModelLoadError(f"vLLM failed while {doing}: {one_line(reply['error'])} (its log: {self.log})")
         raise VllmRecordError(f"vLLM refused the request: {one_line(reply['error'])}")
+
+    def _reply(self, doing: str) -> dict[str, Any]:
+        return self._checked(self._received(doing), doing)
 
     def kill(self) -> None:
         """End the worker now (a stop while loading, a failed start): nothing of it is needed."""
@@ -139,27 +149,15 @@ class VllmWorker:
         try:
             send(self.outbox, {**message, "ticket": ticket})
         except (BrokenPipeError, OSError):
-            code = self.process.wait()
-            raise ModelLoadError(
-                f"the vLLM worker stopped while running a batch (exit code {code}; its log: {self.log})"
-            ) from None
+            raise self._stopped(RUNNING) from None
         return ticket
 
     def collect(self, ticket: int) -> dict[str, Any]:
         """The reply to a submitted request; replies to earlier requests read on the way are kept."""
         while ticket not in self._replies:
-            try:
-                reply = receive(self.inbox)
-            except EOFError:
-                code = self.process.wait()
-                raise ModelLoadError(
-                    f"the vLLM worker stopped while running a batch (exit code {code}; its log: {self.log})"
-                ) from None
+            reply = self._received(RUNNING)
             self._replies[reply.get("ticket")] = reply
-        reply = self._replies.pop(ticket)
-        if reply["ok"]:
-            return reply
-        raise VllmRecordError(f"vLLM refused the request: {one_line(reply['error'])}")
+        return self._checked(self._replies.pop(ticket), RUNNING)
 
     def forget(self, path: str) -> None:
         """The worker unmaps a shared-memory file clef is about to remove."""

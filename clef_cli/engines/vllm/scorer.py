@@ -92,8 +92,11 @@ class VllmBackbone(Backbone):
     def submit(self, records: Sequence[EncodedRecord]) -> None:
         """Send the batch to vLLM now; `forward` collects it. Records the engine refuses are left
         for `forward` to refuse (and the batch runner to narrow)."""
-        if refusal(records, self.worker.max_model_len) is not None:
-            return
+        if refusal(records, self.worker.max_model_len) is None:
+            self.submitted[_batch_key(records)] = self._send(records)
+
+    def _send(self, records: Sequence[EncodedRecord]) -> tuple[int, Slot]:
+        """The batch's request sent, with a slot for its states: (its ticket, the slot)."""
         longest = max(record.length for record in records)
         slot = self.slots.take(padded_bytes(len(records), longest, self.hidden_size, self.dtype))
         message = {
@@ -104,20 +107,17 @@ class VllmBackbone(Backbone):
             "dtype": str(self.dtype).removeprefix("torch."),
         }
         try:
-            ticket = self.worker.submit(message)
+            return self.worker.submit(message), slot
         except BaseException:
             self.slots.give_back(slot)
             raise
-        self.submitted[_batch_key(records)] = (ticket, slot)
 
     def forward(self, records: Sequence[EncodedRecord], batch: ModelBatch | None, pad_token_id: int) -> torch.Tensor:
         """Right-padded `[B, L, hidden]` over the slot's pages: each prompt runs as its own vLLM
         request, so a record's states do not depend on its batch."""
         if (refused := refusal(records, self.worker.max_model_len)) is not None:
             raise refused  # planning refused these already (VllmScoreJob): a safety net
-        if _batch_key(records) not in self.submitted:
-            self.submit(records)
-        ticket, slot = self.submitted.pop(_batch_key(records))
+        ticket, slot = self.submitted.pop(_batch_key(records), None) or self._send(records)
         try:
             reply = self.worker.collect(ticket)
         except BaseException:
