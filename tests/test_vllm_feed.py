@@ -198,5 +198,5 @@ def test_a_worker_that_dies_with_requests_in_flight_loses_no_commit(tmp_path):
     assert process.returncode == 1, stderr
     assert "vLLM worker stopped" in stderr and "vllm.log" in stderr
     assert "Traceback" not in stderr
+    assert not list(Path("/dev/shm").glob(f"clef-vllm-{process.pid}-*"))  # its shared-memory files removed
     rerun_finishes_as_hf(command, output, release, inputs, tmp_path)
-    assert not list(Path("/dev/shm").glob(f"clef-vllm-{process.pid}-*"))  # no shared-memory file left
