@@ -1,4 +1,5 @@
-"""A vLLM-ready tiny Clef-Omni release (issue 33), made from tests/fixtures/tiny-clef-omni.
+"""vLLM-ready tiny releases: Clef-Omni (issue 33) from tests/fixtures/tiny-clef-omni, and the
+dense family (issue 38) from tests/fixtures/tiny-clef-dense (tests/vllm_release_dense.py).
 
 vLLM needs what the tiny release lacks: `model.safetensors.index.json` (else it loads the head's
 file as backbone weights), `vision_config.image_size` and `apply_vit_abs_pos_embed`,
@@ -7,7 +8,7 @@ file as backbone weights), `vision_config.image_size` and `apply_vit_abs_pos_emb
 change are drawn again from a fixed seed; the rest are copied. Our HF engine is exact against the
 reference on the original fixture, so on this release it is the oracle for the vLLM engine.
 
-    python -m tests.vllm_release OUT_DIR
+    python -m tests.vllm_release [--family omni|dense] [OUT_DIR]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).parent / "fixtures" / "tiny-clef-omni"
 SEED = 33
@@ -72,17 +74,33 @@ def _weights(hidden: int) -> dict:
     return weights
 
 
-def make_release(out: Path) -> Path:
+def _omni_release() -> tuple[dict, dict]:
+    config = _config()
+    return config, _weights(config["thinker_config"]["text_config"]["hidden_size"])
+
+
+def _surgery(family: str) -> tuple[Path, tuple[str, ...], Any]:
+    """(source fixture, files copied as they are, the maker of (config, weights)) per family."""
+    if family == "omni":
+        return SOURCE, COPIED, _omni_release
+    if family == "dense":
+        from tests import vllm_release_dense as dense
+
+        return dense.SOURCE, dense.COPIED, dense.config_and_weights
+    raise ValueError(f"unknown family {family!r}: omni or dense")
+
+
+def make_release(out: Path, family: str = "omni") -> Path:
     """Write the release into `out` (made afresh), atomically; returns `out`."""
     from safetensors.torch import save_file
 
-    config = _config()
-    weights = _weights(config["thinker_config"]["text_config"]["hidden_size"])
+    source, copied, maker = _surgery(family)
+    config, weights = maker()
     building = out.with_name(out.name + f".building.{os.getpid()}")
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
-    for name in COPIED:
-        shutil.copy2(SOURCE / name, building / name)
+    for name in copied:
+        shutil.copy2(source / name, building / name)
     (building / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file({k: v.contiguous() for k, v in weights.items()}, building / "model.safetensors", {"format": "pt"})
     size = (building / "model.safetensors").stat().st_size
@@ -93,23 +111,34 @@ def make_release(out: Path) -> Path:
     return out
 
 
-def source_digest() -> str:
-    """What the release is made from (the source fixture and this maker): its cache name."""
+def source_digest(family: str = "omni") -> str:
+    """What the release is made from (the source fixture and the makers): its cache name."""
+    source = _surgery(family)[0]
     digest = hashlib.sha256(MAKER_VERSION.encode())
-    for path in sorted(SOURCE.iterdir()):
+    for path in sorted(source.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     digest.update(Path(__file__).read_bytes())
+    if family != "omni":
+        digest.update((Path(__file__).parent / f"vllm_release_{family}.py").read_bytes())
     return digest.hexdigest()[:16]
 
 
-def cached_release(cache: Path | None = None) -> Path:
+def cached_release(cache: Path | None = None, family: str = "omni") -> Path:
     """The release in a cache folder named by its sources' digest, made once."""
     root = cache or Path(os.environ.get("CLEF_TEST_CACHE", Path.home() / ".cache" / "clef" / "test-releases"))
-    out = root / f"tiny-clef-omni-vllm-{source_digest()}"
+    out = root / f"tiny-clef-{family}-vllm-{source_digest(family)}"
     if not (out / "model.safetensors.index.json").exists():
-        make_release(out)
+        make_release(out, family)
     return out
 
 
+def main(argv: list[str]) -> None:
+    """`[--family omni|dense] [OUT_DIR]`: the release written to OUT_DIR, else to the cache."""
+    family = "omni"
+    if argv[:1] == ["--family"] and len(argv) > 1:
+        family, argv = argv[1], argv[2:]
+    print(make_release(Path(argv[0]), family) if argv else cached_release(family=family))
+
+
 if __name__ == "__main__":
-    print(make_release(Path(sys.argv[1])) if len(sys.argv) > 1 else cached_release())
+    main(sys.argv[1:])
