@@ -1,5 +1,5 @@
 """What an engine cannot do is no verdict on the record (issue 36.5): a prompt longer than vLLM's
-max_model_len is refused at planning as `overflow` (audio in video as `unsupported`), never
+max_model_len is refused at planning as `overflow`, never
 stored as its key's final result, refused again while the limit stands (vLLM not loaded for it),
 and scored once the limit is raised. The vLLM engine's lifecycle runs here with the HF scorer in
 the worker's place (the real worker: tests/test_vllm_engine.py), so this runs in seconds."""
@@ -105,14 +105,14 @@ def test_engine_limits_and_chance_are_never_a_keys_final_result(tmp_path):
     index.close()
 
 
-def test_the_limit_is_the_option_else_the_releases_and_audio_in_video_is_unsupported(tmp_path):
+def test_the_limit_is_the_option_else_the_releases(tmp_path):
     release = resolve_release(str(TINY_MODEL))
     derived = release.text_config["max_position_embeddings"]
     assert prompt_limit(settings_for(tmp_path, engine="vllm"), release) == derived
     assert prompt_limit(settings_for(tmp_path, engine="vllm", vllm=VllmOptions(max_model_len=77)), release) == 77
-    assert engine_refusal(78, False, 77)[0] == "overflow"
-    assert engine_refusal(77, False, 77) is None
-    assert engine_refusal(10, True, 77)[0] == "unsupported"
+    assert engine_refusal(78, 77)[0] == "overflow"
+    assert engine_refusal(77, 77) is None
+    assert engine_refusal(10**6, None) is None
 
 
 def test_a_vllm_load_failure_is_one_line_and_the_log_has_the_whole_error(tmp_path, monkeypatch):

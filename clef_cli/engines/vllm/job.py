@@ -33,7 +33,7 @@ class VllmScoreJob(ScoreJob):
         self.planned_limit = prompt_limit(settings, release)
 
     def engine_refusal(self, planned: Planned) -> tuple[str, str] | None:
-        return engine_refusal(planned.length or 0, planned.audio_in_video, self.limit())
+        return engine_refusal(planned.length or 0, self.limit())
 
     @property
     def worker(self) -> VllmWorker | None:

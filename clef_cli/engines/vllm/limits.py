@@ -1,18 +1,13 @@
 """What the vLLM engine cannot run, known before it starts: prompts longer than its
-max_model_len, and audio in video. Such a record gets an error of its own kind (`overflow`,
-`unsupported`) that is no verdict on the record (errors.RETRIED_KINDS): it is refused again at
-planning while the limit stands, without loading vLLM, and scored once the limit or the engine
-changes."""
+max_model_len. Such a record gets an error of its own kind (`overflow`) that is no verdict on the
+record (errors.RETRIED_KINDS): it is refused again at planning while the limit stands, without
+loading vLLM, and scored once the limit is raised. (Records refused as `unsupported` by earlier
+versions, audio in video, are retried the same way and now score.)"""
 
 from __future__ import annotations
 
 from clef_cli.release import Release
 from clef_cli.settings import ScoreSettings
-
-MEDIA_REFUSED = (
-    "--engine vllm does not score {kind} yet (vLLM's result is not exact against the HF engine's): "
-    "score this record with --engine hf"
-)
 
 
 def prompt_limit(settings: ScoreSettings, release: Release) -> int | None:
@@ -35,16 +30,14 @@ def too_long(length: int, limit: int | None) -> str | None:
     )
 
 
-def engine_refusal(length: int, audio_in_video: bool, limit: int | None) -> tuple[str, str] | None:
+def engine_refusal(length: int, limit: int | None) -> tuple[str, str] | None:
     """(error_kind, message) for a planned prompt vLLM cannot run, or None."""
-    if audio_in_video:
-        return "unsupported", MEDIA_REFUSED.format(kind="audio in video")
     message = too_long(length, limit)
     return ("overflow", message) if message else None
 
 
 class EngineRefusal(ValueError):
-    """vLLM cannot run this record (a limit, a modality): a ValueError, so the batch runner
+    """vLLM cannot run this record (over its limit): a ValueError, so the batch runner
     narrows a batch down to the record; `kind` is its error_kind."""
 
     def __init__(self, message: str, kind: str) -> None:

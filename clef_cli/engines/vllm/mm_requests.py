@@ -16,22 +16,6 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.families.base import decode_entries
 from clef_cli.release import Release
 
-MODALITIES = ("images", "audio", "videos")
-"""The media kinds proven exact against the HF engine through vLLM (tests/test_vllm_engine.py)."""
-
-
-def unsupported_media(encoded: EncodedRecord) -> str | None:
-    """The first media kind of the record this engine does not score yet, or None. Audio in video
-    is one: vLLM's hidden states part from the reference's at the first soundtrack token (issue 33;
-    the reproduction is in tests/test_vllm_engine.py's notes)."""
-    record = encoded.record
-    if record.videos and encoded.use_audio_in_video:
-        return "audio in video"
-    for kind in ("images", "audio", "videos"):
-        if getattr(record, kind) and kind not in MODALITIES:
-            return kind
-    return None
-
 
 def vllm_request(
     encoded: EncodedRecord, release: Release, limits: MediaLimits, tokenize: Callable[[str], list[int]]

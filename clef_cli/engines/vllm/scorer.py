@@ -4,7 +4,8 @@ store (--hidden-states keep, --rehead, train-head) and every check downstream ar
 
 Records go to vLLM as the token ids clef's prompt encoder made (requests.py: media placeholders
 collapsed, the media and the processor options beside them); vLLM's expanded ids must equal ours.
-Media kinds not yet proven exact are refused as their records' errors."""
+Every media kind the HF engine scores, this engine scores (the worker gives vLLM the reference's
+audio features: omni_audio.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from clef_cli.encoding.batching import ModelBatch
 from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.vllm.client import VllmRecordError, VllmWorker, vllm_python
-from clef_cli.engines.vllm.limits import MEDIA_REFUSED, EngineRefusal, too_long
-from clef_cli.engines.vllm.mm_requests import unsupported_media, vllm_request
+from clef_cli.engines.vllm.limits import EngineRefusal, too_long
+from clef_cli.engines.vllm.mm_requests import vllm_request
 from clef_cli.engines.vllm.transport import Slot, StateSlots, padded_bytes
 from clef_cli.errors import UsageError
 from clef_cli.model.backbone import Backbone, resolve_device
@@ -150,10 +151,8 @@ def _batch_key(records: Sequence[EncodedRecord]) -> tuple[int, ...]:
 
 
 def refusal(records: Sequence[EncodedRecord], limit: int | None) -> EngineRefusal | None:
-    """Why vLLM cannot run one of these records (a modality, a length), or None."""
+    """Why vLLM cannot run one of these records (its length), or None."""
     for record in records:
-        if (kind := unsupported_media(record)) is not None:
-            return EngineRefusal(MEDIA_REFUSED.format(kind=kind), "unsupported")
         if (message := too_long(record.length, limit)) is not None:
             return EngineRefusal(message, "overflow")
     return None

@@ -68,7 +68,18 @@ def register_hidden_model() -> None:
             super().__init__(vllm_config=vllm_config, prefix=prefix)
             self.pooler = from_hidden(self.pooler.head)  # the head's weights still load; clef's head scores
 
-    ModelRegistry.register_model(ARCHITECTURE, ClefOmniHiddenStates)
+    ModelRegistry.register_model(ARCHITECTURE, neighbour("omni_audio").with_reference_audio(ClefOmniHiddenStates))
+
+
+def neighbour(name: str) -> Any:
+    """A module beside this file, loaded from its path (the folder is off sys.path, see above)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"clef_vllm_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _all_tokens_pooler() -> Any:
