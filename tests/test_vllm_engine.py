@@ -89,12 +89,6 @@ def test_vllm_options_need_the_vllm_engine(tmp_path):
     assert code == 2 and "--max-model-len applies to the vLLM engine only" in output
 
 
-def test_vllm_engine_with_rehead_or_ray_is_refused(tmp_path):
-    model = TINY_MODEL
-    code, output = score(model, SAMPLE_DATA / "records.jsonl", tmp_path / "o.parquet", "--engine", "vllm", "--ray")
-    assert code == 2 and "--engine vllm does not go with --ray" in output
-
-
 def test_a_family_vllm_does_not_serve_is_refused_at_start(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEF_VLLM_PYTHON", "/nonexistent/python")
     code, output = score(TINY_DENSE, SAMPLE_DATA / "records.jsonl", tmp_path / "o.parquet", "--engine", "vllm")

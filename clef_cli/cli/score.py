@@ -88,9 +88,9 @@ def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine
     """Refuse, before any work, options that mean nothing in this run: Ray's without --ray (an
     address from RAY_ADDRESS alone is fine: Ray clusters set it for every process), vLLM's
     without --engine vllm, --keep-below and --keep-sample without --hidden-states selective, the
-    keep policy's options with --rehead (it keeps every state it computes), --rehead with --ray,
-    and --engine vllm with --ray. --engine vllm with --rehead is fine: a rehead takes the store's
-    own engine for the states it lacks, so --engine vllm there only says what the store holds."""
+    keep policy's options with --rehead (it keeps every state it computes) and --rehead with --ray.
+    --engine vllm with --rehead is fine: a rehead takes the store's own engine for the states it
+    lacks, so --engine vllm there only says what the store holds; with --ray each actor runs vLLM."""
     from clef_cli.cli.score_options import NOT_WITH_REHEAD, SELECTIVE_ONLY
 
     option = {param.name: param.opts[0] for param in ctx.command.params}
@@ -108,8 +108,6 @@ def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine
             )
         if name in SELECTIVE_ONLY and ctx.params["hidden_states"] is not HiddenStates.selective:
             raise UsageError(f"{option[name]} applies to --hidden-states selective only: add --hidden-states selective")
-    if engine is Engine.vllm and ray:
-        raise UsageError("--engine vllm does not go with --ray (vLLM in Ray actors is not built yet): drop one of them")
     if ray and rehead is not None:
         raise UsageError("--rehead runs the head alone on stored hidden states: drop --ray")
 

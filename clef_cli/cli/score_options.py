@@ -193,7 +193,8 @@ RayOption = Annotated[
         "--ray",
         rich_help_panel=PANEL_RAY,
         help="Run on Ray Data across GPUs and machines (needs clef-cli[ray]): joins the cluster at "
-        "--ray-address, or starts a local one. The options below marked --ray need it.",
+        "--ray-address, or starts a local one; with --engine vllm each actor runs a vLLM worker of its own. "
+        "The options below marked --ray need it.",
     ),
 ]
 RayAddressOption = Annotated[
@@ -214,7 +215,10 @@ RayActorsOption = Annotated[
 GpusPerWorkerOption = Annotated[
     float | None,
     typer.Option(
-        "--gpus-per-worker", min=0, rich_help_panel=PANEL_RAY, help="--ray: GPUs per actor (default 1 with CUDA)."
+        "--gpus-per-worker",
+        min=0,
+        rich_help_panel=PANEL_RAY,
+        help="--ray: GPUs per actor (default with CUDA: 1, or --tensor-parallel-size with --engine vllm).",
     ),
 ]
 CpusPerWorkerOption = Annotated[
@@ -248,8 +252,8 @@ EngineOption = Annotated[
         "--engine",
         rich_help_panel=PANEL_ENGINE,
         help="hf: transformers in this process; vllm: vLLM as the backbone in its own environment "
-        "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states. Audio-in-video records "
-        "are refused for now.",
+        "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states; with --ray, one vLLM "
+        "worker per actor. Audio-in-video records are refused for now.",
     ),
 ]
 MaxModelLenOption = Annotated[
@@ -271,7 +275,10 @@ GpuMemoryUtilizationOption = Annotated[
 TensorParallelSizeOption = Annotated[
     int | None,
     typer.Option(
-        "--tensor-parallel-size", min=1, rich_help_panel=PANEL_ENGINE, help="--engine vllm: GPUs one model spans."
+        "--tensor-parallel-size",
+        min=1,
+        rich_help_panel=PANEL_ENGINE,
+        help="--engine vllm: GPUs one model spans (with --ray: each actor's GPUs).",
     ),
 ]
 CpuKvCacheOption = Annotated[
@@ -337,8 +344,9 @@ def ray_settings(options: dict[str, Any], device: str, quiet: bool) -> object:
     from clef_cli.engines.ray.job import RaySettings
 
     gpus_per_worker = options["gpus_per_worker"]
-    if gpus_per_worker is None:
-        gpus_per_worker = 1.0 if device != "cpu" and torch.cuda.is_available() else 0.0
+    if gpus_per_worker is None:  # one model per actor: vLLM's spans --tensor-parallel-size GPUs
+        per_model = (options["tensor_parallel_size"] or 1) if options["engine"] is Engine.vllm else 1
+        gpus_per_worker = float(per_model) if device != "cpu" and torch.cuda.is_available() else 0.0
     address = options["ray_address"]
     return RaySettings(
         address=None if address in (None, "local") else address,

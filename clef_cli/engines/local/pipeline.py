@@ -79,10 +79,27 @@ class ScoreJob:
         """The engine's own start-up checks, before anything is written (the HF engine has none
         beyond the settings' and the device's)."""
 
-    def engine_refusal(self, planned: Planned) -> tuple[str, str] | None:
-        """(error_kind, message) for a planned record this engine cannot run; the HF engine runs
-        every prompt that planning let through."""
+    def engine_refusal(self, length: int, audio_in_video: bool) -> tuple[str, str] | None:
+        """(error_kind, message) for a prompt this engine cannot run (asked at planning, and by a
+        Ray actor for each record it encodes); the HF engine runs every prompt planning let through."""
         return None
+
+    def start_scorer(self, release: Release, settings: ScoreSettings, folder: Path) -> Scorer:
+        """This engine's scorer, loaded (HF: the model in this process); `folder` takes an engine's
+        own log. A local run and each Ray actor load their scorer through this one call."""
+        from clef_cli.model.scoring import load_scorer
+
+        self.scorer = load_scorer(release, device=settings.device, dtype=settings.dtype)
+        return self.scorer
+
+    def actor_env(self) -> dict[str, str]:
+        """The environment a process running this engine elsewhere (a Ray actor) needs from ours."""
+        return {}
+
+    def close(self) -> None:
+        """End what the scorer runs outside this process (the vLLM worker); in process, nothing."""
+        if self.scorer is not None:
+            self.scorer.backbone.close()
 
     def refuse_for_engine(self, window: Window) -> Window:
         """The window with the records its engine cannot run moved to its failures, at planning,
@@ -90,7 +107,7 @@ class ScoreJob:
         kept: list[Planned] = []
         failures = list(window.failures)
         for item in window.planned:
-            refusal = self.engine_refusal(item)
+            refusal = self.engine_refusal(item.length or 0, item.audio_in_video)
             if refusal is None:
                 kept.append(item)
                 continue
@@ -153,11 +170,10 @@ class ScoreJob:
 
     def _load_scorer(self, job: Job) -> Scorer:
         if self.scorer is None:
-            from clef_cli.model.scoring import load_scorer
-
             self.progress.note("loading the model")
             with job.summary.stats.stage("load"):
-                self.scorer = load_scorer(job.release, device=job.settings.device, dtype=job.settings.dtype)
+                self.start_scorer(job.release, job.settings, job.checkpoint.path)
+        assert self.scorer is not None
         return self.scorer
 
     def _run_windows(self, job: Job, executor: BatchExecutor, spool_budget: int) -> None:

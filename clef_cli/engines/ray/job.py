@@ -12,39 +12,40 @@ Nothing imports Ray unless this module is used (`pip install "clef-cli[ray]"`).
 
 from __future__ import annotations
 
-import pickle
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import torch
 
 from clef_cli import faults
-from clef_cli.encoding.batching import PlanEntry, plan_batches
-from clef_cli.encoding.encoded import EncodedRecord
-from clef_cli.engines.ray.hidden import check_every_node_sees, commit_block, tag, write_hidden
+from clef_cli.engines.choice import local_engine
+from clef_cli.engines.ray.actor import ENGINE_VERSION, ScoreActor
+from clef_cli.engines.ray.hidden import check_every_node_sees, commit_block
 from clef_cli.engines.ray.logs import RAY_LOG, ray_output_to
 from clef_cli.engines.ray.reading import Slice, plan_slices, read_slice
-from clef_cli.engines.ray.resources import DATA_TASK_CPUS, ActorResources, alive_nodes, fit_actors
+from clef_cli.engines.ray.resources import (
+    DATA_TASK_CPUS,
+    ActorResources,
+    alive_nodes,
+    check_engine_gpus,
+    fit_actors,
+)
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.errors import ClefError, RecordError
 from clef_cli.inputs.readers import load_questions_file
-from clef_cli.inputs.records import InvalidRecord, RecordBuilder
 from clef_cli.inputs.seen_ids import SeenIds
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job import open_job
 from clef_cli.model.backbone import resolve_dtype
 from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
-from clef_cli.release import resolve_release
-from clef_cli.results import RESULT_SCHEMA, FailedRecord, results_table
+from clef_cli.results import RESULT_SCHEMA
 from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import Checkpoint
-from clef_cli.store.hidden_store import HIDDEN_DTYPES
-from clef_cli.store.keep_policy import DROP, KeepPolicy, split_outcome
+from clef_cli.store.keep_policy import DROP, KeepPolicy
 from clef_cli.store.ledger import ToRun
 
 
@@ -62,91 +63,6 @@ class RaySettings:
     """Seconds without a block back from the actors before the job stops itself (exit 1)."""
     quiet: bool = False
     """Send Ray's own output to ray.log in the checkpoint folder instead of stderr."""
-
-
-# ----------------------------------------------------------------------------- scoring actor
-
-
-def _assigned_cpus() -> int:
-    """The CPUs Ray gave this actor (--cpus-per-worker), at least one."""
-    import ray
-
-    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-
-
-class ScoreActor:
-    """One model per actor; scores blocks of rows with the single-process job's own pieces."""
-
-    def __init__(
-        self,
-        settings: ScoreSettings,
-        questions: dict[str, Any] | None,
-        hidden_dir: str | None,
-        keep: KeepPolicy | None = None,
-    ) -> None:
-        from clef_cli.encoding.media import set_decode_threads
-        from clef_cli.encoding.prompt import PromptEncoder
-        from clef_cli.families import family_of
-        from clef_cli.model.scoring import BatchRunner, load_scorer
-        from clef_cli.release import load_processor
-
-        release = resolve_release(settings.model, revision=settings.revision)
-        settings = settings.for_release(release)
-        set_decode_threads(_assigned_cpus())  # video decoding uses the actor's CPUs (frame threading)
-        self.encoder = PromptEncoder(
-            load_processor(release),
-            settings.max_length,
-            settings.overflow,
-            settings.limits,
-            family_of(release),
-            settings.special_tokens,
-        )
-        self.runner = BatchRunner(
-            load_scorer(release, device=settings.device, dtype=settings.dtype), settings.max_batch_tokens
-        )
-        self.builder = RecordBuilder(default_questions=questions, check_duplicates=False)
-        self.max_batch_size = settings.max_batch_size
-        self.hidden_dir = Path(hidden_dir) if hidden_dir else None
-        self.keep = keep or KeepPolicy()
-        """Whose states are written (the driver's policy, its sample drawn from the driver's ledger)."""
-        self.hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
-
-    def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
-        index = row["record_index"]
-        if row["problem"] is not None:
-            return FailedRecord(str(index), index, row["problem"])
-        base_dir = Path(row["base_dir"]) if row["base_dir"] else None
-        record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, json_text=row["parquet"])
-        if isinstance(record, InvalidRecord):
-            return FailedRecord(record.id, record.index, record.error)
-        faults.in_ray_actor(record.id)
-        try:
-            return self.encoder.encode(record)
-        except RecordError as error:
-            return FailedRecord(record.id, record.index, str(error), kind=error.kind or "media")
-
-    def __call__(self, block: pa.Table) -> pa.Table:
-        failures: list[FailedRecord] = []
-        encoded: dict[int, EncodedRecord] = {}
-        for row in block.to_pylist():
-            item = self._encode(row)
-            if isinstance(item, FailedRecord):
-                failures.append(item)
-            else:
-                encoded[item.record.index] = item
-        entries = [PlanEntry(index, item.length, item.use_audio_in_video) for index, item in encoded.items()]
-        pieces = [tag(results_table([], failures), None)]
-        for batch in plan_batches(entries, self.runner.max_batch_tokens, self.max_batch_size):
-            for outcome in self.runner.run([encoded[index] for index in batch.indices]):
-                keep = self.keep if self.hidden_dir is not None else KeepPolicy(DROP)
-                split = split_outcome(keep, outcome, self.hidden_dtype)
-                described = None
-                if split.hidden is not None and self.hidden_dir is not None:
-                    described = write_hidden(self.hidden_dir, split.hidden)
-                pieces.append(tag(results_table(split.kept, outcome.failures), described))
-                if split.rest:
-                    pieces.append(tag(results_table(split.rest, []), None))
-        return pa.concat_tables(pieces)
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -169,6 +85,14 @@ def _connect(address: str | None) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise ClefError(f"cannot reach the Ray cluster {address or '(local)'}: {error}") from None
     return True
+
+
+def actor_error(error: Exception) -> str:
+    """The one line that says why an actor died (Ray's message carries the actor's whole
+    traceback, whose last unindented line is the error itself), for a cron job's stderr."""
+    lines = [line for line in str(error).splitlines() if line.strip() and not line.startswith(" ")]
+    last = lines[-1] if lines else type(error).__name__
+    return last.split(": ", 1)[1] if last.startswith("clef_cli.") else last  # clef's errors say it all
 
 
 def mark_duplicates(results: Iterable[pa.Table]) -> Iterator[pa.Table]:
@@ -215,11 +139,16 @@ class RayScoreJob:
         self.stop = stop or threading.Event()
         self.summary = JobSummary(output=settings.output)
         self.keep = KeepPolicy(settings.hidden_states)
+        check_engine_gpus(ray_settings.gpus_per_worker, settings.vllm.tensor_parallel_size if settings.vllm else None)
+        self.engine = local_engine(settings)
+        """The engine's start-up checks run here; its scorer is built in each actor (actor.py)."""
+        self.engine_version = ""
+        """The version of the engine the actors ran (vLLM's), from the blocks they return."""
 
     def run(self) -> JobSummary:
         device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
         dtype = str(resolve_dtype(self.settings.dtype, device)).removeprefix("torch.")
-        with open_job(self.settings, self.progress, dtype) as job:
+        with open_job(self.settings, self.progress, dtype, preflight=self.engine.preflight) as job:
             settings = self.settings = job.settings
             self.summary = job.summary
             passthrough = (
@@ -233,7 +162,15 @@ class RayScoreJob:
                 self._on_cluster(job.checkpoint, job.ledger.to_run, questions)
             if self.stop.is_set():
                 return job.interrupted()
-            return job.finish(mark_duplicates(job.results()), {"clef.engine": "ray"}, passthrough)
+            return job.finish(mark_duplicates(job.results()), self._engine_metadata(), passthrough)
+
+    def _engine_metadata(self) -> dict[str, str]:
+        """`clef.engine`: ray (the HF engine's actors, as before there was a choice), else ray+ENGINE
+        with `clef.ENGINE_version`, the version the actors ran ("" when none ran)."""
+        engine = self.settings.engine
+        if engine == "hf":
+            return {"clef.engine": "ray"}
+        return {"clef.engine": f"ray+{engine}", f"clef.{engine}_version": self.engine_version}
 
     def _on_cluster(self, checkpoint: Checkpoint, to_run: ToRun, questions: Any) -> None:
         """Connect, fit the plan to the cluster, score; Ray's output in ray.log when quiet."""
@@ -252,6 +189,8 @@ class RayScoreJob:
                 slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
                 self.progress.start(len(to_run), len(to_run) - to_run.count)
                 self._stream(ray, slices, checkpoint, to_run, questions, actors)
+            except ray.exceptions.ActorDiedError as error:  # Ray Data gave up on it (its start failed)
+                raise ClefError(f"a scoring actor died: {actor_error(error)}") from None
             except Stalled as error:
                 where = f" (Ray's log: {log})" if log else ""
                 raise Stalled(
@@ -261,6 +200,7 @@ class RayScoreJob:
             finally:
                 if started_ray:
                     ray.shutdown()
+                self.engine.close()  # vLLM: the files of actors Ray killed on this node go too
 
     def _stream(
         self,
@@ -276,6 +216,8 @@ class RayScoreJob:
         settings, cluster = self.settings, self.ray_settings
         done = to_run.done_bytes()
         hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states != DROP else None
+        arguments = {"settings": settings, "questions": questions, "hidden_dir": hidden_dir, "keep": self.keep}
+        env = faults.ray_env() | self.engine.actor_env()
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
             .flat_map(
@@ -286,15 +228,13 @@ class RayScoreJob:
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors
             .map_batches(
                 ScoreActor,
-                fn_constructor_kwargs={
-                    "settings": settings, "questions": questions, "hidden_dir": hidden_dir, "keep": self.keep
-                },
+                fn_constructor_kwargs=arguments | {"log_dir": str(checkpoint.path.resolve())},
                 batch_size=cluster.block_records,
                 batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),
                 num_gpus=actors.gpus,
                 num_cpus=actors.cpus,
-                **({"runtime_env": {"env_vars": faults.ray_env()}} if faults.ray_env() else {}),
+                **({"runtime_env": {"env_vars": env}} if env else {}),
             )
         )
         batches = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
@@ -308,6 +248,8 @@ class RayScoreJob:
         for block in blocks:
             if block.num_rows == 0:
                 continue
+            self.engine_version = block.column(ENGINE_VERSION)[0].as_py() or self.engine_version
+            block = block.drop_columns([ENGINE_VERSION])
             commit_block(checkpoint, block)
             faults.after_commit()
             self.summary.committed += block.num_rows

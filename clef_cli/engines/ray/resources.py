@@ -74,6 +74,18 @@ def fit_actors(
     return ActorResources(cpus=cpus_per_worker, gpus=gpus_per_worker)
 
 
+def check_engine_gpus(gpus_per_worker: float, tensor_parallel_size: int | None) -> None:
+    """vLLM spans `--tensor-parallel-size` GPUs, all of them its actor's (its worker is a child of
+    the actor, which Ray gives the GPUs): fewer would fail the load in every actor, so refuse it here.
+    On CPUs (no GPU per actor) there is nothing to count."""
+    if gpus_per_worker and tensor_parallel_size and gpus_per_worker < tensor_parallel_size:
+        raise UsageError(
+            f"--tensor-parallel-size {tensor_parallel_size} spans {tensor_parallel_size} GPUs of one actor, but "
+            f"--gpus-per-worker is {gpus_per_worker:g}: use --gpus-per-worker {tensor_parallel_size} (the default "
+            "with --engine vllm)"
+        )
+
+
 def alive_nodes() -> list[dict[str, float]]:
     """The resources of every alive node of the connected cluster."""
     import ray

@@ -3,15 +3,19 @@ per-record errors, output, stats) with vLLM as the backbone (scorer.py) instead 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from clef_cli.engines.local.pipeline import ScoreJob, compute_dtype
 from clef_cli.engines.local.plan_report import DryRunReport
-from clef_cli.engines.local.workers import Planned
 from clef_cli.engines.vllm.client import VllmWorker
 from clef_cli.engines.vllm.limits import engine_refusal, prompt_limit
 from clef_cli.job import Job
 from clef_cli.model.scoring import Scorer
 from clef_cli.release import Release
 from clef_cli.settings import JobSummary, ScoreSettings
+
+VLLM_LOG = "vllm.log"
+"""vLLM's own output, in the checkpoint folder (a Ray actor's, appended with its pid in a header)."""
 
 
 class VllmScoreJob(ScoreJob):
@@ -32,8 +36,8 @@ class VllmScoreJob(ScoreJob):
         vllm_python()
         self.planned_limit = prompt_limit(settings, release)
 
-    def engine_refusal(self, planned: Planned) -> tuple[str, str] | None:
-        return engine_refusal(planned.length or 0, self.limit())
+    def engine_refusal(self, length: int, audio_in_video: bool) -> tuple[str, str] | None:
+        return engine_refusal(length, audio_in_video, self.limit())
 
     @property
     def worker(self) -> VllmWorker | None:
@@ -67,27 +71,41 @@ class VllmScoreJob(ScoreJob):
         finally:
             self.close()
 
+    def start_scorer(self, release: Release, settings: ScoreSettings, folder: Path) -> Scorer:
+        """The vLLM worker started and loaded, its output in `folder`/vllm.log."""
+        from clef_cli.engines.vllm.scorer import load_vllm_scorer
+
+        dtype = compute_dtype(settings)
+        self.scorer = load_vllm_scorer(release, settings, dtype, folder / VLLM_LOG, self.stop)
+        assert self.worker is not None
+        self.version = self.worker.version
+        return self.scorer
+
     def _load_scorer(self, job: Job) -> Scorer:
         if self.scorer is None:
-            from clef_cli.engines.vllm.scorer import load_vllm_scorer
-
             self.progress.phase("starting vLLM")
             try:
                 with job.summary.stats.stage("load"):
-                    log = job.checkpoint.path / "vllm.log"
-                    dtype = compute_dtype(job.settings)
-                    self.scorer = load_vllm_scorer(job.release, job.settings, dtype, log, self.stop)
+                    self.start_scorer(job.release, job.settings, job.checkpoint.path)
             finally:
                 self.progress.phase(None)
-            assert self.worker is not None
-            self.version = self.worker.version
+        assert self.scorer is not None
         return self.scorer
+
+    def actor_env(self) -> dict[str, str]:
+        """vLLM's Python, for the Ray actors (each starts a worker of its own with it)."""
+        from clef_cli.engines.vllm.client import PYTHON_ENV, vllm_python
+
+        return {PYTHON_ENV: vllm_python()}
 
     def engine_metadata(self) -> dict[str, str]:
         """`clef.vllm_version`: the vLLM that computed this run's records ("" when none ran)."""
         return {"clef.vllm_version": self.version}
 
     def close(self) -> None:
-        backbone = getattr(self.scorer, "backbone", None)
-        if backbone is not None:
-            backbone.close()
+        """The worker stopped and its shared-memory files removed; then those of any clef on this
+        machine that was killed before it could remove its own (a local run, a Ray actor)."""
+        from clef_cli.engines.vllm.transport import remove_orphans, shared_folder
+
+        super().close()
+        remove_orphans(shared_folder())

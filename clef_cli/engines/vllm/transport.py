@@ -99,7 +99,10 @@ class StateSlots:
 
 
 def remove_orphans(folder: Path) -> None:
-    """Slot files of a clef that was killed (its pid gone): nothing else removes them from RAM."""
+    """Slot files of a clef that was killed (its pid gone): nothing else removes them from RAM.
+    Where there is no /proc to ask, nothing is removed (a live clef's files would look orphaned)."""
+    if not Path("/proc/self").exists():
+        return
     for path in folder.glob("clef-vllm-*"):
         pid = path.name.split("-")[2]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():

