@@ -37,7 +37,7 @@ class VllmScoreJob(ScoreJob):
         self.planned_limit = prompt_limit(settings, release)
 
     def engine_refusal(self, length: int, audio_in_video: bool) -> tuple[str, str] | None:
-        return engine_refusal(length, audio_in_video, self.limit())
+        return engine_refusal(length, self.limit())
 
     @property
     def worker(self) -> VllmWorker | None:
