@@ -22,7 +22,7 @@ from typing import Any
 
 ARCHITECTURE = "ClefDenseHiddenStates"
 MODEL_TYPES = ("qwen3_5",)
-"""The dense model types proven exact against the HF engine (Qwen3.5-MoE is not yet)."""
+"""The dense model types proven exact against the HF engine (Clef, Clef-Flash; not Qwen3.5-MoE)."""
 
 
 def architecture(model: str) -> str | None:

@@ -26,13 +26,15 @@ def vllm_request(
     if not record.has_media:
         return {"ids": np.asarray(encoded.input_ids, dtype=np.int32)}
     from clef_cli.encoding.media import AUDIO_SAMPLE_RATE, decode_audio, decode_image, decode_video
+    from clef_cli.families import family_of
     from clef_cli.families.base import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
-    from clef_cli.families.omni import IMAGE_SIZE
 
+    family = family_of(release)
     media: dict[str, Any] = {}
-    # the image size bounds nested, so they reach the image processor alone: given flat, the
-    # video processor takes them too and makes other frame sizes than the HF engine (issue 33)
-    kwargs: dict[str, Any] = {"images_kwargs": {"size": dict(IMAGE_SIZE)}}
+    # the family's image options (Omni: size bounds; dense: none, the release's own) nested, so
+    # they reach the image processor alone: given flat, the video processor takes them too and
+    # makes other frame sizes than the HF engine (issue 33)
+    kwargs: dict[str, Any] = {"images_kwargs": dict(family.image_kwargs)} if family.image_kwargs else {}
     if record.images:
         media["image"] = decode_entries(record, "images", decode_image, limits)
     clips = [(clip, AUDIO_SAMPLE_RATE) for clip in decode_entries(record, "audio", decode_audio, limits)]
@@ -45,11 +47,14 @@ def vllm_request(
             clips += [(video.soundtrack, AUDIO_SAMPLE_RATE) for video in videos]
     if clips:
         media["audio"] = clips
-    text = "".join(
-        [IMAGE_PLACEHOLDER + "\n"] * len(record.images)
-        + [AUDIO_PLACEHOLDER + "\n"] * len(record.audio)
-        + [VIDEO_PLACEHOLDER + "\n"] * len(videos)
-    )
+    if clips or videos:  # Omni's segment: each placeholder with its own "\n", kind by kind
+        text = "".join(
+            [IMAGE_PLACEHOLDER + "\n"] * len(record.images)
+            + [AUDIO_PLACEHOLDER + "\n"] * len(record.audio)
+            + [VIDEO_PLACEHOLDER + "\n"] * len(videos)
+        )
+    else:  # images alone: the family's own segment (dense: IMAGE * n + "\n")
+        text = family.image_text(len(record.images))
     start, end = encoded.media_span
     ids = [*encoded.input_ids[:start], *tokenize(text), *encoded.input_ids[end:]]
     return {"ids": np.asarray(ids, dtype=np.int32), "mm": media, "mm_kwargs": kwargs}

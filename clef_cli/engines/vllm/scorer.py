@@ -29,18 +29,22 @@ from clef_cli.model.scoring import Scorer
 from clef_cli.release import Release
 from clef_cli.settings import ScoreSettings
 
-FAMILIES = ("omni",)
+MODEL_TYPES = {"qwen3_omni_moe": "Clef-Omni", "qwen3_5": "Clef / Clef-Flash (dense Qwen3.5)"}
+"""The releases this engine serves, by config.json model_type: each proven exact against the HF
+engine (tests/test_vllm_engine.py, tests/test_vllm_dense.py). Qwen3.5-MoE (`qwen3_5_moe`) is not yet."""
 IN_FLIGHT = 2
 """Batches sent to vLLM at once: one running, the next waiting in the worker, so vLLM starts it
 the moment the first ends, while clef runs the head and commits."""
 
 
 def check_family(release: Release) -> None:
-    """Refuse, before any work, a family this engine does not serve."""
-    if release.family not in FAMILIES:
+    """Refuse, before any work, a model this engine does not serve."""
+    model_type = release.config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        served = " and ".join(MODEL_TYPES.values())
         raise UsageError(
-            f"--engine vllm serves the Clef-Omni family only; {release.family!r} ({release.path}) is not proven "
-            "exact against the HF engine on vLLM yet: use --engine hf"
+            f"--engine vllm serves {served} only (model_type {', '.join(MODEL_TYPES)}); {model_type!r} "
+            f"({release.path}) is not proven exact against the HF engine on vLLM yet: use --engine hf"
         )
 
 

@@ -69,6 +69,7 @@ def register_hidden_model() -> None:
             self.pooler = from_hidden(self.pooler.head)  # the head's weights still load; clef's head scores
 
     ModelRegistry.register_model(ARCHITECTURE, neighbour("omni_audio").with_reference_audio(ClefOmniHiddenStates))
+    neighbour("dense_model").register(from_hidden)
 
 
 def neighbour(name: str) -> Any:
@@ -169,7 +170,7 @@ def load(model: str, options: dict[str, Any]) -> Any:
     return LLM(
         model=model,
         runner="pooling",
-        hf_overrides=release_overrides(head_config),
+        hf_overrides=release_overrides(head_config, neighbour("dense_model").architecture(model) or ARCHITECTURE),
         seed=0,
         **engine_options(options, _on_cpu()),
     )
