@@ -89,10 +89,17 @@ def test_vllm_options_need_the_vllm_engine(tmp_path):
     assert code == 2 and "--max-model-len applies to the vLLM engine only" in output
 
 
-def test_a_family_vllm_does_not_serve_is_refused_at_start(tmp_path, monkeypatch):
+def test_a_model_vllm_does_not_serve_is_refused_at_start(tmp_path, monkeypatch):
+    """Qwen3.5-MoE (`qwen3_5_moe`) is not proven exact on vLLM: refused before anything is written
+    (here a copy of the tiny dense release named a MoE: the refusal reads only config.json)."""
+    moe = tmp_path / "tiny-moe"
+    shutil.copytree(TINY_DENSE, moe)
+    config = json.loads((moe / "config.json").read_text())
+    (moe / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5_moe"}))
     monkeypatch.setenv("CLEF_VLLM_PYTHON", "/nonexistent/python")
-    code, output = score(TINY_DENSE, SAMPLE_DATA / "records.jsonl", tmp_path / "o.parquet", "--engine", "vllm")
-    assert code == 2 and "serves the Clef-Omni family only" in output
+    code, output = score(moe, SAMPLE_DATA / "records.jsonl", tmp_path / "o.parquet", "--engine", "vllm")
+    assert code == 2 and "'qwen3_5_moe'" in output and "is not proven exact" in output, output
+    assert "serves Clef-Omni and Clef / Clef-Flash (dense Qwen3.5) only (model_type qwen3_omni_moe, qwen3_5)" in output
     assert not (tmp_path / "o.parquet.ckpt").exists()  # before any work
 
 
