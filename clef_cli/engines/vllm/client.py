@@ -26,7 +26,11 @@ RUNNING = "running a batch"
 
 class VllmRecordError(ValueError):
     """vLLM refused a request (too long for --max-model-len, a media item its processor rejects):
-    a ValueError, so the batch runner narrows it down to the record that causes it."""
+    a ValueError, so the batch runner narrows it down to the record that causes it. What vLLM
+    refuses, the HF engine may score (clef checked the record and decoded its media before), so
+    the record's error is `unsupported`: no verdict on it, tried again by the next run."""
+
+    kind = "unsupported"
 
 
 def vllm_python() -> str:
@@ -128,7 +132,8 @@ class VllmWorker:
             return reply
         if reply.get("kind") == "fatal":
             raise ModelLoadError(f"vLLM failed while {doing}: {one_line(reply['error'])} (its log: {self.log})")
-        raise VllmRecordError(f"vLLM refused the request: {one_line(reply['error'])}")
+        error = one_line(reply["error"])
+        raise VllmRecordError(f"vLLM refused the request: {error}; score this record with --engine hf")
 
     def _reply(self, doing: str) -> dict[str, Any]:
         return self._checked(self._received(doing), doing)
