@@ -27,8 +27,8 @@ TEXT_IDS = ("d01-text", "d02-json-state", "d05-noul-criteria", "d06-long-state-c
             "d09-many-options", "d10-empty-instructions", "ticket-001", "mod-002")  # fmt: skip
 IMAGE_IDS = ("d03-one-image", "d04-two-images", "d08-gray-image", "ticket-003", "ticket-005", "ticket-009")
 AUDIO_ID = "ticket-004"  # the dense family reads no audio: refused by clef, whatever the engine
-STATE_BOUND = 1e-4
-"""Final hidden states, HF against vLLM (fp32): measured 8.7e-6 (text and images); the head's
+STATE_BOUND = 2e-4
+"""Final hidden states, HF against vLLM (fp32): measured 1.9e-5 (text and images); the head's
 probabilities, the product, keep BOUND (1e-5)."""
 VLLM = ("--engine", "vllm", "--cpu-kv-cache-gib", "1")
 DENSE_MODEL = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm" / "dense_model.py"

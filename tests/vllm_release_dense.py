@@ -1,12 +1,18 @@
 """The dense family's vLLM-ready tiny release (issue 38), made from tests/fixtures/tiny-clef-dense
 by tests/vllm_release.py (`python -m tests.vllm_release --family dense OUT_DIR`).
 
-The same surgery as Omni's: vLLM's CPU attention refuses the fixture's text head size of 16, so
-the full-attention layers get 2 query heads and 1 KV head of 32 (the gated query projection
-keeps its shape, 2 x 32 x 2 rows), `mrope_section` doubled for the doubled rotary width; the
-attention weights are drawn again from a fixed seed, the Gated DeltaNet layers, the vision tower
-and the rest are copied. The index file is written by the caller. Qwen3.5's q/k norms scale by
-(1 + weight), so they are drawn around 0 (Omni's around 1)."""
+What vLLM needs that the fixture lacks (the index file is written by the caller):
+- a text head size its CPU attention takes (32, not 16): the full-attention layers get 2 query
+  heads and 1 KV head of 32 (the gated query projection keeps its shape, 2 x 32 x 2 rows) and
+  `mrope_section` doubled for the doubled rotary width;
+- Gated DeltaNet head sizes its CPU kernels take (`chunk_gated_delta_rule_cpu`: multiples of 32,
+  bf16): key and value heads of 32, the same head counts.
+Those layers are drawn again from a fixed seed; the MLPs, norms, embeddings, lm_head and vision
+tower are copied. The Gated DeltaNet layers are drawn at scales where they matter: in the fixture
+(std 0.02 weights, A = exp(A_log) ~ 9) each token's decay is ~exp(-13), so the recurrent state
+forgets at once and an error in carrying it (across chunked prefill) would not show. Here A is
+drawn in [exp(-4), 1], so the slowest heads still keep a quarter of their state over a 64-token
+chunk. Qwen3.5's q/k norms scale by (1 + weight), so they are drawn around 0."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import Any
 SOURCE = Path(__file__).parent / "fixtures" / "tiny-clef-dense"
 SEED = 35
 HEAD_DIM, HEADS, KV_HEADS = 32, 2, 1
+LINEAR_HEAD_DIM = 32
 COPIED = (
     "generation_config.json",
     "joint_head.safetensors",
@@ -25,43 +32,74 @@ COPIED = (
     "tokenizer.json",
     "tokenizer_config.json",
 )
-ATTENTION = "model.language_model.layers."
+LAYERS = "model.language_model.layers."
 
 
 def dense_config() -> dict[str, Any]:
-    """The source config with the wider text heads (and M-RoPE sections widened to match)."""
+    """The source config with the wider heads (and M-RoPE sections widened to match)."""
     config = json.loads((SOURCE / "config.json").read_text())
     text = config["text_config"]
     text.update(head_dim=HEAD_DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS)
+    text.update(linear_key_head_dim=LINEAR_HEAD_DIM, linear_value_head_dim=LINEAR_HEAD_DIM)
     rope = text["rope_parameters"]
     rope["mrope_section"] = [2 * size for size in rope["mrope_section"]]
     return config
 
 
-def dense_weights(hidden: int) -> dict[str, Any]:
-    """The source weights with the full-attention layers redrawn for the new head layout."""
+def attention_draws(hidden: int, generator: Any) -> dict[str, Any]:
+    """A full-attention layer's weights, by name after `.self_attn.`."""
+    import torch
+
+    draw = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    return {
+        "q_proj.weight": 0.08 * draw(HEADS * HEAD_DIM * 2, hidden),  # the query and its output gate
+        "k_proj.weight": 0.08 * draw(KV_HEADS * HEAD_DIM, hidden),
+        "v_proj.weight": 0.08 * draw(KV_HEADS * HEAD_DIM, hidden),
+        "o_proj.weight": 0.08 * draw(hidden, HEADS * HEAD_DIM),
+        "q_norm.weight": 0.1 * draw(HEAD_DIM),
+        "k_norm.weight": 0.1 * draw(HEAD_DIM),
+    }
+
+
+def linear_draws(text: dict[str, Any], generator: Any) -> dict[str, Any]:
+    """A Gated DeltaNet layer's weights, by name after `.linear_attn.`."""
+    import torch
+
+    draw = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    hidden, keys, values = text["hidden_size"], text["linear_num_key_heads"], text["linear_num_value_heads"]
+    conv = (2 * keys + values) * LINEAR_HEAD_DIM
+    return {
+        "in_proj_qkv.weight": 0.08 * draw(conv, hidden),
+        "in_proj_z.weight": 0.08 * draw(values * LINEAR_HEAD_DIM, hidden),
+        "in_proj_a.weight": 0.08 * draw(values, hidden),
+        "in_proj_b.weight": 0.08 * draw(values, hidden),
+        "conv1d.weight": 0.3 * draw(conv, 1, text["linear_conv_kernel_dim"]),
+        "A_log": -4.0 + 4.0 * torch.rand(values, generator=generator),
+        "dt_bias": 0.5 * draw(values),
+        "norm.weight": 1.0 + 0.1 * draw(LINEAR_HEAD_DIM),
+        "out_proj.weight": 0.08 * draw(hidden, values * LINEAR_HEAD_DIM),
+    }
+
+
+def dense_weights(text: dict[str, Any]) -> dict[str, Any]:
+    """The source weights with every token mixer redrawn for the new head layout (seeded)."""
     import torch
     from safetensors.torch import load_file
 
     weights = load_file(SOURCE / "model.safetensors")
     generator = torch.Generator().manual_seed(SEED)
-    shapes = {
-        "q_proj.weight": (HEADS * HEAD_DIM * 2, hidden),  # the query and its output gate
-        "k_proj.weight": (KV_HEADS * HEAD_DIM, hidden),
-        "v_proj.weight": (KV_HEADS * HEAD_DIM, hidden),
-        "o_proj.weight": (hidden, HEADS * HEAD_DIM),
-    }
-    for name in sorted(weights):
-        if not name.startswith(ATTENTION) or ".self_attn." not in name:
-            continue
-        suffix = name.split(".self_attn.", 1)[1]
-        if suffix in shapes:
-            weights[name] = torch.randn(shapes[suffix], generator=generator) * 0.08
-        elif suffix in ("q_norm.weight", "k_norm.weight"):
-            weights[name] = 0.1 * torch.randn(HEAD_DIM, generator=generator)
+    for layer, kind in enumerate(text["layer_types"]):
+        mixer, draws = (
+            ("self_attn", attention_draws(text["hidden_size"], generator))
+            if kind == "full_attention"
+            else ("linear_attn", linear_draws(text, generator))
+        )
+        prefix = f"{LAYERS}{layer}.{mixer}."
+        assert {name for name in weights if name.startswith(prefix)} == {prefix + name for name in draws}
+        weights |= {prefix + name: value for name, value in draws.items()}
     return weights
 
 
 def config_and_weights() -> tuple[dict[str, Any], dict[str, Any]]:
     config = dense_config()
-    return config, dense_weights(config["text_config"]["hidden_size"])
+    return config, dense_weights(config["text_config"])
