@@ -79,7 +79,7 @@ class ScoreJob:
         """The engine's own start-up checks, before anything is written (the HF engine has none
         beyond the settings' and the device's)."""
 
-    def engine_refusal(self, length: int, audio_in_video: bool) -> tuple[str, str] | None:
+    def engine_refusal(self, length: int) -> tuple[str, str] | None:
         """(error_kind, message) for a prompt this engine cannot run (asked at planning, and by a
         Ray actor for each record it encodes); the HF engine runs every prompt planning let through."""
         return None
@@ -107,7 +107,7 @@ class ScoreJob:
         kept: list[Planned] = []
         failures = list(window.failures)
         for item in window.planned:
-            refusal = self.engine_refusal(item.length or 0, item.audio_in_video)
+            refusal = self.engine_refusal(item.length or 0)
             if refusal is None:
                 kept.append(item)
                 continue

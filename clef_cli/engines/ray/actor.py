@@ -110,8 +110,8 @@ class ScoreActor:
             encoded = self.encoder.encode(record)
         except RecordError as error:
             return FailedRecord(record.id, record.index, str(error), kind=error.kind or "media")
-        refusal = self.engine.engine_refusal(encoded.length, encoded.use_audio_in_video)
-        if refusal is not None:  # what the engine cannot run (vLLM: over its limit, audio in video)
+        refusal = self.engine.engine_refusal(encoded.length)
+        if refusal is not None:  # what the engine cannot run (vLLM: a prompt over its limit)
             kind, message = refusal
             return FailedRecord(record.id, record.index, message, encoded.length, kind)
         return encoded

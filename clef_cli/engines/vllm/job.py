@@ -36,7 +36,7 @@ class VllmScoreJob(ScoreJob):
         vllm_python()
         self.planned_limit = prompt_limit(settings, release)
 
-    def engine_refusal(self, length: int, audio_in_video: bool) -> tuple[str, str] | None:
+    def engine_refusal(self, length: int) -> tuple[str, str] | None:
         return engine_refusal(length, self.limit())
 
     @property
