@@ -3,7 +3,7 @@
 Each state is opened and the same job rerun to its end; then its output equals the uncrashed
 run's, every record journaled as committed before the crash is reused, nothing is reported as
 damaged (the model never tears a journaled file), no exception escapes, and after a prune the
-store holds exactly the keys the uncrashed prune kept."""
+store holds exactly the keys the uncrashed prune kept, each pointing at its row."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from clef_cli.store.prune import prune
 
 from . import crash_model
 from .helpers import TINY_MODEL, assert_same_rows, settings_for, write_jsonl
+from .test_prune_index import assert_points_at_its_rows
 
 RECORDS = [
     {"id": f"r{i}", "state": f"ticket {i} " + "word " * (2 + (i * 5) % 7), "questions": {"ok": {"type": "noul"}}}
@@ -111,6 +112,7 @@ def check_state(workload, recorder, base, state, pre_keys, done: Path, folder: P
         else:
             assert store_keys(folder) == store_keys(done)
         assert shard_keys(folder) == set(store_keys(folder))
+        assert_points_at_its_rows(folder / STORE)
         named, present = journaled(folder)
         assert named == present
         return

@@ -155,14 +155,16 @@ class Checkpoint:
         """Reconcile the key index with the journal: forget shards it no longer lists (damaged,
         pruned), index journaled shards it lacks (a kill between journal line and index rows)."""
         index = self.index = KeyIndex(self.path / INDEX_FILE)
-        indexed = index.indexed_shards()
-        stale = indexed - {entry.name for entry in self.entries}
+        files = {entry.name: entry.files["results"]["name"] for entry in self.entries}
+        indexed = index.indexed_shards(files)
+        # a shard the journal no longer lists, or lists with other files (rewritten by a prune)
+        stale = {name for name, file in indexed.items() if files.get(name) != file}
         missing = []
         for entry in self.entries:
-            if entry.name not in indexed:
-                results = self.shards_path / entry.files["results"]["name"]
+            if entry.name not in indexed or entry.name in stale:
+                results = self.shards_path / files[entry.name]
                 run_seq = index.begin_run(entry.run or "unknown", started=results.stat().st_mtime)
-                missing.append((entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq))
+                missing.append((entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq, files[entry.name]))
         if stale or missing:
             index.reconcile(stale, missing)
 
@@ -236,11 +238,6 @@ class Checkpoint:
     def _next_name(self) -> str:
         return self._names.next_name(self.entries)
 
-    @staticmethod
-    def _next_name_after(entries: list[ShardEntry]) -> str:
-        numbers = [int(entry.name) for entry in entries if entry.name.isdigit()]
-        return f"{max(numbers, default=0) + 1:08d}"
-
     def commit(
         self, results: pa.Table, hidden: HiddenPayload | None = None, hidden_file: dict[str, Any] | None = None
     ) -> None:
@@ -274,7 +271,7 @@ class Checkpoint:
         durable.append(self.path / JOURNAL, (json.dumps(entry.__dict__, sort_keys=True) + "\n").encode("utf-8"))
         self.entries.append(entry)
         if self.index is not None:
-            self.index.add_shard(name, table, entry.has_hidden, self.run_seq)
+            self.index.add_shard(name, table, entry.has_hidden, self.run_seq, files["results"]["name"])
 
     def _write_file(self, file_name: str, data: bytes | Sequence[bytes | memoryview], checksum: str) -> dict[str, Any]:
         return write_shard_file(self.shards_path, file_name, data, checksum)
@@ -364,6 +361,11 @@ def write_shard_file(
     (written and summed one by one, never joined)."""
     chunks = [data] if isinstance(data, bytes) else list(data)
     write_file(folder / file_name, lambda handle: [handle.write(chunk) for chunk in chunks])
+    return described_file(file_name, chunks, checksum)
+
+
+def described_file(file_name: str, chunks: Sequence[bytes | memoryview], checksum: str) -> dict[str, Any]:
+    """A shard file's journal description: name, size and checksum (sha256 or crc32) of its bytes."""
     if checksum == "sha256":
         hasher = hashlib.sha256()
         for chunk in chunks:

@@ -42,7 +42,11 @@ CREATE TABLE IF NOT EXISTS keys (
     last_run INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS keys_by_shard ON keys(shard);
-CREATE TABLE IF NOT EXISTS shards (name TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS shards (
+    name TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    file TEXT  -- its results file (a prune rewrites a shard under its name); NULL in older stores
+);
 CREATE TABLE IF NOT EXISTS runs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id TEXT UNIQUE NOT NULL,
@@ -80,10 +84,10 @@ class KeyIndex:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA temp_store=FILE")
         db.executescript(_SCHEMA)
-        present = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
-        for column in ("inputs", "output"):  # a store made before runs named their files
-            if column not in present:
-                db.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
+        # a store made before runs named their files, or before shards named their results file
+        for table, column in (("runs", "inputs"), ("runs", "output"), ("shards", "file")):
+            if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
         return db
 
     def close(self) -> None:
@@ -130,14 +134,15 @@ class KeyIndex:
                 "UPDATE runs SET finished = ?, counts = ? WHERE run_id = ?", (time.time(), json.dumps(counts), run_id)
             )
 
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self, count_keys: bool = True) -> list[dict[str, Any]]:
         """Every run in order: its counts (None until it finished), inputs (a list, empty when not
         recorded), output, whether `prune --keep-runs` counts it, and how many keys it was the
-        last to use."""
+        last to use (0 without `count_keys`: a scan of every key, which prune does without)."""
         with self.lock:
             rows = self.db.execute(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs ORDER BY seq").fetchall()
             # counted here over one scan: SQLite's GROUP BY sorts every key (10M keys: 6.8 s, not 8.1 s)
-            used = Counter(last_run for (last_run,) in self.db.execute("SELECT last_run FROM keys"))
+            keys = self.db.execute("SELECT last_run FROM keys") if count_keys else ()
+            used = Counter(last_run for (last_run,) in keys)
         runs = []
         for row in rows:
             run = dict(zip(RUN_COLUMNS, row, strict=True))
@@ -148,19 +153,29 @@ class KeyIndex:
 
     # ------------------------------------------------------------------ shards
 
-    def indexed_shards(self) -> set[str]:
+    def indexed_shards(self, journaled: dict[str, str]) -> dict[str, str | None]:
+        """Shard name -> the results file indexed. A shard indexed before the store recorded its
+        file gets the one `journaled` names (shard -> file): no prune has rewritten it since, and
+        from now on a prune killed after rewriting it under its name is noticed at the next open."""
         with self.lock:
-            return {row[0] for row in self.db.execute("SELECT name FROM shards")}
+            indexed = dict(self.db.execute("SELECT name, file FROM shards"))
+        unnamed = [(file, name) for name, file in journaled.items() if name in indexed and indexed[name] is None]
+        if unnamed:
+            with self.transaction() as db:
+                db.executemany("UPDATE shards SET file = ? WHERE name = ?", unnamed)
+            indexed |= {name: file for file, name in unnamed}
+        return indexed
 
-    def add_shard(self, name: str, table: pa.Table, has_hidden: bool, run_seq: int) -> None:
-        """Index one committed shard's rows: a later shard's row wins, and a final result is
-        never replaced by a transient one."""
+    def add_shard(self, name: str, table: pa.Table, has_hidden: bool, run_seq: int, file: str | None = None) -> None:
+        """Index one committed shard's rows (`file`: its results file): a later shard's row wins,
+        and a final result is never replaced by a transient one."""
         with self.transaction() as db:
-            _insert_shard(db, name, table, has_hidden, run_seq)
+            _insert_shard(db, name, table, has_hidden, run_seq, file)
 
-    def reconcile(self, stale: set[str], missing: Sequence[tuple[str, pa.Table, bool, int]]) -> None:
-        """In one transaction: forget the `stale` shards (no longer journaled: pruned, damaged)
-        and index the `missing` ones (name, table, has_hidden, run seq). A key found again in a
+    def reconcile(self, stale: set[str], missing: Sequence[tuple[str, pa.Table, bool, int, str | None]]) -> None:
+        """In one transaction: forget the `stale` shards (no longer journaled: pruned, damaged;
+        or rewritten by a prune) and index the `missing` ones (name, table, has_hidden, run seq,
+        results file). A key found again in a
         missing shard keeps when it was last used: a prune killed after its journal switch moved
         kept keys to new shards, and their run history exists only here (without it the next
         prune would drop keys the last one kept)."""
@@ -171,8 +186,8 @@ class KeyIndex:
             db.execute(f"INSERT INTO temp.used SELECT key, last_run FROM keys WHERE shard IN ({marks})", list(stale))
             db.execute(f"DELETE FROM keys WHERE shard IN ({marks})", list(stale))
             db.execute(f"DELETE FROM shards WHERE name IN ({marks})", list(stale))
-            for name, table, has_hidden, run_seq in missing:
-                _insert_shard(db, name, table, has_hidden, run_seq)
+            for name, table, has_hidden, run_seq, file in missing:
+                _insert_shard(db, name, table, has_hidden, run_seq, file)
             db.execute(
                 "UPDATE keys SET last_run = MAX(last_run, (SELECT u.last_run FROM temp.used u WHERE u.key = keys.key)) "
                 "WHERE key IN (SELECT key FROM temp.used)"
@@ -198,15 +213,6 @@ class KeyIndex:
                     found[key] = (shard, row)
         return found
 
-    def keys_kept(self, kept_runs: Sequence[int]) -> tuple[int, int]:
-        """(keys, of them last used by one of `kept_runs`): what a prune keeps."""
-        marks = ",".join("?" * len(kept_runs)) or "NULL"
-        with self.lock:
-            total, kept = self.db.execute(
-                f"SELECT COUNT(*), COALESCE(SUM(last_run IN ({marks})), 0) FROM keys", list(kept_runs)
-            ).fetchone()
-        return int(total), int(kept)
-
     def last_runs(self, keys: Sequence[str]) -> dict[str, int]:
         """key -> the seq of the latest run that used it, for the given keys that are indexed
         (read-only; train-head tells an edited record's old and new prompt apart with it)."""
@@ -223,13 +229,22 @@ class KeyIndex:
         with self.lock:
             return self.db.execute("SELECT MAX(last_run) FROM keys").fetchone()[0]
 
-    def live_counts(self, kept_runs: Sequence[int]) -> dict[str, int]:
-        """shard -> rows the index points to that one of `kept_runs` used: one pass over the keys
-        (counted here: SQLite's GROUP BY sorts every key, ten times slower on a large store)."""
-        kept = set(kept_runs)
+    def shard_counts(self) -> dict[str, int]:
+        """shard -> keys the index points into it (a walk of the shard index, no key read)."""
         with self.lock:
-            rows = self.db.execute("SELECT shard, last_run FROM keys")
-            return dict(Counter(shard for shard, last_run in rows if last_run in kept))
+            return dict(self.db.execute("SELECT shard, COUNT(*) FROM keys GROUP BY shard"))
+
+    def unused_keys(self, kept_runs: Sequence[int]) -> dict[str, list[tuple[int, str]]]:
+        """shard -> sorted (row, key) of the keys no run of `kept_runs` used last: what a prune
+        drops, found by SQLite in one pass (only those rows come back to Python)."""
+        query = "SELECT shard, row, key FROM keys"  # NOT IN (NULL) would be NULL: no key, not every key
+        if kept_runs:
+            query += f" WHERE last_run NOT IN ({','.join('?' * len(kept_runs))})"
+        found: dict[str, list[tuple[int, str]]] = {}
+        with self.lock:
+            for shard, row, key in self.db.execute(query, list(kept_runs)):
+                found.setdefault(shard, []).append((row, key))
+        return {shard: sorted(rows) for shard, rows in found.items()}
 
     def live_rows(self, shard: str, kept_runs: Sequence[int] | None = None) -> list[int]:
         """Rows of `shard` the index points to (used by a kept run, when `kept_runs` is given)."""
@@ -241,7 +256,9 @@ class KeyIndex:
             return sorted(row[0] for row in self.db.execute(query, params))
 
 
-def _insert_shard(db: sqlite3.Connection, name: str, table: pa.Table, has_hidden: bool, run_seq: int) -> None:
+def _insert_shard(
+    db: sqlite3.Connection, name: str, table: pa.Table, has_hidden: bool, run_seq: int, file: str | None
+) -> None:
     """`add_shard`'s rows, inside the caller's transaction."""
     keys = table.column("record_key").to_pylist()
     kinds = table.column("error_kind").to_pylist()
@@ -259,7 +276,7 @@ def _insert_shard(db: sqlite3.Connection, name: str, table: pa.Table, has_hidden
         "WHERE excluded.seq >= keys.seq AND (excluded.final = 1 OR keys.final = 0)",
         rows,
     )
-    db.execute("INSERT OR REPLACE INTO shards(name, seq) VALUES (?, ?)", (name, seq))
+    db.execute("INSERT OR REPLACE INTO shards(name, seq, file) VALUES (?, ?, ?)", (name, seq, file))
 
 
 def _json_or(text: str | None, default: Any) -> Any:

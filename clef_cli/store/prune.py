@@ -4,20 +4,25 @@ Only completed runs that used keys count toward `--keep-runs` (`counts_as_run`),
 would empty the store is refused unless forced, and a dry run reports what would go.
 
 Crash-safe the way commits are: the kept rows of each shard that loses some are written to new
-shard files first, then one atomic rewrite of the journal switches to them, and only then are
+files first (under the shard's own name: its keys keep their shard, and only their row changes,
+index_compaction.py), then one atomic rewrite of the journal switches to them, and only then are
 the old files deleted and the key index updated. A kill before the journal rewrite leaves new
 files no journal line names (the next open deletes them); a kill after leaves old files no line
-names (deleted likewise) and an index the next open reconciles with the journal (each moved key
-keeping its last use, so the next prune keeps what this one kept).
+names (deleted likewise) and an index whose shards name other results files than the journal's,
+which the next open reconciles (each moved key keeping its last use, so the next prune keeps
+what this one kept).
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from clef_cli.errors import UsageError
@@ -27,10 +32,11 @@ from clef_cli.store.checkpoint import (
     Checkpoint,
     ShardEntry,
     _ipc_bytes,
+    described_file,
     require_folder,
-    write_shard_file,
 )
-from clef_cli.store.key_index import counts_as_run
+from clef_cli.store.index_compaction import Rewritten, compact
+from clef_cli.store.key_index import KeyIndex, counts_as_run
 from clef_cli.store.locks import JobLock
 from clef_cli.store.manifest import read_manifest
 
@@ -108,16 +114,30 @@ def prune(
             checkpoint.close()
 
 
+@dataclass(frozen=True)
+class _Change:
+    """A shard that loses rows: which (sorted), and the keys that pointed to them."""
+
+    entry: ShardEntry
+    gone: np.ndarray
+    dropped_keys: list[str]
+
+    def live(self) -> np.ndarray:
+        return np.setdiff1d(np.arange(self.entry.records, dtype=np.int64), self.gone, assume_unique=True)
+
+
 def _prune(
     checkpoint: Checkpoint, keep_runs: int | None, older_than_days: float | None, force: bool, apply: bool = True
 ) -> PruneReport:
     index = checkpoint.index
     assert index is not None
-    runs = index.runs()
+    runs = index.runs(count_keys=False)
     seqs = sorted(kept_run_seqs(runs, keep_runs, older_than_days))
     report = PruneReport(dry_run=not apply)
     report.kept_runs = [run["run_id"] for run in runs if run["seq"] in seqs and counts_as_run(run)]
-    report.keys_before, kept_keys = index.keys_kept(seqs)
+    counts, unused = index.shard_counts(), index.unused_keys(seqs)
+    report.keys_before = sum(counts.values())
+    kept_keys = report.keys_before - sum(len(rows) for rows in unused.values())
     report.keys_dropped = report.keys_before - kept_keys
     report.drops_every_key = report.keys_before > 0 and kept_keys == 0
     if report.drops_every_key and not force:
@@ -127,31 +147,51 @@ def _prune(
             f"({plural(len(report.kept_runs), 'completed run')} with keys kept); see `clef checkpoint prune "
             "--dry-run`, keep more runs, or add --force to drop them all"
         )
-    # the shards that lose rows, found in one pass over the index (a shard's rows: its journal line)
-    counts = index.live_counts(seqs)
-    changed = [entry for entry in checkpoint.entries if counts.get(entry.name, 0) != entry.records]
-    changes = [(entry, index.live_rows(entry.name, seqs)) for entry in changed]
-    for entry, live in changes:
-        report.rows_dropped += entry.records - len(live)
-        report.shards_removed += not live
-        report.shards_rewritten += bool(live)
+    changes = _changes(index, checkpoint.entries, counts, unused, seqs)
+    for change in changes:
+        report.rows_dropped += len(change.gone)
+        report.shards_removed += len(change.gone) == change.entry.records
+        report.shards_rewritten += len(change.gone) < change.entry.records
     if not apply:
-        report.bytes_freed = sum(_freed_estimate(checkpoint, entry, live) for entry, live in changes)
+        report.bytes_freed = sum(_freed_estimate(checkpoint, change.entry, change.live()) for change in changes)
     elif changes:
-        report.bytes_freed = _apply(checkpoint, changes)
+        report.bytes_freed = _apply(checkpoint, changes, report.keys_before)
     return report
 
 
-def _freed_estimate(checkpoint: Checkpoint, entry: ShardEntry, live: list[int]) -> int:
+def _changes(
+    index: KeyIndex,
+    entries: list[ShardEntry],
+    counts: dict[str, int],
+    unused: dict[str, list[tuple[int, str]]],
+    kept_runs: list[int],
+) -> list[_Change]:
+    """The shards that lose rows: those with keys no kept run used, and those holding rows no key
+    points to (a later shard's row won, or the record had no key)."""
+    changes = []
+    for entry in entries:
+        pointed, dropped = counts.get(entry.name, 0), unused.get(entry.name, [])
+        if pointed - len(dropped) == entry.records:
+            continue
+        if pointed == entry.records:  # every row has its key: all go but the dropped ones
+            gone = np.array([row for row, _ in dropped], dtype=np.int64)
+        else:
+            live = np.array(index.live_rows(entry.name, kept_runs), dtype=np.int64)
+            gone = np.setdiff1d(np.arange(entry.records, dtype=np.int64), live, assume_unique=True)
+        changes.append(_Change(entry, gone, [key for _, key in dropped]))
+    return changes
+
+
+def _freed_estimate(checkpoint: Checkpoint, entry: ShardEntry, live: np.ndarray) -> int:
     """What dropping all but the `live` rows of a shard frees: its files, or their share by the
     dropped rows (hidden states by prompt tokens, which they are made of)."""
     size = {kind: int(described["bytes"]) for kind, described in entry.files.items()}
-    if not live:
+    if len(live) == 0:
         return sum(size.values())
     table = checkpoint.shard_table(entry.name)
     freed = size["results"] * (table.num_rows - len(live)) // table.num_rows
     if "hidden" in size:
-        kept = set(live)
+        kept = set(live.tolist())
         tokens = [
             (row in kept, value or 0)
             for row, (value, error) in enumerate(
@@ -165,39 +205,43 @@ def _freed_estimate(checkpoint: Checkpoint, entry: ShardEntry, live: list[int]) 
     return freed
 
 
-def _apply(checkpoint: Checkpoint, changes: list[tuple[ShardEntry, list[int]]]) -> int:
+def _apply(checkpoint: Checkpoint, changes: list[_Change], keys_before: int) -> int:
     """Rewrite or remove the changed shards (crash-safe, see the module's note); the bytes freed."""
-    changed = {entry.name: live for entry, live in changes}
-    entries, moves, obsolete = [], [], []
+    changed = {change.entry.name: change for change in changes}
+    entries, rewritten, removed = [], [], []
     for entry in checkpoint.entries:
-        if entry.name not in changed:
+        change = changed.get(entry.name)
+        if change is None:
             entries.append(entry)
-            continue
-        obsolete.append(entry)
-        live = changed[entry.name]
-        if not live:
-            continue
-        name = checkpoint._next_name_after(checkpoint.entries + entries)  # after every name on disk
-        new_entry = _rewrite(checkpoint, entry, checkpoint.shard_table(entry.name), live, name)
-        entries.append(new_entry)
-        moves.append((entry.name, new_entry.name, live))
-    old_entries = checkpoint.entries
+        elif len(change.gone) == entry.records:
+            removed.append(entry.name)
+        else:
+            # not kept mapped: the whole store's pages would count in the prune's memory
+            new_entry = _rewrite(checkpoint, entry, checkpoint.open_shard(entry.name), change.live())
+            entries.append(new_entry)
+            results = new_entry.files["results"]["name"]
+            rewritten.append(Rewritten(entry.name, results, change.gone.tolist(), change.dropped_keys))
+    durable.fsync_dir(checkpoint.shards_path)  # the new files' names, before the journal names them
     checkpoint.entries = entries
-    checkpoint._rewrite_journal()  # the switch: from here the new shards count
+    checkpoint._tables.clear()  # the old files' tables, cached by shard name
+    checkpoint._rewrite_journal()  # the switch: from here the new files count
     freed = 0
-    for entry in obsolete:
-        for described in entry.files.values():
+    for change in changes:
+        for described in change.entry.files.values():
             freed += int(described["bytes"])
             durable.unlink(checkpoint.shards_path / described["name"])
-    freed -= sum(int(d["bytes"]) for e in entries if e not in old_entries for d in e.files.values())
-    _update_index(checkpoint, obsolete, moves)
+    kept_names = {shard.name for shard in rewritten}
+    freed -= sum(int(d["bytes"]) for e in entries if e.name in kept_names for d in e.files.values())
+    _update_index(checkpoint, rewritten, removed, keys_before)
     return freed
 
 
-def _rewrite(checkpoint: Checkpoint, entry: ShardEntry, table: pa.Table, live: list[int], name: str) -> ShardEntry:
-    """A new shard with only the `live` rows (and their hidden states)."""
+def _rewrite(checkpoint: Checkpoint, entry: ShardEntry, table: pa.Table, live: np.ndarray) -> ShardEntry:
+    """The shard with only the `live` rows (and their hidden states), in new files under its name
+    (a token apart from every file the store has or had: the journal switch picks them)."""
     kept = table.take(pa.array(live, pa.int64()))
-    files = {"results": write_shard_file(checkpoint.shards_path, f"{name}.results.arrow", _ipc_bytes(kept), "sha256")}
+    stem = f"{entry.name}.{uuid.uuid4().hex[:8]}"
+    files = {"results": _write_new(checkpoint.shards_path / f"{stem}.results.arrow", _ipc_bytes(kept), "sha256")}
     if entry.has_hidden:
         indices = {
             index
@@ -207,8 +251,19 @@ def _rewrite(checkpoint: Checkpoint, entry: ShardEntry, table: pa.Table, live: l
             if error is None
         }
         data = _filtered_hidden(checkpoint.shards_path / entry.files["hidden"]["name"], indices)
-        files["hidden"] = write_shard_file(checkpoint.shards_path, f"{name}.hidden.safetensors", data, "crc32")
-    return ShardEntry(name=name, records=kept.num_rows, files=files, run=entry.run)
+        files["hidden"] = _write_new(checkpoint.shards_path / f"{stem}.hidden.safetensors", data, "crc32")
+    return ShardEntry(name=entry.name, records=kept.num_rows, files=files, run=entry.run)
+
+
+def _write_new(path: Path, data: bytes, checksum: str) -> dict[str, Any]:
+    """A new file under a name nothing reads until the journal switch: written and fsynced in
+    place (no temporary and rename), its folder fsynced once for all of them (`_apply`); a
+    kill leaves a file no journal line names, which the next open deletes."""
+    with durable.create(path) as handle:
+        handle.write(data)
+        durable.wrote(path, handle)
+        durable.fsync(handle, path)
+    return described_file(path.name, [data], checksum)
 
 
 def _filtered_hidden(path: Path, indices: set[int]) -> bytes:
@@ -229,21 +284,7 @@ def _filtered_hidden(path: Path, indices: set[int]) -> bytes:
     return save(tensors, metadata)
 
 
-def _update_index(checkpoint: Checkpoint, obsolete: list[ShardEntry], moves: list[tuple[str, str, list[int]]]) -> None:
-    """Point kept keys at their new rows and forget the rest (one transaction)."""
-    index = checkpoint.index
-    assert index is not None
-    with index.transaction() as db:
-        for old, new, live in moves:
-            seq = int(new) if new.isdigit() else 0
-            # by key (the primary key): an update by (shard, row) scans the shard's rows for each
-            position = {row: number for number, row in enumerate(live)}
-            stored = db.execute("SELECT key, row FROM keys WHERE shard = ?", (old,)).fetchall()
-            db.executemany(
-                "UPDATE keys SET shard = ?, seq = ?, row = ? WHERE key = ?",
-                [(new, seq, position[row], key) for key, row in stored if row in position],
-            )
-            db.execute("INSERT OR REPLACE INTO shards(name, seq) VALUES (?, ?)", (new, seq))
-        for entry in obsolete:
-            db.execute("DELETE FROM keys WHERE shard = ?", (entry.name,))
-            db.execute("DELETE FROM shards WHERE name = ?", (entry.name,))
+def _update_index(checkpoint: Checkpoint, rewritten: list[Rewritten], removed: list[str], keys: int) -> None:
+    """Drop the keys that went, point the kept ones at their new rows (one transaction)."""
+    assert checkpoint.index is not None
+    compact(checkpoint.index, rewritten, removed, keys)
