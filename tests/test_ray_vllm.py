@@ -6,8 +6,11 @@ alone. The slow tests need Ray and vLLM's Python ($CLEF_VLLM_PYTHON, as test_vll
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from .helpers import SAMPLE_DATA, TINY_MODEL, require_ray, settings_for
 from .test_ray_faults import QUESTIONS, journaled
 from .test_vllm_engine import (
     AUDIO_IDS,
+    AUDIO_IN_VIDEO_IDS,
     IMAGE_AND_AUDIO_IDS,
     IMAGE_IDS,
     TEXT_IDS,
@@ -38,13 +42,11 @@ pytestmark = pytest.mark.ray
 
 ACTORS = 2
 BLOCK = 4
-SCORED = TEXT_IDS + IMAGE_IDS + AUDIO_IDS + IMAGE_AND_AUDIO_IDS + VIDEO_IDS
-"""The sample's records without audio in video (whose support is under way elsewhere)."""
-MAX_MODEL_LEN = "1100"
-"""Above every scored record's prompt (1,086 tokens at most), below the long one's."""
+SCORED = TEXT_IDS + IMAGE_IDS + AUDIO_IDS + IMAGE_AND_AUDIO_IDS + VIDEO_IDS + AUDIO_IN_VIDEO_IDS
+"""The 17 sample records: text, image, audio, image+audio, video, audio in video."""
+MAX_MODEL_LEN = "1500"
+"""Above every sample record's prompt (1,412 tokens at most), below the long one's."""
 LONG = {"id": "long-001", "state": "order " * 1200, "questions": QUESTIONS}
-KILLED_ON = "mod-005"
-"""In the third block of 4 of the scored records: the actor that meets it has scored a block before."""
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +81,26 @@ def test_vllm_with_ray_runs_the_engine_checks_before_any_work(tmp_path, monkeypa
 
 def actor_pids(checkpoint: Path) -> set[int]:
     """The actors that started a vLLM worker (each writes a header with its pid into vllm.log)."""
-    lines = (checkpoint / "vllm.log").read_text(errors="replace").splitlines()
-    return {int(line.rsplit("(pid ", 1)[1].split(")")[0]) for line in lines if line.startswith("===== clef ")}
+    log = checkpoint / "vllm.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return {int(pid) for pid in re.findall(r"^===== clef .*\(pid (\d+)\) =====$", text, re.MULTILINE)}
 
 
 def slot_files(pids: set[int]) -> list[str]:
     return sorted(path.name for path in shared_folder().glob("clef-vllm-*") if int(path.name.split("-")[2]) in pids)
+
+
+def kill_an_actor_with_files(checkpoint: Path, killed: dict[int, list[str]], seconds: float = 600) -> None:
+    """SIGKILL the first actor seen holding shared-memory files (it has sent vLLM a batch), and
+    note its pid and those files, which nothing but a later sweep can remove."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for pid in actor_pids(checkpoint):
+            if files := slot_files({pid}):
+                os.kill(pid, signal.SIGKILL)
+                killed[pid] = files
+                return
+        time.sleep(0.05)
 
 
 def gone(pids: set[int], seconds: float = 60) -> bool:
@@ -99,7 +115,7 @@ def gone(pids: set[int], seconds: float = 60) -> bool:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, cluster):
     """The HF engine alone, then `--engine vllm --ray` with 2 actors (a subprocess, as cron runs
-    it), on 15 sample records (text, image, audio, image+audio, video) and one over vLLM's limit."""
+    it), on the 17 sample records and one over vLLM's limit."""
     from tests.vllm_release import cached_release
 
     folder = tmp_path_factory.mktemp("ray-vllm")
@@ -124,12 +140,12 @@ def runs(tmp_path_factory, cluster):
 def test_two_vllm_actors_equal_the_hf_engine(runs):
     folder, _, done = runs
     assert done.returncode == 3, done.stderr[-3000:]  # the long record is refused; the rest score
-    assert done.stderr.splitlines()[0].startswith("15 scored, 1 failed of 16 records"), done.stderr[-3000:]
+    assert done.stderr.splitlines()[0].startswith("17 scored, 1 failed of 18 records"), done.stderr[-3000:]
     got, want = rows(folder / "ray.parquet"), rows(folder / "hf.parquet")
     worst = assert_parity(got, want, SCORED)
     print(f"worst probability difference against the HF engine: {worst:.3g}")
     long = got[LONG["id"]]  # the engine's own refusal, made in the actor against the loaded limit
-    assert "more than vLLM's max_model_len of 1,100" in long["error"] and long["error_kind"] == "overflow"
+    assert "more than vLLM's max_model_len of 1,500" in long["error"] and long["error_kind"] == "overflow"
     metadata = pq.read_schema(folder / "ray.parquet").metadata
     assert metadata[b"clef.engine"] == b"ray+vllm" and metadata[b"clef.vllm_version"] == b"0.32.0"
     checkpoint = folder / "ray.parquet.ckpt"
@@ -143,35 +159,38 @@ def test_two_vllm_actors_equal_the_hf_engine(runs):
 
 @pytest.mark.slow
 def test_a_killed_vllm_actor_then_a_rerun_equal_an_uninterrupted_run(runs, tmp_path, monkeypatch):
-    """An actor SIGKILLs itself mid-block: Ray replaces it (a new vLLM worker), the block runs
-    again, each record is committed once, the killed actor's shared-memory files are gone; a
-    rerun reuses everything, and the output equals the uninterrupted run's. (Only records vLLM
-    scores: a refused one is no verdict, so a rerun would try it again.)"""
+    """An actor SIGKILLed mid-run, once it has sent vLLM a batch: Ray replaces it (a new vLLM
+    worker), its blocks run again, each record is committed once, its shared-memory files are gone; a
+    rerun reuses everything, and the output equals the uninterrupted run's (on the sample records:
+    an `overflow` refusal is no verdict, so a rerun would try the long one again)."""
     from clef_cli.engines.ray.job import RayScoreJob, RaySettings
 
     folder, release, _ = runs
     inputs = write_records(tmp_path, SCORED)
     count = len(SCORED)
-    marker = tmp_path / "killed"
     monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
+    checkpoint = tmp_path / "out.parquet.ckpt"
 
     def job():
         settings = settings_for(tmp_path, [inputs], "out.parquet", model=str(release), dtype="float32",
                                 hidden_states="drop", engine="vllm", vllm=VllmOptions(cpu_kv_cache_gib=1))  # fmt: skip
         return RayScoreJob(settings, RaySettings(num_workers=ACTORS, block_records=BLOCK))
 
-    monkeypatch.setenv("CLEF_TEST_KILL_ACTOR_ON", f"{KILLED_ON}:{marker}")
+    monkeypatch.setenv("CLEF_TEST_SLOW_VLLM", "0.5")  # each batch holds vLLM a little: work is left at the kill
+    found: dict[int, list[str]] = {}
+    watcher = threading.Thread(target=kill_an_actor_with_files, args=(checkpoint, found), daemon=True)
+    watcher.start()
     started = time.monotonic()
     first = job().run()
     print(f"with one actor killed: {time.monotonic() - started:.1f} s")
-    killed = int(marker.read_text())
-    checkpoint = tmp_path / "out.parquet.ckpt"
-    assert killed in actor_pids(checkpoint)  # the killed actor had its worker
-    assert len(actor_pids(checkpoint)) == ACTORS + 1  # and Ray's replacement started one of its own
+    watcher.join(5)
+    assert len(found) == 1, "no actor was killed"
+    (killed,) = found
+    assert len(actor_pids(checkpoint)) == ACTORS + 1  # Ray's replacement started a worker of its own
     assert first.committed == first.records == count
     assert sorted(journaled(checkpoint)) == list(range(count))  # each record committed once
-    assert slot_files({killed}) == []  # removed by the next worker started on this machine
-    monkeypatch.delenv("CLEF_TEST_KILL_ACTOR_ON")
+    assert slot_files({killed}) == []  # removed by the replacement actor's worker (or the job's end)
+    monkeypatch.delenv("CLEF_TEST_SLOW_VLLM")
     second = job().run()
     assert second.reused == count and second.committed == 0  # nothing ran: no actor, no vLLM
     got = rows(tmp_path / "out.parquet")
