@@ -5,8 +5,8 @@ What vLLM needs that the fixture lacks (the index file is written by the caller)
 - a text head size its CPU attention takes (32, not 16): the full-attention layers get 2 query
   heads and 1 KV head of 32 (the gated query projection keeps its shape, 2 x 32 x 2 rows) and
   `mrope_section` doubled for the doubled rotary width;
-- Gated DeltaNet head sizes its CPU kernels take (`chunk_gated_delta_rule_cpu`: multiples of 32,
-  bf16): key and value heads of 32, the same head counts.
+- Gated DeltaNet head sizes its CPU kernels take (`chunk_gated_delta_rule_cpu`, bf16 only: 64 or
+  128; 16 and 32 fail "Unexpected head dim size"): key and value heads of 64, the same counts.
 Those layers are drawn again from a fixed seed; the MLPs, norms, embeddings, lm_head and vision
 tower are copied. The Gated DeltaNet layers are drawn at scales where they matter: in the fixture
 (std 0.02 weights, A = exp(A_log) ~ 9) each token's decay is ~exp(-13), so the recurrent state
@@ -23,7 +23,7 @@ from typing import Any
 SOURCE = Path(__file__).parent / "fixtures" / "tiny-clef-dense"
 SEED = 35
 HEAD_DIM, HEADS, KV_HEADS = 32, 2, 1
-LINEAR_HEAD_DIM = 32
+LINEAR_HEAD_DIM = 64
 COPIED = (
     "generation_config.json",
     "joint_head.safetensors",
