@@ -113,10 +113,11 @@ def _on_cpu() -> bool:
 
 
 def release_overrides(head_config: dict[str, Any], architecture: str = ARCHITECTURE) -> Any:
-    """What vLLM must be told about a Clef-Omni release: the architecture, the head's config, and
-    that its M-RoPE is interleaved. The reference (transformers' Qwen3-Omni thinker) always
-    interleaves the T/H/W sections; vLLM does so only when `mrope_interleaved` is set, and
-    otherwise gives vision tokens (whose three positions differ) other rotations (issue 33)."""
+    """What vLLM must be told about a Clef release: the architecture (Omni's, or dense_model.py's
+    for Qwen3.5), the head's config, and that its M-RoPE is interleaved. The reference
+    (transformers' Qwen3-Omni thinker) always interleaves the T/H/W sections; vLLM does so only
+    when `mrope_interleaved` is set, and otherwise gives vision tokens (whose three positions
+    differ) other rotations (issue 33)."""
 
     def override(config: Any) -> Any:
         config.architectures = [architecture]
