@@ -14,7 +14,8 @@ the Parquet output), with `--hidden-states drop` and no encoding workers. Printe
 RSS, the job's CPU µs per record, and per stage (scale_stages.py: read, key, plan, forward,
 commit, output, other). Then `clef checkpoint info` and `clef checkpoint prune --keep-runs 1` (each
 a fresh `clef` process, wall time) on the largest size's store, and on a synthetic store of
---info-keys keys built directly in the store's format (scale_store.py).
+--info-keys keys built directly in the store's format (scale_store.py). `--ray-sizes`: the `--ray`
+driver's peak RSS over as many records (scale_ray.py: one simulated actor).
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def main() -> None:
     parser.add_argument("--new-share", type=float, default=0.01, help="night 2's new records (default 1%%)")
     parser.add_argument("--device-rate", type=float, default=1e9, help="simulated tokens/s (default 1e9: no wait)")
     parser.add_argument("--info-keys", type=int, default=10_000_000, help="synthetic store's keys (0: none)")
+    parser.add_argument("--ray-sizes", default="", help="record counts for the --ray driver (default: none)")
     parser.add_argument("--folder", type=Path, help="keep the stores here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -188,6 +190,10 @@ def main() -> None:
             store, keys = Path(tmp) / "synthetic.ckpt", args.info_keys
             print(f"synthetic store of {keys:,} keys built in {synthetic_store(store, keys):.0f} s")
             report["stores"][str(keys)] = store_commands(store, f"{keys:,} synthetic keys")
+        if args.ray_sizes:
+            from scale_ray import measure
+
+            report["ray"] = measure([int(size) for size in args.ray_sizes.split(",")], Path(tmp), args.device_rate)
     summarise(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
@@ -195,6 +201,11 @@ def main() -> None:
 
 def summarise(report: dict) -> None:
     """The goals of issue 39, as measured."""
+    ray = report.get("ray", {})
+    if len(ray) >= 2:
+        low, high = min(ray, key=int), max(ray, key=int)
+        growth = ray[high]["driver_peak_rss_mib"] / ray[low]["driver_peak_rss_mib"]
+        print(f"--ray driver peak RSS {high} / {low} records: {growth:.2f}x")
     sizes = report["sizes"]
     if len(sizes) < 2:
         return
