@@ -229,4 +229,49 @@ def test_an_actor_whose_vllm_cannot_load_ends_the_job_with_one_line(cluster, tmp
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.splitlines()[-1]
     assert last.startswith("error: a scoring actor died: vLLM failed while loading the model: "), last
-    assert last.endswith("vllm.log)"), last
+    assert "vllm.log); the 0 records committed this run are kept in" in last, last
+
+
+def worker_of(actor: int) -> int | None:
+    """The vLLM worker an actor started (its child running worker.py), if any."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == actor and b"worker.py" in command:
+            return int(stat.parent.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_dying_vllm_worker_ends_the_job_with_one_line_and_a_rerun_finishes(cluster, runs, tmp_path):
+    """The worker is SIGKILLed while its actor waits on a batch: exit 1 with one line naming
+    vllm.log (no hang, no Ray traceback), everything committed kept; the same command again
+    finishes the job."""
+    folder, release, _ = runs
+    inputs = write_records(tmp_path, TEXT_IDS)
+    output, checkpoint = tmp_path / "out.parquet", tmp_path / "out.parquet.ckpt"
+    command = [sys.executable, "-m", "clef_cli", "score", str(inputs), "-o", str(output), "--model", str(release),
+               "--device", "cpu", "--dtype", "float32", "--hidden-states", "drop", "--block-records", "2",
+               *vllm_options("--ray", "--ray-address", cluster, "--ray-actors", str(ACTORS))]  # fmt: skip
+    env = {**os.environ, "CLEF_VLLM_PYTHON": vllm_python()}
+    job = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**env, "CLEF_TEST_SLOW_VLLM": "2"})
+    deadline, victim = time.monotonic() + 600, None
+    while victim is None and time.monotonic() < deadline and job.poll() is None:
+        held = [pid for pid in actor_pids(checkpoint) if slot_files({pid})]  # a batch was sent to vLLM
+        victim = worker_of(held[0]) if held else None
+        time.sleep(0.1)
+    assert victim is not None, "no worker to kill"
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = job.communicate(timeout=600)
+    assert job.returncode == 1, stderr[-3000:]
+    assert len(stderr.splitlines()) == 1, stderr[-3000:]
+    assert stderr.startswith("error: a Ray task failed: the vLLM worker stopped while running a batch (exit code -9; "
+                             f"its log: {checkpoint.resolve() / 'vllm.log'}); the "), stderr  # fmt: skip
+    assert "rerun the same command to continue" in stderr
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(journaled(checkpoint)) == list(range(len(TEXT_IDS)))  # each record committed once
+    assert_parity(rows(output), rows(folder / "hf.parquet"), TEXT_IDS)

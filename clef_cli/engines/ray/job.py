@@ -12,9 +12,11 @@ Nothing imports Ray unless this module is used (`pip install "clef-cli[ray]"`).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -88,11 +90,14 @@ def _connect(address: str | None) -> bool:
 
 
 def actor_error(error: Exception) -> str:
-    """The one line that says why an actor died (Ray's message carries the actor's whole
-    traceback, whose last unindented line is the error itself), for a cron job's stderr."""
+    """The one line that says why a Ray task or actor failed, for a cron job's stderr: Ray's
+    message carries the whole remote traceback (and Ray Data's advice after it); the line that
+    matters is clef's own error (its message says it all), else the last exception line."""
     lines = [line for line in str(error).splitlines() if line.strip() and not line.startswith(" ")]
-    last = lines[-1] if lines else type(error).__name__
-    return last.split(": ", 1)[1] if last.startswith("clef_cli.") else last  # clef's errors say it all
+    clef = [line.split(": ", 1)[1] for line in lines if line.startswith("clef_cli.") and ": " in line]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b[^ ]*: ", line)]
+    own = [line for line in raised if not line.startswith("ray.")]  # the cause, not Ray's wrapper
+    return (clef or own or raised or lines or [type(error).__name__])[-1]
 
 
 def mark_duplicates(results: Iterable[pa.Table]) -> Iterator[pa.Table]:
@@ -189,18 +194,24 @@ class RayScoreJob:
                 slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
                 self.progress.start(len(to_run), len(to_run) - to_run.count)
                 self._stream(ray, slices, checkpoint, to_run, questions, actors)
-            except ray.exceptions.ActorDiedError as error:  # Ray Data gave up on it (its start failed)
-                raise ClefError(f"a scoring actor died: {actor_error(error)}") from None
+            except (ray.exceptions.ActorDiedError, ray.exceptions.RayTaskError) as error:  # its start, a dead worker
+                died = isinstance(error, ray.exceptions.ActorDiedError)
+                what = "a scoring actor died" if died else "a Ray task failed"
+                raise ClefError(f"{what}: {actor_error(error)}; {self._kept(checkpoint, log)}") from None
             except Stalled as error:
-                where = f" (Ray's log: {log})" if log else ""
-                raise Stalled(
-                    f"{error}; the {self.summary.committed} records committed this run are kept in "
-                    f"{checkpoint.path}; rerun the same command to continue{where}"
-                ) from None
+                raise Stalled(f"{error}; {self._kept(checkpoint, log)}") from None
             finally:
                 if started_ray:
                     ray.shutdown()
                 self.engine.close()  # vLLM: the files of actors Ray killed on this node go too
+
+    def _kept(self, checkpoint: Checkpoint, log: Path | None) -> str:
+        """What a failed run leaves, and what to do."""
+        where = f" (Ray's log: {log})" if log else ""
+        return (
+            f"the {self.summary.committed} records committed this run are kept in {checkpoint.path}; "
+            f"rerun the same command to continue{where}"
+        )
 
     def _stream(
         self,
