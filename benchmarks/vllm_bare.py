@@ -22,8 +22,9 @@ WORKER = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm
 BUILT_IN = "ClefOmniForJointSchema"
 
 
-def worker_module():
-    spec = importlib.util.spec_from_file_location("clef_vllm_worker", WORKER)
+def worker_module(name: str = "worker"):
+    """worker.py, or a module beside it, loaded from its path (as the worker loads its neighbours)."""
+    spec = importlib.util.spec_from_file_location(f"clef_vllm_{name}", WORKER.with_name(f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -41,7 +42,7 @@ def main() -> None:
     if options.get("cpu_kv_cache_gib"):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(options["cpu_kv_cache_gib"]))
     head_config = json.loads((Path(model) / "joint_head_config.json").read_text())
-    overrides = worker.release_overrides(head_config, BUILT_IN)
+    overrides = worker_module("hidden_models").release_overrides(head_config, BUILT_IN)
     started = time.perf_counter()
     engine = worker.engine_options(options, worker._on_cpu())
     llm = LLM(model=model, runner="pooling", hf_overrides=overrides, seed=0, **engine)

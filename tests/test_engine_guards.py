@@ -62,9 +62,10 @@ def test_a_store_without_states_keeps_the_runs_hidden_dtype(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def worker():
-    """worker.py as a module: a stdlib-only script (it never imports clef), loaded from its path."""
-    spec = importlib.util.spec_from_file_location("clef_vllm_worker_under_test", WORKER)
+def models():
+    """hidden_models.py as a module: stdlib-only at import (it never imports clef), loaded from its
+    path as worker.py loads it."""
+    spec = importlib.util.spec_from_file_location("clef_vllm_models_under_test", WORKER.with_name("hidden_models.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -75,22 +76,22 @@ def text_config(rope_name: str) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize("rope_name", ["rope_parameters", "rope_scaling"])
-def test_vllm_is_told_the_mrope_is_interleaved_under_the_thinker_and_at_top_level(worker, rope_name):
+def test_vllm_is_told_the_mrope_is_interleaved_under_the_thinker_and_at_top_level(models, rope_name):
     head = {"hidden_size": 8}
     nested = SimpleNamespace(thinker_config=SimpleNamespace(text_config=text_config(rope_name)), architectures=["X"])
     flat = SimpleNamespace(text_config=text_config(rope_name), architectures=["X"])
     for config in (nested, flat):
-        assert worker.release_overrides(head)(config) is config
-        assert config.architectures == [worker.ARCHITECTURE] == ["ClefOmniHiddenStates"]
+        assert models.release_overrides(head)(config) is config
+        assert config.architectures == [models.ARCHITECTURE] == ["ClefOmniHiddenStates"]
         assert config.joint_head_config == head
     for text in (nested.thinker_config.text_config, flat.text_config):
         rope = getattr(text, rope_name)
         assert rope["mrope_interleaved"] is True and rope["mrope_section"] == [24, 20, 20]
 
 
-def test_a_rope_without_mrope_sections_is_left_alone(worker):
+def test_a_rope_without_mrope_sections_is_left_alone(models):
     """Only an M-RoPE (one with `mrope_section`) is interleaved; a plain rope dict is not touched."""
     config = SimpleNamespace(text_config=SimpleNamespace(rope_parameters={"rope_type": "default"}))
-    worker.release_overrides({})(config)
+    models.release_overrides({})(config)
     assert config.text_config.rope_parameters == {"rope_type": "default"}
-    assert config.architectures == [worker.ARCHITECTURE]
+    assert config.architectures == [models.ARCHITECTURE]

@@ -37,7 +37,6 @@ if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.a
     del sys.path[0]
 
 HEADER = struct.Struct(">Q")
-ARCHITECTURE = "ClefOmniHiddenStates"
 CPU_MEMORY_SHARE = 0.3
 
 
@@ -55,23 +54,6 @@ def receive(stream: Any) -> Any:
     return pickle.loads(stream.read(size))
 
 
-def register_hidden_model() -> None:
-    """vLLM's own Clef-Omni model with its pooler swapped for one that returns every token's
-    final hidden state (the `token_embed` task, no normalisation): the head runs in clef."""
-    from vllm import ModelRegistry
-    from vllm.model_executor.models.clef_omni import ClefOmniForJointSchema
-
-    from_hidden = _all_tokens_pooler()
-
-    class ClefOmniHiddenStates(ClefOmniForJointSchema):
-        def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-            super().__init__(vllm_config=vllm_config, prefix=prefix)
-            self.pooler = from_hidden(self.pooler.head)  # the head's weights still load; clef's head scores
-
-    ModelRegistry.register_model(ARCHITECTURE, neighbour("omni_audio").with_reference_audio(ClefOmniHiddenStates))
-    neighbour("dense_model").register(from_hidden)
-
-
 def neighbour(name: str) -> Any:
     """A module beside this file, loaded from its path (the folder is off sys.path, see above)."""
     import importlib.util
@@ -83,54 +65,10 @@ def neighbour(name: str) -> Any:
     return module
 
 
-def _all_tokens_pooler() -> Any:
-    """A pooler class that hands back each prompt's [L, H] hidden states as they are."""
-    from vllm.model_executor.layers.pooler import Pooler, PoolingParamsUpdate
-    from vllm.model_executor.layers.pooler.tokwise.methods import AllPool
-
-    class HiddenStatesPooler(Pooler):
-        def __init__(self, head: Any) -> None:
-            super().__init__()
-            self.pooling = AllPool()
-            self.head = head
-
-        def get_supported_tasks(self) -> set[str]:
-            return {"token_embed"}
-
-        def get_pooling_updates(self, task: str) -> PoolingParamsUpdate:
-            return PoolingParamsUpdate()
-
-        def forward(self, hidden_states: Any, pooling_metadata: Any) -> Any:
-            return self.pooling(hidden_states, pooling_metadata)
-
-    return HiddenStatesPooler
-
-
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-def release_overrides(head_config: dict[str, Any], architecture: str = ARCHITECTURE) -> Any:
-    """What vLLM must be told about a Clef release: the architecture (Omni's, or dense_model.py's
-    for Qwen3.5), the head's config, and that its M-RoPE is interleaved. The reference
-    (transformers' Qwen3-Omni thinker) always interleaves the T/H/W sections; vLLM does so only
-    when `mrope_interleaved` is set, and otherwise gives vision tokens (whose three positions
-    differ) other rotations (issue 33)."""
-
-    def override(config: Any) -> Any:
-        config.architectures = [architecture]
-        config.joint_head_config = head_config
-        for holder in (getattr(config, "thinker_config", None), config):
-            text = getattr(holder, "text_config", None)
-            for name in ("rope_parameters", "rope_scaling"):
-                rope = getattr(text, name, None)
-                if isinstance(rope, dict) and "mrope_section" in rope:
-                    rope["mrope_interleaved"] = True
-        return config
-
-    return override
 
 
 def engine_options(options: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
@@ -165,13 +103,15 @@ def load(model: str, options: dict[str, Any]) -> Any:
 
     if options.get("cpu_kv_cache_gib"):  # vLLM reads a whole number of GiB: "1.0" fails its int()
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(options["cpu_kv_cache_gib"]))
-    register_hidden_model()
+    models = neighbour("hidden_models")
+    models.register(neighbour)
     with open(os.path.join(model, "joint_head_config.json")) as file:
         head_config = json.load(file)
+    architecture = neighbour("dense_model").architecture(model) or models.ARCHITECTURE
     return LLM(
         model=model,
         runner="pooling",
-        hf_overrides=release_overrides(head_config, neighbour("dense_model").architecture(model) or ARCHITECTURE),
+        hf_overrides=models.release_overrides(head_config, architecture),
         seed=0,
         **engine_options(options, _on_cpu()),
     )
