@@ -1,5 +1,6 @@
-"""bench_scale.py and bench_media_night.py run end to end at a tiny size, so the scripts that
-measure issue 39's goals never rot (CI's whole run; minutes of start-up on 2 cores)."""
+"""bench_scale.py, bench_media_night.py, scale_ray.py and scale_dry_run.py run end to end at a
+tiny size, so the scripts that measure issue 39's goals never rot (CI's whole run; minutes of
+start-up on 2 cores)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,27 @@ def test_bench_media_night_smoke(tmp_path):
         # the stat cache spares reading the media again; --verify-media reads every file
         saved = nights["night2_verify_media"]["read_bytes"] - nights["night2"]["read_bytes"]
         assert saved >= 0.9 * report[kind]["media_bytes"]
+
+
+def run_plain(script: str, *args: str, tmp_path: Path) -> dict:
+    """The scripts without a --folder (they work in a temporary one)."""
+    out = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args, "--json", str(out)],
+                          capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_scale_ray_smoke(tmp_path):
+    """The --ray driver's memory benchmark: a local cluster, one simulated actor, every record run."""
+    report = run_plain("scale_ray.py", "--sizes", "300", tmp_path=tmp_path)
+    assert report["300"]["run"] == 300 and report["300"]["driver_peak_rss_mib"] > 100
+    assert set(report["300"]["driver_peak_mib"]) == {"RssAnon", "RssFile", "RssShmem"}
+
+
+@pytest.mark.slow
+def test_scale_dry_run_smoke(tmp_path):
+    report = run_plain("scale_dry_run.py", "--records", "400", "--base", "100", "--workers", "0,1", tmp_path=tmp_path)
+    assert report["0"]["run"]["records"] == 400 and report["0"]["base"]["records"] == 100
+    assert report["1"]["run"]["workers_cpu_s"] > 0 and report["0"]["run"]["workers_cpu_s"] < 0.5
