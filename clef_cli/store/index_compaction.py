@@ -23,13 +23,12 @@ keys; fewer are found through the shard index, a shard at a time."""
 
 @dataclass(frozen=True)
 class Rewritten:
-    """One shard a prune rewrote under its name: its new results file, the rows it no longer
-    has (sorted), and the keys that pointed to them (deleted from the index)."""
+    """One shard a prune rewrote under its name: its new results file and the rows it no longer
+    has (sorted; the keys that pointed to them are deleted from the index)."""
 
     name: str
     file: str
     gone_rows: Sequence[int]
-    dropped_keys: Sequence[str]
 
 
 def compact(index: KeyIndex, rewritten: Sequence[Rewritten], removed: Sequence[str], total_keys: int) -> None:
@@ -43,8 +42,8 @@ def compact(index: KeyIndex, rewritten: Sequence[Rewritten], removed: Sequence[s
         )
         try:
             _fill(db, rewritten)
-            db.executemany("DELETE FROM keys WHERE key = ?", ((key,) for key in _sorted_dropped(rewritten)))
-            _move_rows(db, rewritten, total_keys)
+            walk = bool(rewritten) and _rows_in(db) * WALK_SHARE > total_keys
+            _drop_and_move(db, rewritten, walk)
             files = [(shard.file, shard.name) for shard in rewritten]
             db.executemany("UPDATE shards SET file = ? WHERE name = ?", files)
             for name in removed:
@@ -65,27 +64,25 @@ def _fill(db: sqlite3.Connection, rewritten: Sequence[Rewritten]) -> None:
     )
 
 
-def _sorted_dropped(rewritten: Sequence[Rewritten]) -> list[str]:
-    """The dropped keys in key order, so that the deletions walk the index forward."""
-    return sorted(key for shard in rewritten for key in shard.dropped_keys)
-
-
+_GONE_ROW = "SELECT 1 FROM temp.gone g WHERE g.shard = keys.shard AND g.row = keys.row"
 _NEW_ROW = (
     "row - COALESCE((SELECT g.before FROM temp.gone g WHERE g.shard = keys.shard AND g.row < keys.row "
     "ORDER BY g.row DESC LIMIT 1), 0)"
 )
 
 
-def _move_rows(db: sqlite3.Connection, rewritten: Sequence[Rewritten], total_keys: int) -> None:
-    """Set each kept key's new row. `key >= ''` makes SQLite walk the table in key order (left to
-    itself it reads the keys from the shard index and updates the table at random, 10x slower);
-    `+shard` keeps it off the shard index."""
-    if not rewritten:
-        return
-    if _rows_in(db) * WALK_SHARE > total_keys:
-        db.execute(f"UPDATE keys SET row = {_NEW_ROW} WHERE key >= '' AND +shard IN (SELECT name FROM temp.moved)")
+def _drop_and_move(db: sqlite3.Connection, rewritten: Sequence[Rewritten], walk: bool) -> None:
+    """Delete the keys of gone rows, then set each kept key's new row. Walking: `key >= ''` makes
+    SQLite go through the table in key order (left to itself it reads the keys from the shard
+    index and updates the table at random, 10x slower) and `+shard` keeps it off the shard index.
+    Otherwise a shard at a time through the shard index (few keys to touch)."""
+    if walk:
+        moved = "key >= '' AND +shard IN (SELECT name FROM temp.moved)"
+        db.execute(f"DELETE FROM keys WHERE {moved} AND EXISTS ({_GONE_ROW})")
+        db.execute(f"UPDATE keys SET row = {_NEW_ROW} WHERE {moved}")
         return
     for shard in rewritten:
+        db.execute(f"DELETE FROM keys WHERE shard = ? AND EXISTS ({_GONE_ROW})", (shard.name,))
         db.execute(f"UPDATE keys SET row = {_NEW_ROW} WHERE shard = ?", (shard.name,))
 
 

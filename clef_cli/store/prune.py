@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,11 +117,10 @@ def prune(
 
 @dataclass(frozen=True)
 class _Change:
-    """A shard that loses rows: which (sorted), and the keys that pointed to them."""
+    """A shard that loses rows: which (sorted)."""
 
     entry: ShardEntry
     gone: np.ndarray
-    dropped_keys: list[str]
 
     def live(self) -> np.ndarray:
         return np.setdiff1d(np.arange(self.entry.records, dtype=np.int64), self.gone, assume_unique=True)
@@ -135,7 +135,7 @@ def _prune(
     seqs = sorted(kept_run_seqs(runs, keep_runs, older_than_days))
     report = PruneReport(dry_run=not apply)
     report.kept_runs = [run["run_id"] for run in runs if run["seq"] in seqs and counts_as_run(run)]
-    counts, unused = index.shard_counts(), index.unused_keys(seqs)
+    counts, unused = index.shard_counts(), index.unused_rows(seqs)
     report.keys_before = sum(counts.values())
     kept_keys = report.keys_before - sum(len(rows) for rows in unused.values())
     report.keys_dropped = report.keys_before - kept_keys
@@ -163,22 +163,22 @@ def _changes(
     index: KeyIndex,
     entries: list[ShardEntry],
     counts: dict[str, int],
-    unused: dict[str, list[tuple[int, str]]],
+    unused: dict[str, array],
     kept_runs: list[int],
 ) -> list[_Change]:
     """The shards that lose rows: those with keys no kept run used, and those holding rows no key
     points to (a later shard's row won, or the record had no key)."""
     changes = []
     for entry in entries:
-        pointed, dropped = counts.get(entry.name, 0), unused.get(entry.name, [])
+        pointed, dropped = counts.get(entry.name, 0), unused.get(entry.name, array("q"))
         if pointed - len(dropped) == entry.records:
             continue
         if pointed == entry.records:  # every row has its key: all go but the dropped ones
-            gone = np.array([row for row, _ in dropped], dtype=np.int64)
+            gone = np.sort(np.frombuffer(dropped, dtype=np.int64))
         else:
             live = np.array(index.live_rows(entry.name, kept_runs), dtype=np.int64)
             gone = np.setdiff1d(np.arange(entry.records, dtype=np.int64), live, assume_unique=True)
-        changes.append(_Change(entry, gone, [key for _, key in dropped]))
+        changes.append(_Change(entry, gone))
     return changes
 
 
@@ -220,7 +220,7 @@ def _apply(checkpoint: Checkpoint, changes: list[_Change], keys_before: int) -> 
             new_entry = _rewrite(checkpoint, entry, checkpoint.open_shard(entry.name), change.live())
             entries.append(new_entry)
             results = new_entry.files["results"]["name"]
-            rewritten.append(Rewritten(entry.name, results, change.gone.tolist(), change.dropped_keys))
+            rewritten.append(Rewritten(entry.name, results, change.gone.tolist()))
     durable.fsync_dir(checkpoint.shards_path)  # the new files' names, before the journal names them
     checkpoint.entries = entries
     checkpoint._tables.clear()  # the old files' tables, cached by shard name
