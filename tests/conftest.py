@@ -7,7 +7,7 @@ import json
 import pytest
 
 from . import background
-from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL
+from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL, require_ray
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
@@ -23,6 +23,19 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session):
     background.stop_all()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The address of a 2-CPU local Ray cluster for a module's `--ray` runs (this session's, when
+    another module started it); Ray's absence fails under CI=true (require_ray)."""
+    ray = require_ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

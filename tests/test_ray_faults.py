@@ -65,17 +65,6 @@ def test_a_plan_that_cannot_fit_is_refused_with_its_numbers():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The address of a 2-CPU local cluster (this session's, when another module started it)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def clean_input(tmp_path_factory) -> Path:
     # distinct prompts: the store runs a repeated prompt once, and these tests count every record's run
     rows = [

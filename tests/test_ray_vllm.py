@@ -49,17 +49,6 @@ MAX_MODEL_LEN = "1500"
 LONG = {"id": "long-001", "state": "order " * 1200, "questions": QUESTIONS}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """The address of a 2-CPU local cluster (this session's, when another module started it)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    if started:
-        ray.shutdown()
-
-
 def vllm_options(*extra: str) -> list[str]:
     return ["--engine", "vllm", "--cpu-kv-cache-gib", "1", *extra]
 
