@@ -75,7 +75,8 @@ def _reference_processor() -> type:
             clips = _own_clips(data, bool(hf_processor_mm_kwargs.get("use_audio_in_video")))
             if not clips:
                 return updates
-            return [_with_own_clips(self, update, data, clips) for update in updates]
+            tokens = _audio_tokens(data["audio_feature_lengths"])
+            return [_with_own_clips(self, update, data, tokens, clips) for update in updates]
 
         def _maybe_apply_prompt_updates(self, mm_items: Any, mm_res: Any) -> Any:
             updates = mm_res.prompt_updates
@@ -106,14 +107,19 @@ def _own_clips(data: Any, use_audio_in_video: bool) -> int:
     return max(0, len(lengths) - len(data.get("video_grid_thw", [])))
 
 
-def _with_own_clips(processor: Any, update: Any, data: Any, clips: int) -> Any:
-    """An audio or video replacement that counts the record's own clips before the soundtracks."""
+def _audio_tokens(frame_lengths: Any) -> list[int]:
+    """Each clip's audio tokens, from its mel frames (vLLM's own formula)."""
     import torch
     from vllm.model_executor.models.qwen3_omni_moe_thinker import _get_feat_extract_output_lengths
+
+    return _get_feat_extract_output_lengths(torch.as_tensor([int(n) for n in frame_lengths])).tolist()
+
+
+def _with_own_clips(processor: Any, update: Any, data: Any, tokens: list[int], clips: int) -> Any:
+    """An audio or video replacement that counts the record's own clips before the soundtracks
+    (`tokens`: each clip's audio tokens, the record's own first)."""
     from vllm.multimodal.processing.processor import PromptReplacement, PromptUpdateDetails
 
-    frames = torch.as_tensor([int(length) for length in data["audio_feature_lengths"]])
-    tokens = _get_feat_extract_output_lengths(frames).tolist()
     config = processor.info.get_hf_config()
     if update.modality == "audio":
         return PromptReplacement(
