@@ -55,6 +55,32 @@ def test_the_shard_cache_keeps_within_its_budget_and_takes_the_right_rows():
     for name in ("c", "d", "c", "d"):
         roomy.take(name, [0])
     assert opened[-2:] == ["c", "d"]  # opened once each
+    counted = ShardCache(open_shard, budget=10 * one, count=2)  # room in bytes, not in shards
+    for name in ("e", "f", "g", "e"):
+        counted.take(name, [0])
+        assert len(counted.tables) <= 2
+    assert opened[-4:] == ["e", "f", "g", "e"]
+
+
+def test_the_shard_cache_holds_a_shard_of_many_batches_as_one_copy_out_of_its_map(tmp_path):
+    """A mapped shard of many small batches costs several times its bytes while kept; the cache
+    keeps it as one batch copied into its own memory."""
+    table = _rows(0, 90)
+    path = tmp_path / "shard.arrow"
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=10):
+            writer.write_batch(batch)
+
+    def open_shard(name: str) -> pa.Table:
+        return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+
+    assert open_shard("s").column("id").num_chunks == 9
+    cache = ShardCache(open_shard, budget=1 << 20)
+    taken = cache.take("s", [42, 3, 89])
+    assert taken.column("record_index").to_pylist() == [42, 3, 89]
+    held = cache.tables["s"]
+    assert all(column.num_chunks == 1 for column in held.columns)
+    assert held.equals(table)
 
 
 def _rows(start: int, count: int) -> pa.Table:

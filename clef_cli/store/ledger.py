@@ -26,7 +26,10 @@ from clef_cli.store.record_key import MediaHasher, PromptShape, record_key
 
 READ_CHUNK = 4096
 SHARD_CACHE = 16 << 20
-"""Bytes of result shards the output keeps mapped at once."""
+"""Bytes of result shards the output keeps in memory at once."""
+SHARD_CACHE_COUNT = 64
+"""Result shards the output keeps at once: each costs a fixed overhead beyond its bytes (its
+batches' buffers and arrays), so many small shards must not fill the byte budget."""
 
 
 RUN, INVALID = 1, 2
@@ -205,9 +208,10 @@ class Ledger:
     def ordered(self, index: KeyIndex, open_shard: Callable[[str], pa.Table]) -> Iterator[pa.Table]:
         """One row per record of this job, in input order, a chunk of positions at a time: its
         key's stored row under its own id and index; invalid records from the ledger.
-        `index`/`open_shard`: the store to gather from (at most SHARD_CACHE bytes of its shards
-        mapped at once, so memory stays flat however many the job reads)."""
-        shards = ShardCache(open_shard, SHARD_CACHE)
+        `index`/`open_shard`: the store to gather from (at most SHARD_CACHE bytes and
+        SHARD_CACHE_COUNT of its shards held at once, so memory stays flat however many the job
+        reads)."""
+        shards = ShardCache(open_shard, SHARD_CACHE, SHARD_CACHE_COUNT)
         for rows in self._rows():
             pieces = list(self._gathered(rows, index, shards))
             table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
@@ -239,22 +243,24 @@ class Ledger:
 
 
 class ShardCache:
-    """Committed shards' results, memory-mapped, the least recently used closed beyond `budget`
-    bytes: every page of a map that was read counts in the process's memory until it is closed,
-    and a job's output reads every shard it has."""
+    """Committed shards' results, the least recently used dropped beyond `budget` bytes or
+    `count` shards. A shard is copied out of its map into one batch when opened: a mapped shard
+    of many batches costs several times its bytes (the pages `take` touches, and its arrays),
+    and every shard kept mapped counts in the process's memory until it is closed."""
 
-    def __init__(self, open_shard: Callable[[str], pa.Table], budget: int) -> None:
+    def __init__(self, open_shard: Callable[[str], pa.Table], budget: int, count: int = SHARD_CACHE_COUNT) -> None:
         self.open_shard = open_shard
         self.budget = budget
+        self.count = count
         self.tables: OrderedDict[str, pa.Table] = OrderedDict()
         self.bytes = 0
 
     def take(self, shard: str, rows: list[int]) -> pa.Table:
         table = self.tables.get(shard)
         if table is None:
-            table = self.tables[shard] = self.open_shard(shard)
+            table = self.tables[shard] = self.open_shard(shard).combine_chunks()
             self.bytes += table.nbytes
-            while self.bytes > self.budget and len(self.tables) > 1:
+            while (self.bytes > self.budget or len(self.tables) > self.count) and len(self.tables) > 1:
                 _, dropped = self.tables.popitem(last=False)
                 self.bytes -= dropped.nbytes
         self.tables.move_to_end(shard)
