@@ -53,9 +53,9 @@ def shard_table(start: int, keys: pa.Array) -> pa.Table:
 
 def synthetic_store(path: Path, keys: int, stale: float = 0.01, seed: int = 0) -> float:
     """Write the store at `path`; returns the seconds it took."""
-    from clef_cli.store.checkpoint import _ipc_bytes, write_shard_file
     from clef_cli.store.key_index import KeyIndex
     from clef_cli.store.manifest import write_manifest
+    from clef_cli.store.shard_files import ipc_bytes, write_shard_file
 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -73,7 +73,7 @@ def synthetic_store(path: Path, keys: int, stale: float = 0.01, seed: int = 0) -
     for number, start in enumerate(range(0, keys, SHARD_ROWS), start=1):
         name = f"{number:08d}"
         table = shard_table(start, random_keys(min(SHARD_ROWS, keys - start), rng))
-        described = write_shard_file(path / "shards", f"{name}.results.arrow", _ipc_bytes(table), "sha256")
+        described = write_shard_file(path / "shards", f"{name}.results.arrow", ipc_bytes(table), "sha256")
         lines.append(json.dumps({"name": name, "records": table.num_rows, "files": {"results": described},
                                  "run": "run0"}, sort_keys=True) + "\n")  # fmt: skip
         last = np.where(rng.random(table.num_rows) < stale, runs[0], runs[-1])

@@ -25,11 +25,9 @@ Opening only to read (`checkpoint info`, `--rehead`, train-head) checks hidden s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import uuid
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,7 +40,7 @@ import pyarrow.ipc as ipc
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.results import RESULT_SCHEMA
 from clef_cli.store import durable
-from clef_cli.store.atomic import write_file, write_text
+from clef_cli.store.atomic import write_text
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex
 from clef_cli.store.manifest import (
     MANIFEST,
@@ -54,6 +52,7 @@ from clef_cli.store.manifest import (
     write_manifest,
 )
 from clef_cli.store.shard_checks import Stamp, file_matches, read_verified, remember_verified
+from clef_cli.store.shard_files import ipc_bytes, write_shard_file
 from clef_cli.store.shard_names import ShardNames
 
 if TYPE_CHECKING:
@@ -260,7 +259,7 @@ class Checkpoint:
         table = results.cast(RESULT_SCHEMA)
         if self.ledger is not None:
             table = self.ledger.keyed(table)
-        files = {"results": self._write_file(f"{name}.results.arrow", _ipc_bytes(table), "sha256")}
+        files = {"results": self._write_file(f"{name}.results.arrow", ipc_bytes(table), "sha256")}
         if hidden is not None:
             # Hidden states are large: a CRC (several GB/s) guards them against damage, where the
             # small results files carry a SHA-256.
@@ -353,42 +352,10 @@ class Checkpoint:
         }
 
 
-def write_shard_file(
-    folder: Path, file_name: str, data: bytes | Sequence[bytes | memoryview], checksum: str
-) -> dict[str, Any]:
-    """Write a shard file atomically; its size and checksum (sha256 or crc32) come from the bytes
-    in memory, so nothing is read back from disk. `data`: the bytes, or their pieces in order
-    (written and summed one by one, never joined)."""
-    chunks = [data] if isinstance(data, bytes) else list(data)
-    write_file(folder / file_name, lambda handle: [handle.write(chunk) for chunk in chunks])
-    return described_file(file_name, chunks, checksum)
-
-
-def described_file(file_name: str, chunks: Sequence[bytes | memoryview], checksum: str) -> dict[str, Any]:
-    """A shard file's journal description: name, size and checksum (sha256 or crc32) of its bytes."""
-    if checksum == "sha256":
-        hasher = hashlib.sha256()
-        for chunk in chunks:
-            hasher.update(chunk)
-        digest: str | int = hasher.hexdigest()
-    else:
-        digest = 0
-        for chunk in chunks:
-            digest = zlib.crc32(chunk, digest)
-    return {"name": file_name, "bytes": sum(memoryview(chunk).nbytes for chunk in chunks), checksum: digest}
-
-
 def _absolute(location: str | Path) -> str:
     """A local path made absolute (a run's files are named wherever `checkpoint info` is run); a URI as given."""
     text = str(location)
     return text if "://" in text else str(Path(text).absolute())
-
-
-def _ipc_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def discard(path: Path) -> None:

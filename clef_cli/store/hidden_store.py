@@ -88,9 +88,7 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     return [struct.pack("<Q", len(text)) + text, *views]
 
 
-def hidden_payload(
-    records: Sequence[EncodedRecord], hidden_states: torch.Tensor, dtype: torch.dtype
-) -> HiddenPayload:
+def hidden_payload(records: Sequence[EncodedRecord], hidden_states: torch.Tensor, dtype: torch.dtype) -> HiddenPayload:
     """Per record: its real tokens' hidden states `[L, d]` (row `i` of the right-padded
     `hidden_states` belongs to `records[i]`), its input ids and its spans."""
     tensors: dict[str, torch.Tensor] = {}

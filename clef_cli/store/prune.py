@@ -29,17 +29,12 @@ import pyarrow as pa
 from clef_cli.errors import UsageError
 from clef_cli.sizes import plural
 from clef_cli.store import durable
-from clef_cli.store.checkpoint import (
-    Checkpoint,
-    ShardEntry,
-    _ipc_bytes,
-    described_file,
-    require_folder,
-)
+from clef_cli.store.checkpoint import Checkpoint, ShardEntry, require_folder
 from clef_cli.store.index_compaction import Rewritten, compact
 from clef_cli.store.key_index import KeyIndex, counts_as_run
 from clef_cli.store.locks import JobLock
 from clef_cli.store.manifest import read_manifest
+from clef_cli.store.shard_files import described_file, ipc_bytes
 
 
 @dataclass
@@ -241,7 +236,7 @@ def _rewrite(checkpoint: Checkpoint, entry: ShardEntry, table: pa.Table, live: n
     (a token apart from every file the store has or had: the journal switch picks them)."""
     kept = table.take(pa.array(live, pa.int64()))
     stem = f"{entry.name}.{uuid.uuid4().hex[:8]}"
-    files = {"results": _write_new(checkpoint.shards_path / f"{stem}.results.arrow", _ipc_bytes(kept), "sha256")}
+    files = {"results": _write_new(checkpoint.shards_path / f"{stem}.results.arrow", ipc_bytes(kept), "sha256")}
     if entry.has_hidden:
         indices = {
             index

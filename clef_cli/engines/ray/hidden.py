@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clef_cli.errors import UsageError
-from clef_cli.store.checkpoint import Checkpoint, write_shard_file
+from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HiddenPayload
+from clef_cli.store.shard_files import write_shard_file
 
 HIDDEN_FILE, HIDDEN_BYTES, HIDDEN_CRC = "hidden_file", "hidden_bytes", "hidden_crc32"
 TAGS = pa.schema([(HIDDEN_FILE, pa.string()), (HIDDEN_BYTES, pa.int64()), (HIDDEN_CRC, pa.int64())])
