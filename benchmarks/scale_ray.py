@@ -76,7 +76,9 @@ def ray_night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
 
     os.environ["CLEF_BENCH_RATE"] = str(rate)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # workers inherit the environment
+    # the job's runtime environment, as `clef score --ray` starts Ray (CLEF_BENCH_RATE: workers
+    # inherit this process's environment)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=ray_job.job_runtime_env())
     ray_job.ScoreActor = SimulatedActor
     settings = ScoreSettings(
         inputs=[inputs], output=output, model=str(HERE.parent / "tests/fixtures/tiny-clef-omni"), workers=0,

@@ -32,7 +32,9 @@ def cluster():
     ray = require_ray()
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        from clef_cli.engines.ray.job import job_runtime_env
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=job_runtime_env())
     yield ray.get_runtime_context().gcs_address
     if started:
         ray.shutdown()

@@ -18,9 +18,27 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from clef_cli.engines.ray.job import job_runtime_env
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=job_runtime_env())
     yield
     ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_jobs_blocks_wait_in_the_object_store_not_in_the_drivers_memory(ray_cluster):
+    """Under the job's runtime environment a task's 20 KB result (a block of 256 short records is
+    larger) is put in Ray's object store, where Ray would otherwise keep it inline in its owner,
+    the driver; a 1 KB result stays inline."""
+
+    @ray.remote
+    def result(size: int) -> bytes:
+        return b"x" * size
+
+    large, small = result.remote(20_000), result.remote(1_000)
+    ray.wait([large, small], num_returns=2)
+    where = ray.experimental.get_object_locations([large, small])
+    assert where[large]["node_ids"] and not where[small]["node_ids"]
 
 
 def synthetic(count: int = 300) -> list[dict]:
