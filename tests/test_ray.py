@@ -26,19 +26,27 @@ def ray_cluster():
 
 
 @pytest.mark.slow
-def test_a_jobs_blocks_wait_in_the_object_store_not_in_the_drivers_memory(ray_cluster):
-    """Under the job's runtime environment a task's 20 KB result (a block of 256 short records is
-    larger) is put in Ray's object store, where Ray would otherwise keep it inline in its owner,
-    the driver; a 1 KB result stays inline."""
+def test_blocks_read_ahead_wait_in_the_object_store_and_scored_blocks_come_inline(ray_cluster):
+    """Under the job's runtime environment a read task's 20 KB result (a block of 256 short records
+    is larger) is put in Ray's object store, where Ray would otherwise keep it inline in its owner,
+    the driver; a 1 KB result stays inline, and so does an actor's 20 KB scored block."""
+    from clef_cli.engines.ray.job import actor_inline_env
 
     @ray.remote
     def result(size: int) -> bytes:
         return b"x" * size
 
-    large, small = result.remote(20_000), result.remote(1_000)
-    ray.wait([large, small], num_returns=2)
-    where = ray.experimental.get_object_locations([large, small])
-    assert where[large]["node_ids"] and not where[small]["node_ids"]
+    @ray.remote(runtime_env={"env_vars": actor_inline_env()})
+    class Actor:
+        def result(self, size: int) -> bytes:
+            return b"x" * size
+
+    actor = Actor.remote()
+    large, small, scored = result.remote(20_000), result.remote(1_000), actor.result.remote(20_000)
+    ray.wait([large, small, scored], num_returns=3)
+    where = ray.experimental.get_object_locations([large, small, scored])
+    assert where[large]["node_ids"]
+    assert not where[small]["node_ids"] and not where[scored]["node_ids"]
 
 
 def synthetic(count: int = 300) -> list[dict]:

@@ -69,17 +69,25 @@ class RaySettings:
 
 # ----------------------------------------------------------------------------- the driver
 
-INLINE_RESULT_BYTES = 8 << 10
-"""Task results above this size go to Ray's object store rather than inline to their owner."""
+INLINE_LIMIT = "RAY_max_direct_call_object_size"
+"""Ray's setting: task results up to this many bytes go inline to their owner, the driver."""
+READ_INLINE_BYTES = 8 << 10
+ACTOR_INLINE_BYTES = 100 << 10
+"""Ray's default, kept for the actors' scored blocks, which the driver commits as they come."""
 
 
 def job_runtime_env() -> dict[str, Any]:
-    """The runtime environment of every task and actor of a `--ray` job. Ray Data reads and
-    re-blocks the input ahead of the actors, and the driver owns every block; with Ray's default
-    (results under 100 KiB inline) each waiting block of short records sat in the driver's own
-    heap, so its memory grew with the job (1M text records: ~210 MiB). Above 8 KiB they wait in
-    the object store, which is bounded and spills to disk."""
-    return {"env_vars": {"RAY_max_direct_call_object_size": str(INLINE_RESULT_BYTES)}}
+    """The runtime environment of every task of a `--ray` job. Ray Data reads and re-blocks the
+    input ahead of the actors, and the driver owns every block; with Ray's default every waiting
+    block of short records sat inline in the driver's heap, so its memory grew with the job (1M
+    text records: ~210 MiB). Above 8 KiB they wait in the object store, which is bounded and
+    spills to disk. The actors keep Ray's default (`actor_inline_env`): a scored block read from the
+    object store would map its pages into the driver (1M records: 137 MiB of shared pages)."""
+    return {"env_vars": {INLINE_LIMIT: str(READ_INLINE_BYTES)}}
+
+
+def actor_inline_env() -> dict[str, str]:
+    return {INLINE_LIMIT: str(ACTOR_INLINE_BYTES)}
 
 
 def _connect(address: str | None) -> bool:
@@ -246,7 +254,7 @@ class RayScoreJob:
         done = to_run.done_bytes()
         hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states != DROP else None
         arguments = {"settings": settings, "questions": questions, "hidden_dir": hidden_dir, "keep": self.keep}
-        env = faults.ray_env() | self.engine.actor_env()
+        env = actor_inline_env() | faults.ray_env() | self.engine.actor_env()
         dataset = (
             ray.data.from_items([slice.__dict__ for slice in slices])
             .flat_map(
