@@ -120,7 +120,9 @@ def measure(sizes: list[int], folder: Path, rate: float) -> dict:
         inputs = write_records(where / "in.jsonl", size)
         result = report[str(size)] = run_ray_night(inputs, where / "out.parquet", where / "store.ckpt", rate)
         kinds = ", ".join(f"{name} {value:,.0f}" for name, value in result["driver_peak_mib"].items())
-        print(f"{size:>9,} --ray: driver peak RSS {result['driver_peak_rss_mib']:,.0f} MiB ({kinds} MiB); "
+        first = report[str(sizes[0])]["driver_peak_rss_mib"]
+        print(f"{size:>9,} --ray: driver peak RSS {result['driver_peak_rss_mib']:,.0f} MiB "
+              f"({result['driver_peak_rss_mib'] / first:.2f}x {sizes[0]:,}; {kinds} MiB); "
               f"driver CPU {result['driver_cpu_s']:.1f} s, wall {result['wall_s']:.1f} s", flush=True)  # fmt: skip
     return report
 
