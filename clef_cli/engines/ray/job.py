@@ -271,7 +271,7 @@ class RayScoreJob:
                 compute=ray.data.ActorPoolStrategy(size=cluster.num_workers),
                 num_gpus=actors.gpus,
                 num_cpus=actors.cpus,
-                **({"runtime_env": {"env_vars": env}} if env else {}),
+                runtime_env={"env_vars": env},
             )
         )
         batches = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
