@@ -16,17 +16,8 @@ ray = require_ray()
 pytestmark = pytest.mark.ray
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    from clef_cli.engines.ray.job import job_runtime_env
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=job_runtime_env())
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
-def test_blocks_read_ahead_wait_in_the_object_store_and_scored_blocks_come_inline(ray_cluster):
+def test_blocks_read_ahead_wait_in_the_object_store_and_scored_blocks_come_inline(cluster):
     """Under the job's runtime environment a read task's 20 KB result (a block of 256 short records
     is larger) is put in Ray's object store, where Ray would otherwise keep it inline in its owner,
     the driver; a 1 KB result stays inline, and so does an actor's 20 KB scored block."""
@@ -84,7 +75,7 @@ def local_rows(inputs, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ray_run_equals_the_single_process_run(ray_cluster, inputs, local_rows, tmp_path):
+def test_ray_run_equals_the_single_process_run(cluster, inputs, local_rows, tmp_path):
     summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet", **SMALL_JOB)).run()
     assert summary.records == 317 and summary.failed == 2
     table = pq.read_table(tmp_path / "ray.parquet")
@@ -120,7 +111,7 @@ class StopAfter:
 
 
 @pytest.mark.slow
-def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(ray_cluster, inputs, local_rows, tmp_path):
+def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(cluster, inputs, local_rows, tmp_path):
     stop = threading.Event()
     settings = settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)
     # the synthetic records repeat their prompts under other ids: only the distinct ones run
