@@ -4,6 +4,7 @@ a calibration to written results exactly as the scorer would have computed them.
 from __future__ import annotations
 
 import json
+import math
 import re
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ from clef_cli.quality.calibrate.temperature import (
     fit,
     fit_temperature,
     load_calibration,
+    scalar_softmax,
 )
 from clef_cli.quality.labels.scored import QuestionData, softmax
 from clef_cli.results import RESULT_SCHEMA
@@ -311,3 +313,21 @@ def test_calibrate_prints_cross_fitted_metrics_a_direct_loop_reproduces(tmp_path
         everything[qid][2].append(y)
     want = oracle_question_method({q: (t, np.array(lg), np.array(y)) for q, (t, lg, y) in everything.items()})
     assert json.loads(out.read_text())["temperatures"] == pytest.approx(want, rel=1e-6)
+
+
+def test_the_written_softmax_is_libm_exp_summed_in_order_and_agrees_with_scipy():
+    """The calibrated probabilities an output holds come from libm's exp (math.exp), so their bytes
+    do not follow numpy's SIMD width; scipy is the independent oracle for the values."""
+    from scipy.special import softmax as scipy_softmax
+
+    rng = np.random.default_rng(7)
+    for size in (2, 3, 5, 9, 17):
+        logits = (rng.normal(size=size) * 8).tolist()
+        written = scalar_softmax(logits)
+        np.testing.assert_allclose(written, scipy_softmax(np.array(logits)), rtol=1e-14, atol=0)
+        top = max(logits)
+        exps = [math.exp(x - top) for x in logits]
+        total = 0.0
+        for value in exps:
+            total += value
+        assert written == [value / total for value in exps]

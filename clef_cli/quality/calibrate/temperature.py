@@ -236,6 +236,18 @@ def calibrate(
 # ----------------------------------------------------------------------------- applying to an output
 
 
+def scalar_softmax(logits: Sequence[float]) -> list[float]:
+    """softmax with libm's `exp` and a left-to-right sum: the bytes a calibrated output holds must not
+    depend on the CPU, and numpy's AVX-512 `exp` differs from libm's in the last bit (numpy on
+    AVX2 uses libm, so both give these values there)."""
+    top = max(logits)
+    exps = [math.exp(logit - top) for logit in logits]
+    total = 0.0
+    for value in exps:
+        total += value
+    return [value / total for value in exps]
+
+
 def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
     """The result rows as `clef score --calibration` writes them: each `probability` recomputed as
     softmax(logit / T) and the answer, confidence, noul and score derived from it; `logit` stays raw.
@@ -252,10 +264,10 @@ def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
             labels = answer["labels"]
             option_ids = [label["label"] for label in labels]
             temperature = calibration.temperature(answer["question_id"], answer["type"])
-            probabilities = softmax(np.array([label["logit"] for label in labels], dtype=np.float64) / temperature)
+            probabilities = scalar_softmax([label["logit"] / temperature for label in labels])
             tie_order = [answer["answer"], *(o for o in option_ids if o != answer["answer"])]
-            derived = derive_answer(answer["type"], option_ids, probabilities.tolist(), tie_order)
-            for label, probability in zip(labels, probabilities.tolist(), strict=True):
+            derived = derive_answer(answer["type"], option_ids, probabilities, tie_order)
+            for label, probability in zip(labels, probabilities, strict=True):
                 label["probability"] = probability
             answer.update(
                 answer=derived.answer, confidence=derived.confidence, noul=derived.noul, score=derived.score
