@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from clef_cli.results import OutputCounts, RunCounts
 
 ENGINES = ("hf", "vllm")
+MIN_CPU_KV_CACHE_GIB = 1
+"""The least `--cpu-kv-cache-gib`: vLLM reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB."""
 
 
 @dataclass
@@ -48,8 +50,10 @@ class VllmOptions:
     def validate(self) -> None:
         """What vLLM would refuse only after minutes of loading, refused at once (exit 2)."""
         kv = self.cpu_kv_cache_gib
-        if kv is not None and (kv < 1 or kv != int(kv)):
-            raise UsageError(f"--cpu-kv-cache-gib must be a whole number of GiB, 1 or more, not {kv:g}")
+        if kv is not None and (kv < MIN_CPU_KV_CACHE_GIB or kv != int(kv)):
+            raise UsageError(
+                f"--cpu-kv-cache-gib must be a whole number of GiB, {MIN_CPU_KV_CACHE_GIB} or more, not {kv:g}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise UsageError(f"--max-model-len must be 1 or more, not {self.max_model_len}")
         memory = self.gpu_memory_utilization
