@@ -200,6 +200,8 @@ class JobSummary:
     """error_kind -> failed records of the output (they add up to `failed`)."""
     first_errors: list[tuple[str, str]] = field(default_factory=list)
     """(id, error) of the output's first failed records, in input order."""
+    states_cut: int = 0
+    """Output rows whose state was cut to fit --max-length."""
     stats: JobStats = field(default_factory=JobStats)
     rehead_states_computed: int | None = None
     """A `--rehead`: records whose states the thinker computed first (the rest only met the head)."""
@@ -243,3 +245,4 @@ class JobSummary:
         self.scored = written.records - written.failed
         self.failed_by_kind = dict(written.failed_by_kind)
         self.first_errors = list(written.first_errors)
+        self.states_cut = written.states_cut
