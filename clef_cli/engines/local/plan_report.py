@@ -24,7 +24,7 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.errors import ClefError
 from clef_cli.inputs.readers import count_records
-from clef_cli.job import Preflight, checked_release, job_ledger, key_prompt
+from clef_cli.job import Preflight, checked_release, job_ledger, key_prompt, with_remote_spool
 from clef_cli.progress import Progress
 from clef_cli.release import Release
 from clef_cli.results import RunCounts
@@ -99,8 +99,22 @@ def plan_report(
     settings, release = checked_release(settings, preflight, with_weights=False)
     report = DryRunReport()
     progress.start(count_records(settings.inputs, settings.limit), 0)
-    to_run, counts = _to_run(settings, release)
-    report.already_done, report.duplicates = counts.reused, counts.duplicates
+    with tempfile.TemporaryDirectory(prefix="clef-dry-run-") as scratch:
+        # remote media fetched once, to key them, then planned from the spool, as a run does
+        settings, _ = with_remote_spool(settings, Path(scratch))
+        to_run, counts = _to_run(settings, release, Path(scratch))
+        report.already_done, report.duplicates = counts.reused, counts.duplicates
+        _plan(report, settings, release, to_run, progress)
+    report.valid += report.already_done + report.duplicates
+    report.records = report.valid + sum(report.failed_by_kind.values())
+    unhidden = _from_store(settings, lambda checkpoint: _unhidden_tokens(settings, release, checkpoint)) or 0
+    new = sum(report.lengths) - (unhidden if settings.hidden_states == KEEP else 0)
+    _hidden_sizes(report, settings, new, unhidden, hidden_bytes_per_token(settings, release.hidden_size))
+    return report
+
+
+def _plan(report: DryRunReport, settings: ScoreSettings, release: Release, to_run: ToRun, progress: Progress) -> None:
+    """Encode and plan the records a run would compute into `report`."""
     with encode_pool(settings, release, worker_count(settings)) as pool:
         records = job_records(settings)
         for window in planned_windows(pool, records, settings.window, skip=to_run.stored):
@@ -117,12 +131,6 @@ def plan_report(
             report.audio_in_video_batches += sum(batch.entries[0].audio_in_video for batch in batches)
             report.padded_tokens += sum(batch.padded_tokens for batch in batches)
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
-    report.valid += report.already_done + report.duplicates
-    report.records = report.valid + sum(report.failed_by_kind.values())
-    unhidden = _from_store(settings, lambda checkpoint: _unhidden_tokens(settings, release, checkpoint)) or 0
-    new = sum(report.lengths) - (unhidden if settings.hidden_states == KEEP else 0)
-    _hidden_sizes(report, settings, new, unhidden, hidden_bytes_per_token(settings, release.hidden_size))
-    return report
 
 
 def _unhidden_tokens(settings: ScoreSettings, release: Release, checkpoint: Checkpoint) -> int:
@@ -169,10 +177,10 @@ def _stored_results(settings: ScoreSettings) -> pa.Table | None:
     return _from_store(settings, lambda checkpoint: checkpoint.results())
 
 
-def _to_run(settings: ScoreSettings, release: Release) -> tuple[ToRun, RunCounts]:
+def _to_run(settings: ScoreSettings, release: Release, scratch: Path) -> tuple[ToRun, RunCounts]:
     """What a run would compute and why the rest is not planned, keyed as the run keys: against
     the job's checkpoint (its results stay as they are), or without one against an empty index in
-    a temporary folder, so the job's own duplicates are planned once either way."""
+    `scratch`, so the job's own duplicates are planned once either way."""
     needs_hidden = settings.hidden_states == KEEP
 
     def keyed(checkpoint: Checkpoint) -> tuple[ToRun, RunCounts]:
@@ -182,12 +190,11 @@ def _to_run(settings: ScoreSettings, release: Release) -> tuple[ToRun, RunCounts
     stored = _from_store(settings, keyed)
     if stored is not None:
         return stored
-    with tempfile.TemporaryDirectory(prefix="clef-dry-run-") as folder:
-        index = KeyIndex(Path(folder) / INDEX_FILE)
-        try:
-            ledger = Ledger(index, run_seq=0)
-            media = MediaHasher(settings.limits)
-            ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
-            return ledger.to_run, ledger.counts
-        finally:
-            index.close()
+    index = KeyIndex(scratch / INDEX_FILE)
+    try:
+        ledger = Ledger(index, run_seq=0)
+        media = MediaHasher(settings.limits)
+        ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
+        return ledger.to_run, ledger.counts
+    finally:
+        index.close()
