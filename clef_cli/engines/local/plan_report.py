@@ -41,7 +41,7 @@ T = TypeVar("T")
 @dataclass
 class DryRunReport:
     records: int = 0
-    """Every record of the job: valid (planned or already in the checkpoint) plus failing."""
+    """Every record of the job: valid (planned, already in the checkpoint, or a duplicate) plus failing."""
     valid: int = 0
     already_done: int = 0
     """Of `valid`: records whose result the checkpoint has (reused); not planned."""
