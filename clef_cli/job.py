@@ -219,11 +219,20 @@ class Job:
     def interrupted(self) -> JobSummary:
         """Stopped on request: everything committed stays for the next run."""
         self.summary.interrupted = True
+        record_interrupted(self.checkpoint, self.summary)
         return self.stopped()
 
     def stopped(self) -> JobSummary:
         self.summary.seconds = time.monotonic() - self.started
         return self.summary
+
+
+def record_interrupted(checkpoint: Checkpoint, summary: JobSummary | None) -> None:
+    """A stop request ended the run: its history says so, with its counts so far (`checkpoint
+    info` tells it from a crash, which leaves the run unfinished)."""
+    if checkpoint.index is not None:
+        counts = summary.run_counts() | {"committed": summary.committed} if summary is not None else {}
+        checkpoint.index.interrupt_run(checkpoint.run_id, counts)
 
 
 Preflight = Callable[[ScoreSettings, Release], None]
@@ -269,6 +278,7 @@ def open_job(
         else:
             checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
         spool: RemoteSpool | None = None
+        summary: JobSummary | None = None
         refused = False
         try:
             damaged = sum(entry.records for entry in checkpoint.dropped)
@@ -285,6 +295,9 @@ def open_job(
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
             yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started)
+        except KeyboardInterrupt:  # a stop request that ended the job at once (a second Ctrl-C)
+            record_interrupted(checkpoint, summary)
+            raise
         except UsageError:
             # a check that needs the open store or the cluster (Ray's fit, its nodes' view of the
             # store) refused the run: a store this run made, with nothing committed, goes with it

@@ -180,13 +180,16 @@ def row_groups(results: Iterable[pa.Table], size: int) -> Iterator[tuple[int, pa
 
 @dataclass
 class _Failures:
-    """The failed rows counted as the output streams past (`results.failures_of`, chunk by chunk)."""
+    """The failed rows counted as the output streams past (`results.failures_of`, chunk by chunk),
+    and the rows whose state was cut to fit."""
 
     count: int = 0
     by_kind: Counter = field(default_factory=Counter)
     first: list[tuple[str, str]] = field(default_factory=list)
+    cut: int = 0
 
     def add(self, rows: pa.Table) -> None:
+        self.cut += int(pc.sum(pc.greater(rows.column("state_tokens_cut"), 0)).as_py() or 0)
         failed = rows.column("error").is_valid()
         if not pc.any(failed).as_py():
             return
@@ -196,7 +199,7 @@ class _Failures:
         self.first.extend(first[: FIRST_ERRORS - len(self.first)])
 
     def counts(self, records: int) -> OutputCounts:
-        return OutputCounts(records, self.count, dict(sorted(self.by_kind.items())), tuple(self.first))
+        return OutputCounts(records, self.count, dict(sorted(self.by_kind.items())), tuple(self.first), self.cut)
 
 
 def write_output(

@@ -44,6 +44,8 @@ class OutputCounts:
     """error_kind -> failed rows of that kind (they add up to `failed`)."""
     first_errors: tuple[tuple[str, str], ...] = ()
     """(id, error) of the first failed rows in input order."""
+    states_cut: int = 0
+    """Rows whose state was cut to fit the prompt budget (`state_tokens_cut` above 0)."""
 
 
 @dataclass

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from clef_cli.results import OutputCounts, RunCounts
 
 ENGINES = ("hf", "vllm")
+MIN_CPU_KV_CACHE_GIB = 1
+"""The least `--cpu-kv-cache-gib`: vLLM reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB."""
 
 
 @dataclass
@@ -48,8 +50,10 @@ class VllmOptions:
     def validate(self) -> None:
         """What vLLM would refuse only after minutes of loading, refused at once (exit 2)."""
         kv = self.cpu_kv_cache_gib
-        if kv is not None and (kv < 1 or kv != int(kv)):
-            raise UsageError(f"--cpu-kv-cache-gib must be a whole number of GiB, 1 or more, not {kv:g}")
+        if kv is not None and (kv < MIN_CPU_KV_CACHE_GIB or kv != int(kv)):
+            raise UsageError(
+                f"--cpu-kv-cache-gib must be a whole number of GiB, {MIN_CPU_KV_CACHE_GIB} or more, not {kv:g}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise UsageError(f"--max-model-len must be 1 or more, not {self.max_model_len}")
         memory = self.gpu_memory_utilization
@@ -196,6 +200,8 @@ class JobSummary:
     """error_kind -> failed records of the output (they add up to `failed`)."""
     first_errors: list[tuple[str, str]] = field(default_factory=list)
     """(id, error) of the output's first failed records, in input order."""
+    states_cut: int = 0
+    """Output rows whose state was cut to fit --max-length."""
     stats: JobStats = field(default_factory=JobStats)
     rehead_states_computed: int | None = None
     """A `--rehead`: records whose states the thinker computed first (the rest only met the head)."""
@@ -239,3 +245,4 @@ class JobSummary:
         self.scored = written.records - written.failed
         self.failed_by_kind = dict(written.failed_by_kind)
         self.first_errors = list(written.first_errors)
+        self.states_cut = written.states_cut

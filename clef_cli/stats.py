@@ -75,6 +75,8 @@ class JobStats:
     padded_tokens: int = 0
     real_tokens: int = 0
     workers: int = 0
+    backbone_on_cpu: bool = False
+    """The backbone ran on the CPU: encoding workers take the cores it computes on."""
     counts: dict[str, int] = field(default_factory=dict)
     """run, forwarded, reused, duplicates, retried (docs/scoring.md, "Counts")."""
     special_tokens: str | None = None
@@ -149,9 +151,12 @@ class JobStats:
     def advice(self) -> str | None:
         """One line when the model waited for its inputs more than 10% of the time; none when
         starting the model or engine took longer than all the scoring (a job too short to judge
-        its feed by: the wait was start-up, not too few workers)."""
+        its feed by: the wait was start-up, not too few workers), and none on a CPU backbone,
+        where workers take the cores the model computes on (measured slower: docs/scoring.md)."""
         share = self.encode_wait_share
         if not self.measured or share <= ADVICE_THRESHOLD or self.stages["load"] > self.scoring_seconds:
+            return None
+        if self.backbone_on_cpu:
             return None
         media = any(kind != "text" and rate.records for kind, rate in self.encode.items())
         what = "media decoding" if media else "prompt encoding"

@@ -59,3 +59,28 @@ def test_help_is_byte_identical_to_its_copy(path):
         snapshot(path).write_text(text, encoding="utf-8")
     assert text == snapshot(path).read_text(encoding="utf-8")
     assert help_text(path) == text  # the same twice: nothing in it depends on the moment
+
+
+def score_option(name: str) -> Any:
+    command = typer.main.get_command(app).commands["score"]  # type: ignore[attr-defined]
+    return next(param for param in command.params if param.name == name)
+
+
+def test_the_kv_cache_bound_the_help_shows_is_the_checks():
+    """`--cpu-kv-cache-gib`'s range in the help is the one the check applies (whole GiB, at least
+    the least vLLM takes): every value the help admits passes the check, the one below does not."""
+    from clef_cli.errors import UsageError
+    from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, VllmOptions
+
+    option = score_option("cpu_kv_cache_gib")
+    assert option.type_descriptor.annotation is int  # the check takes whole GiB only
+    assert option.min == MIN_CPU_KV_CACHE_GIB and option.max is None
+    assert (
+        f"<int range> --engine vllm on the CPU: KV-cache space in whole GiB. [x>={MIN_CPU_KV_CACHE_GIB}]"
+        in " ".join(help_text(("score",)).split())
+    )
+    for admitted in (option.min, option.min + 1, 64):
+        VllmOptions(cpu_kv_cache_gib=admitted).validate()
+    for refused in (option.min - 1, option.min + 0.5):
+        with pytest.raises(UsageError, match="whole number of GiB"):
+            VllmOptions(cpu_kv_cache_gib=refused).validate()

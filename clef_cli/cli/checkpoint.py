@@ -32,19 +32,24 @@ RUN_COUNT_WORDS = {
     "duplicates": "duplicates",
     "retried": "retried",
     "invalid": "invalid",
+    "committed": "committed",
 }
 """A run's counts (docs/scoring.md, "Counts") as words after the number: `run 20` read like a run id."""
 
 
+def _counts(run: dict[str, Any]) -> str:
+    return ", ".join(f"{value:,} {RUN_COUNT_WORDS.get(name, name)}" for name, value in (run["counts"] or {}).items())
+
+
 def _print_runs(runs: list[dict[str, Any]]) -> None:
     for run in runs:
-        if run["finished"] is None:
-            done = "not finished (stopped, failed or still running)"
+        if run["finished"] is not None:
+            done = f"finished {_when(run['finished'])} UTC ({_counts(run)})"
+        elif run.get("interrupted") is not None:
+            said = [_counts(run), "rerun the same command to continue"]
+            done = f"interrupted {_when(run['interrupted'])} UTC ({'; '.join(filter(None, said))})"
         else:
-            counts = ", ".join(
-                f"{value:,} {RUN_COUNT_WORDS.get(name, name)}" for name, value in (run["counts"] or {}).items()
-            )
-            done = f"finished {_when(run['finished'])} UTC ({counts})"
+            done = "not finished (failed, killed or still running)"
         if not run["counted"]:
             done += "; not counted by prune --keep-runs"
         stdout.print(

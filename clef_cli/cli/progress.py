@@ -124,6 +124,12 @@ def print_summary(summary: Any) -> None:
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
     headline = rehead_line(summary, rate) if summary.rehead_states_computed is not None else score_line(summary, rate)
     stderr.print(headline, markup=False)
+    if summary.states_cut:
+        stderr.print(
+            f"states cut to fit --max-length: {plural(summary.states_cut, 'record')} "
+            "(each row's state_tokens_cut says by how many tokens)",
+            markup=False,
+        )
     for note in summary.notes:
         stderr.print(note, markup=False)
     advice = summary.stats.advice() if summary.rehead_states_computed is None else None
@@ -180,6 +186,14 @@ def print_dry_run(report: Any, settings: Any) -> None:
     stdout.print(f"records: {report.records} ({report.valid} valid, {failing})", markup=False)
     if report.already_done:
         stdout.print(f"already in the checkpoint: {report.already_done} (not planned again)")
+    if report.duplicates:
+        stdout.print(f"duplicates in this job: {report.duplicates} (a prompt an earlier record has: planned once)")
+    if report.states_cut:
+        stdout.print(
+            f"states cut to fit --max-length {settings.max_length:,}: {plural(report.states_cut, 'record')} "
+            "(each row's state_tokens_cut says by how many tokens)",
+            markup=False,
+        )
     percentiles = report.percentiles()
     if percentiles:
         stdout.print("prompt tokens: " + ", ".join(f"{key} {value}" for key, value in percentiles.items()))

@@ -23,7 +23,7 @@ from clef_cli.cli.options import (
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
-from clef_cli.settings import ScoreSettings, VllmOptions
+from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
 
 # What to read and write
 InputsArgument = Annotated[
@@ -253,7 +253,7 @@ EngineOption = Annotated[
         rich_help_panel=PANEL_ENGINE,
         help="hf: transformers in this process; vllm: vLLM as the backbone in its own environment "
         "($CLEF_VLLM_PYTHON, see docs/engines.md), clef's head on its hidden states; with --ray, one vLLM "
-        "worker per actor. Audio-in-video records are refused for now.",
+        "worker per actor.",
     ),
 ]
 MaxModelLenOption = Annotated[
@@ -282,12 +282,12 @@ TensorParallelSizeOption = Annotated[
     ),
 ]
 CpuKvCacheOption = Annotated[
-    float | None,
+    int | None,
     typer.Option(
         "--cpu-kv-cache-gib",
-        min=0.1,
+        min=MIN_CPU_KV_CACHE_GIB,
         rich_help_panel=PANEL_ENGINE,
-        help="--engine vllm on the CPU: KV-cache space in GiB.",
+        help="--engine vllm on the CPU: KV-cache space in whole GiB.",
     ),
 ]
 EnforceEagerOption = Annotated[

@@ -55,10 +55,14 @@ CREATE TABLE IF NOT EXISTS runs (
     finished REAL,
     counts TEXT,
     inputs TEXT,  -- JSON list of the run's inputs (absent in stores made before it was recorded)
-    output TEXT
+    output TEXT,
+    interrupted REAL  -- when a stop request ended it (Ctrl-C, SIGTERM: exit 130); NULL otherwise
 );
 """
-RUN_COLUMNS = ("seq", "run_id", "started", "finished", "counts", "inputs", "output")
+RUN_COLUMNS = ("seq", "run_id", "started", "finished", "counts", "inputs", "output", "interrupted")
+ADDED_COLUMNS = (("runs", "inputs", "TEXT"), ("runs", "output", "TEXT"), ("shards", "file", "TEXT"))
+ADDED_COLUMNS += (("runs", "interrupted", "REAL"),)
+"""Columns a store made by an earlier version lacks, added when it is opened."""
 
 
 class KeyIndex:
@@ -85,10 +89,11 @@ class KeyIndex:
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA temp_store=FILE")
         db.executescript(_SCHEMA)
-        # a store made before runs named their files, or before shards named their results file
-        for table, column in (("runs", "inputs"), ("runs", "output"), ("shards", "file")):
+        # a store made before runs named their files or their interruption, or before shards
+        # named their results file
+        for table, column, kind in ADDED_COLUMNS:
             if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         return db
 
     def close(self) -> None:
@@ -135,8 +140,17 @@ class KeyIndex:
                 "UPDATE runs SET finished = ?, counts = ? WHERE run_id = ?", (time.time(), json.dumps(counts), run_id)
             )
 
+    def interrupt_run(self, run_id: str, counts: dict[str, int]) -> None:
+        """A stop request ended the run: when, and its counts so far (it stays unfinished, so
+        `prune --keep-runs` does not count it)."""
+        with self.transaction() as db:
+            db.execute(
+                "UPDATE runs SET interrupted = ?, counts = ? WHERE run_id = ? AND finished IS NULL",
+                (time.time(), json.dumps(counts), run_id),
+            )
+
     def runs(self, count_keys: bool = True) -> list[dict[str, Any]]:
-        """Every run in order: its counts (None until it finished), inputs (a list, empty when not
+        """Every run in order: its counts (None until it finished or was interrupted), inputs (a list, empty when not
         recorded), output, whether `prune --keep-runs` counts it, and how many keys it was the
         last to use (0 without `count_keys`: a scan of every key, which prune does without)."""
         with self.lock:

@@ -53,6 +53,13 @@ def compute_dtype(settings: ScoreSettings) -> str:
     return str(resolve_dtype(settings.dtype, resolve_device(settings.device))).removeprefix("torch.")
 
 
+def _on_cpu(settings: ScoreSettings) -> bool:
+    """Whether the backbone runs on the CPU, sharing its cores with the encoding workers."""
+    from clef_cli.model.backbone import resolve_device
+
+    return resolve_device(settings.device).type == "cpu"
+
+
 class ScoreJob:
     """One `clef score` run; `run()` returns its summary, `dry_run()` its plan."""
 
@@ -149,6 +156,7 @@ class ScoreJob:
         try:
             with stats.stage("startup"):  # imports, the processor, starting the encoding processes
                 workers = stats.workers = worker_count(job.settings)
+                stats.backbone_on_cpu = _on_cpu(job.settings)
                 dtype = compute_dtype(job.settings)
                 media_dtype = None if dtype == "float32" else dtype
                 pool = encode_pool(job.settings, job.release, workers, spool, media_dtype, images_from_headers=True)

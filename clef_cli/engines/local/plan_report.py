@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -22,13 +24,16 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.errors import ClefError
 from clef_cli.inputs.readers import count_records
-from clef_cli.job import Preflight, checked_release, job_ledger
+from clef_cli.job import Preflight, checked_release, job_ledger, key_prompt, with_remote_spool
 from clef_cli.progress import Progress
 from clef_cli.release import Release
+from clef_cli.results import RunCounts
 from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
-from clef_cli.store.ledger import ToRun
+from clef_cli.store.key_index import INDEX_FILE, KeyIndex
+from clef_cli.store.ledger import Ledger, ToRun
+from clef_cli.store.record_key import MediaHasher
 
 T = TypeVar("T")
 
@@ -36,10 +41,14 @@ T = TypeVar("T")
 @dataclass
 class DryRunReport:
     records: int = 0
-    """Every record of the job: valid (planned or already in the checkpoint) plus failing."""
+    """Every record of the job: valid (planned, already in the checkpoint, or a duplicate) plus failing."""
     valid: int = 0
     already_done: int = 0
-    """Of `valid`: records the checkpoint (or an earlier copy in the job) has; not planned."""
+    """Of `valid`: records whose result the checkpoint has (reused); not planned."""
+    duplicates: int = 0
+    """Of `valid`: later copies of a prompt earlier in this job; planned once, with the first."""
+    states_cut: int = 0
+    """Planned records whose state was cut to fit --max-length (`state_tokens_cut` above 0)."""
     failed_by_kind: dict[str, int] = field(default_factory=dict)
     """error_kind -> records that would fail, as a run would give them (a missing image: media)."""
     lengths: array[int] = field(default_factory=lambda: array("I"))
@@ -90,11 +99,25 @@ def plan_report(
     settings, release = checked_release(settings, preflight, with_weights=False)
     report = DryRunReport()
     progress.start(count_records(settings.inputs, settings.limit), 0)
-    skip = _already_done(settings, release)
-    report.already_done = skip.flags.count(0) if skip is not None else 0
+    with tempfile.TemporaryDirectory(prefix="clef-dry-run-") as scratch:
+        # remote media fetched once, to key them, then planned from the spool, as a run does
+        settings, _ = with_remote_spool(settings, Path(scratch))
+        to_run, counts = _to_run(settings, release, Path(scratch))
+        report.already_done, report.duplicates = counts.reused, counts.duplicates
+        _plan(report, settings, release, to_run, progress)
+    report.valid += report.already_done + report.duplicates
+    report.records = report.valid + sum(report.failed_by_kind.values())
+    unhidden = _from_store(settings, lambda checkpoint: _unhidden_tokens(settings, release, checkpoint)) or 0
+    new = sum(report.lengths) - (unhidden if settings.hidden_states == KEEP else 0)
+    _hidden_sizes(report, settings, new, unhidden, hidden_bytes_per_token(settings, release.hidden_size))
+    return report
+
+
+def _plan(report: DryRunReport, settings: ScoreSettings, release: Release, to_run: ToRun, progress: Progress) -> None:
+    """Encode and plan the records a run would compute into `report`."""
     with encode_pool(settings, release, worker_count(settings)) as pool:
         records = job_records(settings)
-        for window in planned_windows(pool, records, settings.window, skip=skip.stored if skip is not None else ()):
+        for window in planned_windows(pool, records, settings.window, skip=to_run.stored):
             for failure in window.failures:
                 report.failed_by_kind[failure.kind] = report.failed_by_kind.get(failure.kind, 0) + 1
             room = 10 - len(report.first_errors)
@@ -102,17 +125,12 @@ def plan_report(
             entries = [PlanEntry(p.record.index, p.length or 0, p.audio_in_video) for p in window.planned]
             batches = plan_batches(entries, settings.max_batch_tokens, settings.max_batch_size)
             report.valid += len(entries)
+            report.states_cut += sum(bool(p.encoded and p.encoded.state_tokens_cut) for p in window.planned)
             report.lengths.extend(entry.length for entry in entries)
             report.batches += len(batches)
             report.audio_in_video_batches += sum(batch.entries[0].audio_in_video for batch in batches)
             report.padded_tokens += sum(batch.padded_tokens for batch in batches)
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
-    report.valid += report.already_done
-    report.records = report.valid + sum(report.failed_by_kind.values())
-    unhidden = _from_store(settings, lambda checkpoint: _unhidden_tokens(settings, release, checkpoint)) or 0
-    new = sum(report.lengths) - (unhidden if settings.hidden_states == KEEP else 0)
-    _hidden_sizes(report, settings, new, unhidden, hidden_bytes_per_token(settings, release.hidden_size))
-    return report
 
 
 def _unhidden_tokens(settings: ScoreSettings, release: Release, checkpoint: Checkpoint) -> int:
@@ -159,11 +177,24 @@ def _stored_results(settings: ScoreSettings) -> pa.Table | None:
     return _from_store(settings, lambda checkpoint: checkpoint.results())
 
 
-def _already_done(settings: ScoreSettings, release: Release) -> ToRun | None:
-    """What a run would compute (the checkpoint's results stay as they are); None without one."""
+def _to_run(settings: ScoreSettings, release: Release, scratch: Path) -> tuple[ToRun, RunCounts]:
+    """What a run would compute and why the rest is not planned, keyed as the run keys: against
+    the job's checkpoint (its results stay as they are), or without one against an empty index in
+    `scratch`, so the job's own duplicates are planned once either way."""
     needs_hidden = settings.hidden_states == KEEP
 
-    def to_run(checkpoint: Checkpoint) -> ToRun:
-        return job_ledger(settings, release, checkpoint, needs_hidden, dry_run=True).to_run
+    def keyed(checkpoint: Checkpoint) -> tuple[ToRun, RunCounts]:
+        ledger = job_ledger(settings, release, checkpoint, needs_hidden, dry_run=True)
+        return ledger.to_run, ledger.counts
 
-    return _from_store(settings, to_run)
+    stored = _from_store(settings, keyed)
+    if stored is not None:
+        return stored
+    index = KeyIndex(scratch / INDEX_FILE)
+    try:
+        ledger = Ledger(index, run_seq=0)
+        media = MediaHasher(settings.limits)
+        ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
+        return ledger.to_run, ledger.counts
+    finally:
+        index.close()
