@@ -3,12 +3,15 @@
 Every input location, from the command line or a library call, is resolved here and only here:
 a URI of pyarrow's local filesystem (`file:///abs`, `file:/abs`, `local:///abs`) becomes the
 local path it names, so media paths resolve against its folder exactly as for a plain path.
-A folder (local or remote) stands for its Parquet parts, in name order, so a job's record order
-is stable from one run to the next.
+A folder (local or remote) stands for its parts, `key=value` subfolders included (Hive
+partitions), and a glob for the files it matches, in name order, so a job's record order is
+stable from one run to the next. `-`, `/dev/stdin` and other pipes are read once into a spool
+(streams.py), since a job reads its inputs more than once.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import re
@@ -16,12 +19,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import unquote
 
 from clef_cli.errors import UsageError
-
-INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
+from clef_cli.inputs.formats import READABLE, Format, format_of
+from clef_cli.inputs.streams import spooled_stream, stream_input
 
 LOCAL_SCHEMES = ("file", "local")
 """pyarrow's schemes for the local filesystem; they also work without `//` (`file:/abs`)."""
@@ -60,10 +62,22 @@ class InputFile:
     location: str
     """A local absolute path or a URI."""
     size: int
+    partitions: tuple[tuple[str, str | None], ...] = ()
+    """Hive partition keys from the folders between the input given and this part
+    (`lang=en/part-0.parquet`: `lang` = "en"); they become columns of its rows."""
+    base: str | None = None
+    """Where relative media paths resolve, when not the file's folder (stdin: the working directory)."""
+    shown: str | None = None
+    """The name messages use, when not the file's own (`stdin` for a spooled stream)."""
 
     @property
     def name(self) -> str:
-        return self.location.rstrip("/").rsplit("/", 1)[-1]
+        return self.shown or self.location.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def format(self) -> Format:
+        found = format_of(self.location.rstrip("/").rsplit("/", 1)[-1])
+        return found if found is not None else Format("jsonl")
 
     @property
     def suffix(self) -> str:
@@ -71,19 +85,29 @@ class InputFile:
 
     @property
     def is_parquet(self) -> bool:
-        return self.suffix in PARQUET_SUFFIXES
+        return self.format.kind == "parquet"
 
     @property
     def base_dir(self) -> Path | None:
         """Where relative media paths resolve: the folder of a local input (none for a remote one)."""
+        if self.base is not None:
+            return Path(self.base)
         return None if is_uri(self.location) else Path(self.location).parent
 
     def open_binary(self) -> BinaryIO:
+        """The file's bytes, decompressed when its name says it is compressed (`.gz`, `.zst`)."""
+        compression = self.format.compression
         if not is_uri(self.location):
-            return open(self.location, "rb")
-        filesystem, path = _filesystem(self.location)
+            if compression is None:
+                return open(self.location, "rb")
+            import pyarrow as pa
+
+            stream = pa.input_stream(self.location, compression=compression)
+        else:
+            filesystem, path = _filesystem(self.location)
+            stream = filesystem.open_input_stream(path, compression=compression)
         # pyarrow's streams read but cannot iterate lines; a buffered reader over them can.
-        return io.BufferedReader(filesystem.open_input_stream(path), buffer_size=1 << 20)  # type: ignore[arg-type]
+        return io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
 
     def parquet(self) -> Any:
         import pyarrow.parquet as pq
@@ -95,19 +119,149 @@ class InputFile:
 
 
 def _check_suffix(location: str) -> None:
-    if Path(location.rstrip("/")).suffix.lower() not in INPUT_SUFFIXES:
-        raise UsageError(f"{location}: unsupported input type (use .jsonl, .json or .parquet)")
+    if format_of(location.rstrip("/").rsplit("/", 1)[-1]) is None:
+        raise UsageError(f"{location}: unsupported input type (use {READABLE})")
+
+
+# ----------------------------------------------------------------------------- folders and partitions
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One item of a listed folder, local or remote."""
+
+    name: str
+    location: str
+    is_dir: bool
+    size: int
+
+
+def _listed(folder: str, remote: bool) -> list[_Entry]:
+    if not remote:
+        entries = []
+        for item in Path(folder).iterdir():
+            if item.is_dir():
+                entries.append(_Entry(item.name, str(item), True, 0))
+            elif item.is_file():
+                entries.append(_Entry(item.name, str(item.resolve()), False, item.stat().st_size))
+        return sorted(entries, key=lambda entry: entry.name)
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(folder)
+    scheme = folder.split("://", 1)[0]
+    listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=False))
+    return sorted(
+        (
+            _Entry(item.base_name, f"{scheme}://{item.path}", item.type == pafs.FileType.Directory, item.size or 0)
+            for item in listed
+            if item.type in (pafs.FileType.Directory, pafs.FileType.File)
+        ),
+        key=lambda entry: entry.name,
+    )
+
+
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+"""The value Hive, Spark and pyarrow write for a null partition key."""
+FOLDER_KINDS = (("parquet",), ("jsonl",), ("csv", "tsv"))
+"""A folder stands for its parts of the first kind it holds (so a README.json or a questions file
+beside the parts is never read as records)."""
+
+
+def hive_partition(segment: str) -> tuple[str, str | None] | None:
+    """`lang=en` as ("lang", "en"), percent-decoded as pyarrow and Spark write it; else None."""
+    key, equals, value = segment.partition("=")
+    if not equals or not key:
+        return None
+    decoded = unquote(value)
+    return unquote(key), None if decoded == HIVE_NULL else decoded
+
+
+def _folder_parts(folder: str, remote: bool) -> list[InputFile]:
+    """A folder's parts in name order, `key=value` subfolders included (Hive partitions)."""
+    found: list[InputFile] = []
+
+    def walk(location: str, partitions: tuple[tuple[str, str | None], ...]) -> None:
+        for entry in _listed(location, remote):
+            if entry.name.startswith((".", "_")):  # _SUCCESS, .crc files, _common_metadata
+                continue
+            partition = hive_partition(entry.name) if entry.is_dir else None
+            if partition is not None:
+                walk(entry.location, (*partitions, partition))
+            elif not entry.is_dir and format_of(entry.name) is not None:
+                found.append(InputFile(entry.location, entry.size, partitions))
+
+    walk(folder, ())
+    for kinds in FOLDER_KINDS:
+        parts = [part for part in found if part.format.kind in kinds]
+        if parts:
+            return parts
+    raise UsageError(f"folder {folder} holds no .parquet, .jsonl or .csv files")
+
+
+# ----------------------------------------------------------------------------- globs
+
+
+GLOB_CHARACTERS = re.compile(r"[*?[]")
+
+
+def _glob_parts(pattern: str, remote: bool) -> list[InputFile]:
+    """The files a pattern names (`parts/*.parquet`), in name order; `*` stays within a folder.
+    Folders below the pattern's first wildcard named `key=value` are Hive partitions."""
+    scheme, path = (pattern.split("://", 1) if remote else ("", pattern))
+    segments = path.split("/")
+    fixed = next(i for i, segment in enumerate(segments) if GLOB_CHARACTERS.search(segment))
+    root = "/".join(segments[:fixed]) or ("/" if path.startswith("/") else ".")
+    matched: list[InputFile] = []
+    for location, size in _matching(root, segments[fixed:], scheme):
+        below = location.rstrip("/").split("/")[-(len(segments) - fixed) : -1]
+        partitions = tuple(p for p in (hive_partition(s) for s in below) if p is not None)
+        if format_of(location.rsplit("/", 1)[-1]) is not None:
+            matched.append(InputFile(location, size, partitions))
+    if not matched:
+        raise UsageError(f"no input file matches {pattern}")
+    return sorted(matched, key=lambda part: part.location)
+
+
+def _matching(root: str, pattern: list[str], scheme: str) -> list[tuple[str, int]]:
+    """(location, size) of the files under `root` whose path below it matches `pattern`."""
+    if not scheme:
+        import glob
+
+        matches = glob.glob(str(Path(root, *pattern)))
+        return [(str(Path(m).resolve()), Path(m).stat().st_size) for m in matches if Path(m).is_file()]
+    import pyarrow.fs as pafs
+
+    filesystem, path = _filesystem(f"{scheme}://{root}")
+    try:
+        listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=len(pattern) > 1))
+    except FileNotFoundError:
+        return []
+    found = []
+    for item in listed:
+        below = item.path[len(path) :].strip("/").split("/")
+        if (
+            item.type == pafs.FileType.File
+            and len(below) == len(pattern)
+            and all(fnmatch.fnmatchcase(name, part) for name, part in zip(below, pattern, strict=True))
+        ):
+            found.append((f"{scheme}://{item.path}", item.size or 0))
+    return found
+
+
+# ----------------------------------------------------------------------------- expansion
 
 
 def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
+    if stream_input(given):
+        spool = spooled_stream(str(given))
+        return [InputFile(spool.path, spool.size, base=spool.base, shown=spool.shown)]
     if path.is_dir():
-        parts = sorted(p for p in path.iterdir() if p.suffix in PARQUET_SUFFIXES and p.is_file())
-        if not parts:
-            raise UsageError(f"folder {path} holds no .parquet files")
-        return [InputFile(str(part.resolve()), part.stat().st_size) for part in parts]
+        return _folder_parts(str(path), remote=False)
     if path.is_file():
         _check_suffix(str(path))
         return [InputFile(str(path.resolve()), path.stat().st_size)]
+    if GLOB_CHARACTERS.search(str(given)):
+        return _glob_parts(str(path), remote=False)
     raise UsageError(f"input not found: {given}")
 
 
@@ -115,26 +269,30 @@ def _expand_uri(uri: str) -> list[InputFile]:
     import pyarrow.fs as pafs
 
     filesystem, path = _filesystem(uri)
-    scheme = uri.split("://", 1)[0]
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.Directory:
-        listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=False))
-        parts = sorted(
-            (item for item in listed if item.type == pafs.FileType.File and item.extension in ("parquet", "pq")),
-            key=lambda item: item.path,
-        )
-        if not parts:
-            raise UsageError(f"folder {uri} holds no .parquet files")
-        return [InputFile(f"{scheme}://{item.path}", item.size or 0) for item in parts]
+        return _folder_parts(uri, remote=True)
     if info.type == pafs.FileType.File:
         _check_suffix(uri)
         return [InputFile(uri, info.size or 0)]
+    if GLOB_CHARACTERS.search(path):
+        return _glob_parts(uri, remote=True)
     raise UsageError(f"input not found: {uri}")
+
+
+def unfound_local(location: str | Path) -> bool:
+    """A local input that names nothing there (no file, folder, stream or glob): refused before
+    a job makes anything; the rest is checked where the inputs are expanded."""
+    path = local_path(location)
+    if path is None or path.exists() or stream_input(location):
+        return False
+    return not GLOB_CHARACTERS.search(str(location))
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
     """Input files in a stable order, checked to exist and to be of a readable type. Local files
-    (given as paths or as local-filesystem URIs) are named by their absolute path."""
+    (given as paths or as local-filesystem URIs) are named by their absolute path; a folder or a
+    glob stands for its parts in name order; stdin and pipes are read once, into a spool."""
     files: list[InputFile] = []
     for raw in paths:
         path = local_path(raw)
