@@ -59,16 +59,22 @@ def stream_input(location: object) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
-def _stream_key(location: str) -> str:
-    return "stdin" if location in STDIN_NAMES else location
+def _identity(location: str, key: str) -> str:
+    """Which stream a name stands for: `-` and `/dev/stdin` are one; a later pipe is another."""
+    try:
+        found = os.fstat(sys.stdin.fileno()) if key == "stdin" else os.stat(location)
+    except (AttributeError, OSError, ValueError):  # a test runner's stdin stand-in has no descriptor
+        return f"{key}:{id(sys.stdin)}"
+    return f"{key}:{found.st_dev}:{found.st_ino}"
 
 
 def spooled_stream(location: str) -> Spool:
     """The spool of stdin or a pipe, made the first time this process names it."""
-    key = _stream_key(location)
-    if key not in _spooled:
-        _spooled[key] = _spool(location, key)
-    return _spooled[key]
+    key = "stdin" if location in STDIN_NAMES else location
+    identity = _identity(location, key)
+    if identity not in _spooled:
+        _spooled[identity] = _spool(location, key)
+    return _spooled[identity]
 
 
 def _spool(location: str, key: str) -> Spool:
