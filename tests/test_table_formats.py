@@ -298,3 +298,41 @@ def test_flat_layout_holds_the_long_layouts_numbers_in_a_row_per_record(folder, 
     assert frame.loc[frame["id"] == "quoted", "a%2Eb.p.x%2Ey"].iloc[0] == rows["quoted"]["a%2Eb.p.x%2Ey"]
     assert not any(frame[column].map(lambda v: isinstance(v, (list, dict))).any() for column in frame.columns)
     assert not list(tmp_path.glob(".flat.parquet.*"))  # the spool of the results is gone
+
+
+def test_ray_slices_read_each_format_as_the_local_reader_does(folder):
+    """What a `--ray` task reads (engines/ray/reading.py): CSV and compressed streams whole, Parquet
+    parts by row group with their partition keys, stdin's spool with the working directory."""
+    import pickle
+
+    from clef_cli.engines.ray.reading import _slice, read_slice
+    from clef_cli.inputs.records import RecordBuilder
+
+    for location in ("t.csv", "t.tsv", "t.jsonl.gz", "t.jsonl.zst", "hive"):
+        builder, got, index = RecordBuilder(), [], 0
+        for source in expand_inputs([folder / location]):
+            kind = "parquet" if source.is_parquet else "json"
+            for row in read_slice(vars(_slice(source, kind, 0, 0, index)), b"", None):
+                raw = pickle.loads(row["payload"])
+                base = Path(row["base_dir"])
+                got.append(builder.build(raw, row["record_index"], base, json_text=row["parquet"]))
+                index += 1
+        assert got == list(read_records([folder / location])), location
+    hive_rows = read_slice(vars(_slice(expand_inputs([folder / "hive"])[0], "parquet", 0, 0, 0)), b"", None)
+    assert {pickle.loads(row["payload"])["lang"] for row in hive_rows} == {"de"}
+
+
+@pytest.mark.slow
+def test_a_cron_line_scores_a_gzipped_stream_on_stdin(folder, scored, tmp_path):
+    """`zcat night.jsonl.gz | clef score - -o out.parquet`, the real entry point in a fresh process:
+    the store of the same records from a file has every result (nothing runs)."""
+    (folder / "night.jsonl.gz").write_bytes(gzip.compress((folder / "twin.jsonl").read_bytes()))
+    output = tmp_path / "out.parquet"
+    clef = f'"{sys.executable}" -m clef_cli score - -o "{output}" --checkpoint "{scored[1]}"'
+    line = f"zcat night.jsonl.gz | {clef} " + " ".join(f'"{part}"' for part in COMMON)
+    done = subprocess.run(["bash", "-c", line], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 run through the model, 4 from the checkpoint" in done.stderr, done.stderr
+    twin = by_twin_id(pq.read_table(scored[0]).to_pylist(), None)
+    rows = pq.read_table(output).to_pylist()
+    assert [(row["id"], row["record_key"]) for row in rows] == [(i, twin[i]["record_key"]) for i in twin]

@@ -283,10 +283,12 @@ def _expand_uri(uri: str) -> list[InputFile]:
 def unfound_local(location: str | Path) -> bool:
     """A local input that names nothing there (no file, folder, stream or glob): refused before
     a job makes anything; the rest is checked where the inputs are expanded."""
+    import glob
+
     path = local_path(location)
     if path is None or path.exists() or stream_input(location):
         return False
-    return not GLOB_CHARACTERS.search(str(location))
+    return not GLOB_CHARACTERS.search(str(path)) or next(glob.iglob(str(path)), None) is None
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
