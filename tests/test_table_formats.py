@@ -8,6 +8,7 @@ import csv
 import gzip
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -254,6 +255,18 @@ def test_what_cannot_be_read_is_refused_with_what_can(tmp_path):
     write_jsonl(tmp_path / "empty" / "r.jsonl", [{"id": "a", "state": "s"}])
     write_jsonl(tmp_path / "empty" / "questions.json", [{"id": "b", "state": "s"}])  # a folder's parts are JSONL
     assert [part.name for part in expand_inputs([tmp_path / "empty"])] == ["r.jsonl"]
+
+
+def test_a_bad_csv_cell_is_its_rows_error_and_a_broken_row_refuses_the_file(tmp_path):
+    (tmp_path / "b.csv").write_text('id,state,images\na,hi,"[not json"\nb,hi,\n', encoding="utf-8")
+    bad, fine = read_records([tmp_path / "b.csv"], questions={"q": {"type": "noul"}})
+    assert isinstance(bad, InvalidRecord)
+    assert bad.error == "b.csv data row 1: images: a cell starting with [ must be a JSON list of paths"
+    assert isinstance(fine, Record) and fine.images == ()
+    (tmp_path / "c.csv").write_text("id,state\na,hi\nb,hi,extra\n", encoding="utf-8")
+    message = "c.csv is not a readable CSV file: CSV parse error: Expected 2 columns, got 3"
+    with pytest.raises(UsageError, match=re.escape(message)):
+        list(read_records([tmp_path / "c.csv"]))
 
 
 def flat_output(folder: Path, scored: tuple[Path, Path], tmp_path: Path, layout: str) -> Path:

@@ -80,10 +80,6 @@ class InputFile:
         return found if found is not None else Format("jsonl")
 
     @property
-    def suffix(self) -> str:
-        return Path(self.name).suffix.lower()
-
-    @property
     def is_parquet(self) -> bool:
         return self.format.kind == "parquet"
 

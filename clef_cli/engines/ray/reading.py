@@ -24,7 +24,7 @@ class Slice:
 
     location: str
     size: int
-    kind: str  # "parquet", "jsonl" or "json"
+    kind: str  # "parquet" (a row group), "jsonl" (a byte range) or "json" (a file read whole)
     part: int  # row group, or byte offset of the range
     stop: int  # byte end of a JSONL range
     first_index: int
