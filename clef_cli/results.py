@@ -6,11 +6,14 @@ shards (plus pass-through columns), never a recomputation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+from clef_cli.errors import UsageError
 
 if TYPE_CHECKING:
     from clef_cli.model.answers import QuestionResult
@@ -204,6 +207,8 @@ def long_rows(table: pa.Table) -> pa.Table:
 
 FLAT_FIELDS = ("answer", "confidence", "p")
 """The flat layout's columns per question: `QID.answer`, `QID.confidence`, `QID.p.OPTION`."""
+FLAT_MAX_COLUMNS = 10_000
+"""More question columns than a person (or a spreadsheet) reads: such a job wants wide or long."""
 
 
 def flat_part(name: str) -> str:
@@ -247,15 +252,19 @@ class FlatColumns:
         return columns
 
     def schema(self) -> pa.Schema:
+        described = self.described()
+        if len(described) > FLAT_MAX_COLUMNS:
+            raise UsageError(
+                f"--layout flat: the job's questions make {len(described):,} columns (at most "
+                f"{FLAT_MAX_COLUMNS:,}); write --layout wide or long (the results are in the store)"
+            )
         fields = [pa.field("id", pa.string()), pa.field("error", pa.string())]
-        for column, _, name, _ in self.described():
+        for column, _, name, _ in described:
             fields.append(pa.field(column, pa.string() if name == "answer" else pa.float64()))
         return pa.schema(fields)
 
     def metadata(self) -> str:
         """`clef.flat_columns`: which question (and option) each column holds, as JSON."""
-        import json
-
         return json.dumps(
             [{"column": c, "question_id": q, "field": f, "option": o} for c, q, f, o in self.described()],
             ensure_ascii=False,

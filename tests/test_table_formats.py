@@ -200,11 +200,14 @@ for record in read_records([sys.argv[1]]):
 """
 
 
-@pytest.mark.parametrize("form", ["-", "/dev/stdin", "pipe"])
+@pytest.mark.parametrize("form", ["-", "/dev/stdin", "pipe", "gzip"])
 def test_stdin_and_pipes_read_once_as_the_file_does(folder, form):
     """A real pipe in a fresh process (`<(cat twin.jsonl)` through bash for the pipe): counted and
-    then read, which a pipe allows once; the records equal the file's, media against the cwd."""
+    then read, which a pipe allows once; the records equal the file's, media against the cwd. A
+    gzip stream on stdin is told by its first bytes."""
     data = (folder / "twin.jsonl").read_bytes()
+    if form == "gzip":
+        form, data = "-", gzip.compress(data)
     if form == "pipe":
         script = f'"{sys.executable}" -c "$0" <(cat twin.jsonl)'
         done = subprocess.run(["bash", "-c", script, READ_BACK], cwd=folder, capture_output=True, timeout=120)
@@ -349,3 +352,13 @@ def test_a_cron_line_scores_a_gzipped_stream_on_stdin(folder, scored, tmp_path):
     twin = by_twin_id(pq.read_table(scored[0]).to_pylist(), None)
     rows = pq.read_table(output).to_pylist()
     assert [(row["id"], row["record_key"]) for row in rows] == [(i, twin[i]["record_key"]) for i in twin]
+
+
+def test_a_flat_layout_past_what_people_read_is_refused():
+    from clef_cli.results import FLAT_MAX_COLUMNS, FlatColumns
+
+    columns = FlatColumns({f"q{i}": {} for i in range(FLAT_MAX_COLUMNS // 2)})
+    assert len(columns.schema()) == FLAT_MAX_COLUMNS + 2
+    columns.options["one more"] = {}
+    with pytest.raises(UsageError, match="write --layout wide or long"):
+        columns.schema()
