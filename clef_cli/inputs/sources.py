@@ -5,13 +5,12 @@ a URI of pyarrow's local filesystem (`file:///abs`, `file:/abs`, `local:///abs`)
 local path it names, so media paths resolve against its folder exactly as for a plain path.
 A folder (local or remote) stands for its parts, `key=value` subfolders included (Hive
 partitions), and a glob for the files it matches, in name order, so a job's record order is
-stable from one run to the next. `-`, `/dev/stdin` and other pipes are read once into a spool
-(streams.py), since a job reads its inputs more than once.
+stable from one run to the next (listing.py). `-`, `/dev/stdin` and other pipes are read once
+into a spool (streams.py), since a job reads its inputs more than once.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import io
 import re
@@ -19,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import unquote
 
 from clef_cli.errors import UsageError
 from clef_cli.inputs.formats import READABLE, Format, format_of
+from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts
 from clef_cli.inputs.streams import spooled_stream, stream_input
 
 LOCAL_SCHEMES = ("file", "local")
@@ -119,132 +118,11 @@ def _check_suffix(location: str) -> None:
         raise UsageError(f"{location}: unsupported input type (use {READABLE})")
 
 
-# ----------------------------------------------------------------------------- folders and partitions
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One item of a listed folder, local or remote."""
-
-    name: str
-    location: str
-    is_dir: bool
-    size: int
-
-
-def _listed(folder: str, remote: bool) -> list[_Entry]:
-    if not remote:
-        entries = []
-        for item in Path(folder).iterdir():
-            if item.is_dir():
-                entries.append(_Entry(item.name, str(item), True, 0))
-            elif item.is_file():
-                entries.append(_Entry(item.name, str(item.resolve()), False, item.stat().st_size))
-        return sorted(entries, key=lambda entry: entry.name)
-    import pyarrow.fs as pafs
-
-    filesystem, path = _filesystem(folder)
-    scheme = folder.split("://", 1)[0]
-    listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=False))
-    return sorted(
-        (
-            _Entry(item.base_name, f"{scheme}://{item.path}", item.type == pafs.FileType.Directory, item.size or 0)
-            for item in listed
-            if item.type in (pafs.FileType.Directory, pafs.FileType.File)
-        ),
-        key=lambda entry: entry.name,
-    )
-
-
-HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-"""The value Hive, Spark and pyarrow write for a null partition key."""
-FOLDER_KINDS = (("parquet",), ("jsonl",), ("csv", "tsv"))
-"""A folder stands for its parts of the first kind it holds (so a README.json or a questions file
-beside the parts is never read as records)."""
-
-
-def hive_partition(segment: str) -> tuple[str, str | None] | None:
-    """`lang=en` as ("lang", "en"), percent-decoded as pyarrow and Spark write it; else None."""
-    key, equals, value = segment.partition("=")
-    if not equals or not key:
-        return None
-    decoded = unquote(value)
-    return unquote(key), None if decoded == HIVE_NULL else decoded
-
-
-def _folder_parts(folder: str, remote: bool) -> list[InputFile]:
-    """A folder's parts in name order, `key=value` subfolders included (Hive partitions)."""
-    found: list[InputFile] = []
-
-    def walk(location: str, partitions: tuple[tuple[str, str | None], ...]) -> None:
-        for entry in _listed(location, remote):
-            if entry.name.startswith((".", "_")):  # _SUCCESS, .crc files, _common_metadata
-                continue
-            partition = hive_partition(entry.name) if entry.is_dir else None
-            if partition is not None:
-                walk(entry.location, (*partitions, partition))
-            elif not entry.is_dir and format_of(entry.name) is not None:
-                found.append(InputFile(entry.location, entry.size, partitions))
-
-    walk(folder, ())
-    for kinds in FOLDER_KINDS:
-        parts = [part for part in found if part.format.kind in kinds]
-        if parts:
-            return parts
-    raise UsageError(f"folder {folder} holds no .parquet, .jsonl or .csv files")
-
-
-# ----------------------------------------------------------------------------- globs
-
-
-GLOB_CHARACTERS = re.compile(r"[*?[]")
-
-
-def _glob_parts(pattern: str, remote: bool) -> list[InputFile]:
-    """The files a pattern names (`parts/*.parquet`), in name order; `*` stays within a folder.
-    Folders below the pattern's first wildcard named `key=value` are Hive partitions."""
-    scheme, path = (pattern.split("://", 1) if remote else ("", pattern))
-    segments = path.split("/")
-    fixed = next(i for i, segment in enumerate(segments) if GLOB_CHARACTERS.search(segment))
-    root = "/".join(segments[:fixed]) or ("/" if path.startswith("/") else ".")
-    matched: list[InputFile] = []
-    for location, size in _matching(root, segments[fixed:], scheme):
-        below = location.rstrip("/").split("/")[-(len(segments) - fixed) : -1]
-        partitions = tuple(p for p in (hive_partition(s) for s in below) if p is not None)
-        if format_of(location.rsplit("/", 1)[-1]) is not None:
-            matched.append(InputFile(location, size, partitions))
-    if not matched:
-        raise UsageError(f"no input file matches {pattern}")
-    return sorted(matched, key=lambda part: part.location)
-
-
-def _matching(root: str, pattern: list[str], scheme: str) -> list[tuple[str, int]]:
-    """(location, size) of the files under `root` whose path below it matches `pattern`."""
-    if not scheme:
-        import glob
-
-        matches = glob.glob(str(Path(root, *pattern)))
-        return [(str(Path(m).resolve()), Path(m).stat().st_size) for m in matches if Path(m).is_file()]
-    import pyarrow.fs as pafs
-
-    filesystem, path = _filesystem(f"{scheme}://{root}")
-    try:
-        listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=len(pattern) > 1))
-    except FileNotFoundError:
-        return []
-    found = []
-    for item in listed:
-        below = item.path[len(path) :].strip("/").split("/")
-        if (
-            item.type == pafs.FileType.File
-            and len(below) == len(pattern)
-            and all(fnmatch.fnmatchcase(name, part) for name, part in zip(below, pattern, strict=True))
-        ):
-            found.append((f"{scheme}://{item.path}", item.size or 0))
-    return found
-
-
 # ----------------------------------------------------------------------------- expansion
+
+
+def _files(parts: list[Part]) -> list[InputFile]:
+    return [InputFile(part.location, part.size, part.partitions) for part in parts]
 
 
 def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
@@ -252,12 +130,12 @@ def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
         spool = spooled_stream(str(given))
         return [InputFile(spool.path, spool.size, base=spool.base, shown=spool.shown)]
     if path.is_dir():
-        return _folder_parts(str(path), remote=False)
+        return _files(folder_parts(str(path), None))
     if path.is_file():
         _check_suffix(str(path))
         return [InputFile(str(path.resolve()), path.stat().st_size)]
     if GLOB_CHARACTERS.search(str(given)):
-        return _glob_parts(str(path), remote=False)
+        return _files(glob_parts(str(path), None))
     raise UsageError(f"input not found: {given}")
 
 
@@ -267,12 +145,12 @@ def _expand_uri(uri: str) -> list[InputFile]:
     filesystem, path = _filesystem(uri)
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.Directory:
-        return _folder_parts(uri, remote=True)
+        return _files(folder_parts(uri, _filesystem))
     if info.type == pafs.FileType.File:
         _check_suffix(uri)
         return [InputFile(uri, info.size or 0)]
     if GLOB_CHARACTERS.search(path):
-        return _glob_parts(uri, remote=True)
+        return _files(glob_parts(uri, _filesystem))
     raise UsageError(f"input not found: {uri}")
 
 
