@@ -362,3 +362,17 @@ def test_a_flat_layout_past_what_people_read_is_refused():
     columns.options["one more"] = {}
     with pytest.raises(UsageError, match="write --layout wide or long"):
         columns.schema()
+
+
+def test_a_compressed_input_is_fingerprinted_as_it_is_stored(folder):
+    import hashlib
+
+    from clef_cli.inputs.sources import input_fingerprint
+
+    (source,) = expand_inputs([folder / "t.jsonl.gz"])
+    stored = (folder / "t.jsonl.gz").read_bytes()
+    assert input_fingerprint(source) == {
+        "path": str(folder / "t.jsonl.gz"),
+        "bytes": len(stored),
+        "sha256": hashlib.sha256(stored).hexdigest(),
+    }

@@ -89,9 +89,10 @@ class InputFile:
             return Path(self.base)
         return None if is_uri(self.location) else Path(self.location).parent
 
-    def open_binary(self) -> BinaryIO:
-        """The file's bytes, decompressed when its name says it is compressed (`.gz`, `.zst`)."""
-        compression = self.format.compression
+    def open_binary(self, decompress: bool = True) -> BinaryIO:
+        """The file's bytes, decompressed when its name says it is compressed (`.gz`, `.zst`)
+        unless `decompress` is False (the stored bytes, which a fingerprint hashes)."""
+        compression = self.format.compression if decompress else None
         if not is_uri(self.location):
             if compression is None:
                 return open(self.location, "rb")
@@ -180,9 +181,10 @@ def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
 
 def input_fingerprint(source: InputFile, full_hash_below: int = 1 << 30) -> dict[str, Any]:
     """Content, not timestamps: a copied file is the same input, an edited one is not. Very large
-    files are sampled (size plus the first, middle and last MiB) to keep resuming fast."""
+    files are sampled (size plus the first, middle and last MiB) to keep resuming fast. A
+    compressed file is hashed as stored; stdin and pipes as their spool (they are read once)."""
     size = source.size
-    with source.open_binary() as handle:
+    with source.open_binary(decompress=False) as handle:
         if size < full_hash_below:
             hasher = hashlib.sha256()
             while chunk := handle.read(1 << 20):
