@@ -27,10 +27,13 @@ class SpecialTokens(str, Enum):
 
 
 class Layout(str, Enum):
-    """Output rows: one per record (`wide`) or one per (record, question, label) (`long`)."""
+    """Output rows: one per record (`wide`, answers as a list), one per (record, question, label)
+    (`long`), or one per record with a column per question's answer, confidence and option
+    probability (`flat`, for people: pandas, DuckDB, a spreadsheet)."""
 
     wide = "wide"
     long = "long"
+    flat = "flat"
 
 
 class HiddenStates(str, Enum):

@@ -7,8 +7,11 @@ leaves a half-written output that a downstream reader could take for a result.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -21,10 +24,19 @@ import pyarrow.parquet as pq
 from clef_cli import faults
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.inputs.json_values import without_lone_surrogates
-from clef_cli.inputs.readers import iter_column_values, parquet_only
+from clef_cli.inputs.readers import iter_column_values, parquet_only, parquet_schema
 from clef_cli.inputs.sources import expand_inputs
-from clef_cli.results import FIRST_ERRORS, LONG_SCHEMA, RESULT_SCHEMA, OutputCounts, failures_of, long_rows
-from clef_cli.store.atomic import write_file
+from clef_cli.results import (
+    FIRST_ERRORS,
+    LONG_SCHEMA,
+    RESULT_SCHEMA,
+    FlatColumns,
+    OutputCounts,
+    failures_of,
+    flat_rows,
+    long_rows,
+)
+from clef_cli.store.atomic import is_stdout, write_file
 
 if TYPE_CHECKING:
     from clef_cli.quality.calibrate.temperature import Calibration
@@ -100,7 +112,7 @@ def passthrough_types(inputs: Sequence[Path], columns: Sequence[str], limit: int
     """Native Arrow types for Parquet inputs; for JSON a type wide enough for every value (one
     pass over the input), with objects and lists kept as JSON text."""
     if parquet_only(inputs):
-        schemas = [source.parquet().schema_arrow for source in expand_inputs(inputs)]
+        schemas = [parquet_schema(source) for source in expand_inputs(inputs)]
         try:
             unified = pa.unify_schemas(schemas)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
@@ -154,6 +166,31 @@ def _passthrough_chunks(
 
 
 # ----------------------------------------------------------------------------- writing
+
+
+@contextmanager
+def flat_spool(results: Iterable[pa.Table], output: Path) -> Iterator[tuple[Iterator[pa.Table], FlatColumns]]:
+    """The flat layout's columns depend on every record's questions, and a Parquet file's schema
+    comes first: so the results go once into a temporary file beside the output (a row group at
+    a time, memory flat) while their columns are gathered, and are then read back to be written."""
+    folder = None if is_stdout(output) else _resolved_parent(output)
+    descriptor, name = tempfile.mkstemp(dir=folder, prefix=f".{output.name}.", suffix=".flat.tmp")
+    os.close(descriptor)
+    temporary = Path(name)
+    try:
+        columns = FlatColumns()
+        with pq.ParquetWriter(temporary, RESULT_SCHEMA) as writer:
+            for table in results:
+                columns.add(table)
+                writer.write_table(table.cast(RESULT_SCHEMA))
+        stored = pq.ParquetFile(temporary)
+        yield (pa.Table.from_batches([batch]) for batch in stored.iter_batches()), columns
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _resolved_parent(path: Path) -> Path:
+    return (path.resolve() if path.is_symlink() else path.absolute()).parent
 
 
 def row_groups(results: Iterable[pa.Table], size: int) -> Iterator[tuple[int, pa.Table]]:
@@ -215,14 +252,34 @@ def write_output(
     `passthrough` (from `passthrough_types`, computed early so a bad --keep-columns fails before
     the model runs) is worked out here when not given."""
     check_keep_columns(spec.keep_columns)
+    if spec.layout == "flat":
+        with flat_spool(results, spec.path) as (spooled, columns):
+            return _write(spec, spooled, inputs, limit, passthrough, columns)
+    return _write(spec, results, inputs, limit, passthrough, None)
+
+
+def _write(
+    spec: OutputSpec,
+    results: Iterable[pa.Table],
+    inputs: Sequence[Path],
+    limit: int | None,
+    passthrough: Passthrough | None,
+    flat: FlatColumns | None,
+) -> OutputCounts:
     schema = LONG_SCHEMA if spec.layout == "long" else RESULT_SCHEMA
+    if flat is not None:
+        schema = flat.schema()
     chunks: Iterator[dict[str, pa.Array]] | None = None
     if spec.keep_columns:
         passthrough = passthrough or passthrough_types(inputs, spec.keep_columns, limit)
         chunks = _passthrough_chunks(inputs, spec.keep_columns, limit, passthrough, spec.row_group_size)
         for name in spec.keep_columns:
+            if name in schema.names:
+                raise UsageError(f"--keep-columns {name}: the flat layout writes a column of that name")
             schema = schema.append(pa.field(name, passthrough.types[name]))
     metadata = dict(spec.metadata)
+    if flat is not None:
+        metadata["clef.flat_columns"] = flat.metadata()
     if spec.calibration is not None:
         metadata["clef.calibration_sha256"] = spec.calibration.sha256 or ""
         metadata["clef.calibration_method"] = spec.calibration.method
@@ -240,7 +297,8 @@ def write_output(
 
                     chunk = calibrate_results(chunk, spec.calibration)
                 extra = next(chunks) if chunks is not None else {}
-                writer.write_table(_shape(chunk, spec.layout, extra, start, schema), row_group_size=1 << 30)
+                shaped = _shape(chunk, spec.layout, extra, start, schema, flat)
+                writer.write_table(shaped, row_group_size=1 << 30)
             if records == 0:
                 writer.write_table(schema.empty_table())
 
@@ -248,8 +306,18 @@ def write_output(
     return failures.counts(records)
 
 
-def _shape(chunk: pa.Table, layout: str, extra: dict[str, pa.Array], start: int, schema: pa.Schema) -> pa.Table:
-    if layout == "long":
+def _shape(
+    chunk: pa.Table,
+    layout: str,
+    extra: dict[str, pa.Array],
+    start: int,
+    schema: pa.Schema,
+    flat: FlatColumns | None = None,
+) -> pa.Table:
+    if flat is not None:
+        table = flat_rows(chunk, flat)
+        columns = extra
+    elif layout == "long":
         table = long_rows(chunk)
         positions = pc.subtract(table.column("record_index"), pa.scalar(start, pa.int64()))
         columns = {name: pc.take(values, positions) for name, values in extra.items()}

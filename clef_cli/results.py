@@ -6,11 +6,14 @@ shards (plus pass-through columns), never a recomputation.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+from clef_cli.errors import UsageError
 
 if TYPE_CHECKING:
     from clef_cli.model.answers import QuestionResult
@@ -202,6 +205,90 @@ def long_rows(table: pa.Table) -> pa.Table:
                     }
                 )
     return pa.Table.from_pylist(rows, schema=LONG_SCHEMA)
+
+
+FLAT_FIELDS = ("answer", "confidence", "p")
+"""The flat layout's columns per question: `QID.answer`, `QID.confidence`, `QID.p.OPTION`."""
+FLAT_MAX_COLUMNS = 10_000
+"""More question columns than a person (or a spreadsheet) reads: such a job wants wide or long."""
+
+
+def flat_part(name: str) -> str:
+    """A question id or option id as a piece of a flat column name: letters, digits, `_` and `-`
+    stay; every other character (`.`, `%`, spaces, punctuation) is `%XX` per UTF-8 byte, as in a
+    URL, and an empty id is `%`. So `.` only ever separates the pieces and no two ids meet."""
+    if not name:
+        return "%"
+    return "".join(c if c.isalnum() or c in "_-" else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
+
+
+@dataclass
+class FlatColumns:
+    """The flat layout's question columns: every (question id, option) of the job's results, in
+    the order first met, gathered from the results before any row is written."""
+
+    options: dict[str, dict[str, None]] = field(default_factory=dict)
+
+    def add(self, table: pa.Table) -> None:
+        import pyarrow.compute as pc
+
+        answers = pc.list_flatten(table.column("answers"))
+        if len(answers) == 0:
+            return
+        labels = pc.struct_field(answers, "labels")
+        owners = pc.take(pc.struct_field(answers, "question_id"), pc.list_parent_indices(labels))
+        for question_id in pc.struct_field(answers, "question_id").to_pylist():
+            self.options.setdefault(question_id, {})
+        flat_labels = pc.struct_field(pc.list_flatten(labels), "label")
+        for question_id, label in zip(owners.to_pylist(), flat_labels.to_pylist(), strict=True):
+            self.options[question_id].setdefault(label, None)
+
+    def described(self) -> list[tuple[str, str, str, str | None]]:
+        """(column, question id, field, option) of every question column, in order."""
+        columns: list[tuple[str, str, str, str | None]] = []
+        for question_id, options in self.options.items():
+            stem = flat_part(question_id)
+            columns += [(f"{stem}.answer", question_id, "answer", None)]
+            columns += [(f"{stem}.confidence", question_id, "confidence", None)]
+            columns += [(f"{stem}.p.{flat_part(option)}", question_id, "p", option) for option in options]
+        return columns
+
+    def schema(self) -> pa.Schema:
+        described = self.described()
+        if len(described) > FLAT_MAX_COLUMNS:
+            raise UsageError(
+                f"--layout flat: the job's questions make {len(described):,} columns (at most "
+                f"{FLAT_MAX_COLUMNS:,}); write --layout wide or long (the results are in the store)"
+            )
+        fields = [pa.field("id", pa.string()), pa.field("error", pa.string())]
+        for column, _, name, _ in described:
+            fields.append(pa.field(column, pa.string() if name == "answer" else pa.float64()))
+        return pa.schema(fields)
+
+    def metadata(self) -> str:
+        """`clef.flat_columns`: which question (and option) each column holds, as JSON."""
+        return json.dumps(
+            [{"column": c, "question_id": q, "field": f, "option": o} for c, q, f, o in self.described()],
+            ensure_ascii=False,
+        )
+
+
+def flat_rows(table: pa.Table, columns: FlatColumns) -> pa.Table:
+    """One row per record, a column per question's answer, confidence and option probability
+    (null where the record has no such question or option, and for a failed record)."""
+    described = columns.described()
+    rows = []
+    for record in table.select(["id", "error", "answers"]).to_pylist():
+        row: dict[str, object] = {"id": record["id"], "error": record["error"]}
+        for answer in record["answers"] or ():
+            stem = flat_part(answer["question_id"])
+            row[f"{stem}.answer"] = answer["answer"]
+            row[f"{stem}.confidence"] = answer["confidence"]
+            for label in answer["labels"]:
+                row[f"{stem}.p.{flat_part(label['label'])}"] = label["probability"]
+        rows.append(row)
+    names = ["id", "error", *(column for column, _, _, _ in described)]
+    return pa.Table.from_pylist([{name: row.get(name) for name in names} for row in rows], schema=columns.schema())
 
 
 def least_confidence(probabilities: Iterable[Iterable[float]]) -> float:

@@ -22,7 +22,7 @@ from clef_cli.choices import (
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
-from clef_cli.inputs.sources import local_path
+from clef_cli.inputs.sources import local_path, unfound_local
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
 from clef_cli.store.atomic import ensure_writable
@@ -164,8 +164,8 @@ class ScoreSettings:
 
             load_calibration(self.calibration)
         local_inputs = [(location, local_path(location)) for location in self.inputs]
-        for location, path in local_inputs:
-            if path is not None and not path.exists():  # before the checkpoint is made: nothing done
+        for location, _ in local_inputs:
+            if unfound_local(location):  # before the checkpoint is made: nothing done
                 raise UsageError(f"input not found: {location}")
         if self.output.resolve() in {path.resolve() for _, path in local_inputs if path is not None}:
             raise UsageError("the output would overwrite an input")

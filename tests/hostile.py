@@ -144,7 +144,7 @@ JSONL_CASES: list[tuple[str, str, object]] = [
         "record 'score-text', field 'questions.s.criteria[1]'",
         _record("score-text", questions={"s": {"type": "score", "criteria": ["low", LONE]}}),
     ),
-    ("images text", "record 'img-text', field 'images'", _record("img-text", images="image_a.png")),
+    ("images empty text", "record 'img-text', field 'images[0]'", _record("img-text", images="")),
     ("images object", "record 'img-obj', field 'images'", _record("img-obj", images={"a": "image_a.png"})),
     ("audio entry number", "record 'aud-num', field 'audio[0]'", _record("aud-num", audio=[7])),
     ("videos entry null", "record 'vid-null', field 'videos[0]'", _record("vid-null", videos=[None])),

@@ -70,7 +70,7 @@ def test_a_bad_choice_or_size_exits_2_before_any_work_and_says_what_is_allowed(t
 
 def test_choices_are_listed_in_help():
     shown = runner.invoke(app, ["score", "--help"]).stdout
-    for listed in ("<wide|long>", "<keep|selective|drop>", "<truncate|error>", "<auto|bfloat16|float16|float32>"):
+    for listed in ("<wide|long|flat>", "<keep|selective|drop>", "<truncate|error>", "<auto|bfloat16|float16|float32>"):
         assert listed in shown
     assert "<auto|global|type|question>" in runner.invoke(app, ["calibrate", "--help"]).stdout
 

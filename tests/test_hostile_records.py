@@ -94,7 +94,7 @@ def test_ids_are_strings_or_integers(tmp_path, value, shown):
     assert isinstance(record, Record) and record.id == shown
 
 
-@pytest.mark.parametrize("value", [True, False, 1.5, 1.0, float("nan"), [], [1], {}, {"a": 1}, LONE])
+@pytest.mark.parametrize("value", [True, False, 1.5, float("nan"), float("inf"), [], [1], {}, {"a": 1}, LONE])
 def test_any_other_id_is_the_records_error_shown_under_its_position(tmp_path, value):
     record = read_one(tmp_path, {"id": value, "state": "s", "questions": NOUL})
     assert isinstance(record, InvalidRecord)
@@ -157,7 +157,7 @@ def test_parquet_values_that_are_not_json_are_the_records_error(tmp_path):
 
 
 def test_parquet_ids_of_other_types_are_the_records_error(tmp_path):
-    errors = parquet_errors(tmp_path, {"id": pa.array([1.5, 2.0]), "state": pa.array(["s", "s"])})
+    errors = parquet_errors(tmp_path, {"id": pa.array([1.5, 2.5]), "state": pa.array(["s", "s"])})
     assert [error.split(":")[0] for error in errors] == ["record '0', field 'id'", "record '1', field 'id'"]
     assert parquet_errors(tmp_path, {"id": pa.array([5, 6]), "state": pa.array(["s", "s"])}) == [None, None]
 

@@ -137,9 +137,9 @@ def test_limit_stops_reading(tmp_path):
 
 
 def test_unknown_input_type_and_missing_input_are_usage_errors(tmp_path):
-    (tmp_path / "r.csv").write_text("a,b\n")
+    (tmp_path / "r.xlsx").write_text("a,b\n")
     with pytest.raises(UsageError, match="unsupported input type"):
-        list(read_records([tmp_path / "r.csv"]))
+        list(read_records([tmp_path / "r.xlsx"]))
     with pytest.raises(UsageError, match="input not found"):
         list(read_records([tmp_path / "nope.jsonl"]))
 
@@ -182,8 +182,8 @@ def test_unknown_input_type_and_missing_input_are_usage_errors(tmp_path):
             "record 'r', field 'images[1]': media entries must be strings, got a number",
         ),
         (
-            {"id": "r", "state": "s", "questions": NOUL, "audio": "clip.wav"},
-            "record 'r', field 'audio': must be a list of strings",
+            {"id": "r", "state": "s", "questions": NOUL, "audio": 7},
+            "record 'r', field 'audio': must be a list of strings, got a number",
         ),
     ],
 )

@@ -116,3 +116,34 @@ def test_either_endpoint_variable_finds_objects_and_a_missing_one_is_a_usage_err
     result = runner.invoke(app, ["score", f"s3://{BUCKET}/nowhere.jsonl", "-o", str(tmp_path / "o.parquet"), *COMMON])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: input not found: s3://{BUCKET}/nowhere.jsonl"
+
+
+@pytest.mark.parametrize("endpoint_variable", ["AWS_ENDPOINT_URL"])
+def test_s3_compressed_objects_globs_and_hive_folders_read_as_local_files(s3_env, tmp_path):
+    import gzip
+
+    from clef_cli.inputs.readers import read_records
+    from clef_cli.inputs.sources import expand_inputs
+
+    jsonl, parts = local_inputs(tmp_path)
+    data = jsonl.read_bytes()
+    s3_env.put_object(Bucket=BUCKET, Key="z/a.jsonl.gz", Body=gzip.compress(data))
+    with pa.BufferOutputStream() as sink, pa.CompressedOutputStream(sink, "zstd") as out:
+        out.write(data)
+        out.close()
+        s3_env.put_object(Bucket=BUCKET, Key="z/b.jsonl.zst", Body=sink.getvalue().to_pybytes())
+    s3_env.put_object(Bucket=BUCKET, Key="z/notes.txt", Body=b"not records")
+    for number, part in enumerate(sorted(parts.iterdir())):
+        s3_env.upload_file(str(part), BUCKET, f"hive/team=t{number}/{part.name}")
+    s3_env.put_object(Bucket=BUCKET, Key="hive/_SUCCESS", Body=b"")
+
+    def states(locations: list[str]) -> list[tuple[str, object]]:
+        return [(record.id, record.state) for record in read_records(locations, questions=QUESTIONS)]
+
+    globbed = expand_inputs([f"s3://{BUCKET}/z/*.jsonl*"])
+    assert [part.location for part in globbed] == [f"s3://{BUCKET}/z/a.jsonl.gz", f"s3://{BUCKET}/z/b.jsonl.zst"]
+    for part in globbed:
+        assert states([part.location]) == states([str(jsonl)]), part.location
+    hive = expand_inputs([f"s3://{BUCKET}/hive/"])
+    assert [dict(part.partitions) for part in hive] == [{"team": "t0"}, {"team": "t1"}]
+    assert states([f"s3://{BUCKET}/hive/"]) == states([str(parts)])

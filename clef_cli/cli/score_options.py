@@ -29,8 +29,10 @@ from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
 InputsArgument = Annotated[
     list[str],
     typer.Argument(
-        help="JSONL, JSON or Parquet files, or folders of Parquet parts: local paths or URIs "
-        "(file:///abs/path, s3://bucket/key, gs://..., anything pyarrow's filesystems open).",
+        help="JSONL, JSON, Parquet, CSV or TSV files (.jsonl.gz, .jsonl.zst, .csv.gz: compressed), "
+        "folders of parts (Hive key=value folders too), quoted globs ('parts/*.parquet'), or - for "
+        "JSONL on stdin: local paths or URIs (file:///abs/path, s3://bucket/key, gs://..., anything "
+        "pyarrow's filesystems open).",
     ),
 ]
 OutputOption = Annotated[
@@ -48,7 +50,8 @@ LayoutOption = Annotated[
     typer.Option(
         "--layout",
         rich_help_panel=PANEL_OUTPUT,
-        help="wide: one row per record; long: one row per record, question, label.",
+        help="wide: one row per record; long: one row per record, question, label; flat: one row "
+        "per record, a column per question's answer, confidence and option probability.",
     ),
 ]
 KeepColumnsOption = Annotated[

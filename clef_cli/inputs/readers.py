@@ -1,6 +1,7 @@
-"""Reading input files (JSONL, JSON, Parquet; local paths or URIs) into records, streaming:
-a Parquet file is read batch by batch and a JSONL file line by line, so a job over millions of
-records never holds them all. Validation itself is records.py's."""
+"""Reading input files (JSONL, JSON, Parquet, CSV/TSV; compressed streams; local paths or URIs)
+into records, streaming: a Parquet or CSV file is read batch by batch and a JSONL file line by
+line, so a job over millions of records never holds them all. A part of a Hive-partitioned
+folder gives each row its partition keys as columns. Validation itself is records.py's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.inputs.delimited import raw_csv
 from clef_cli.inputs.json_values import unreadable_json
 from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
@@ -89,11 +91,26 @@ def raw_rows(source: InputFile, struct_nulls: StructNulls | None = None) -> Iter
     """(raw record, None) or (None, problem) for every record of one input, in order. Parquet
     rows are read for records under `struct_nulls`, or exactly as stored when it is None
     (pass-through columns)."""
-    if source.is_parquet:
-        return _raw_parquet(source, struct_nulls)
-    if source.suffix == ".json":
-        return _raw_json(source)
-    return _raw_jsonl(source)
+    kind = source.format.kind
+    if kind == "parquet":
+        rows = _raw_parquet(source, struct_nulls)
+    elif kind in ("csv", "tsv"):
+        rows = raw_csv(source)
+    elif kind == "json":
+        rows = _raw_json(source)
+    else:
+        rows = _raw_jsonl(source)
+    return with_partitions(rows, source.partitions) if source.partitions else rows
+
+
+def with_partitions(
+    rows: Iterator[tuple[Any, str | None]], partitions: tuple[tuple[str, str | None], ...]
+) -> Iterator[tuple[Any, str | None]]:
+    """Rows with their Hive partition keys as columns (a column the part itself holds wins)."""
+    for raw, problem in rows:
+        if problem is None and isinstance(raw, dict):
+            raw = {**dict(partitions), **raw}
+        yield raw, problem
 
 
 def read_records(
@@ -108,7 +125,7 @@ def read_records(
     index = 0
     for source in expand_inputs(paths):
         base_dir = source.base_dir
-        json_text = source.is_parquet
+        json_text = source.format.text_cells
         for raw, problem in raw_rows(source, struct_nulls):
             if limit is not None and index >= limit:
                 return
@@ -127,10 +144,11 @@ def count_records(paths: Iterable[str | Path], limit: int | None = None) -> int 
     total = 0
     for source in expand_inputs(paths):
         try:
-            if source.is_parquet:
+            kind = source.format.kind
+            if kind == "parquet":
                 total += source.parquet().metadata.num_rows
-            elif source.suffix == ".json":
-                total += sum(1 for _ in _raw_json(source))
+            elif kind in ("json", "csv", "tsv"):
+                total += sum(1 for _ in raw_rows(source))
             else:
                 with source.open_binary() as handle:
                     total += sum(1 for line in handle if line.strip())
@@ -158,3 +176,14 @@ def iter_column_values(
 
 def parquet_only(paths: Iterable[str | Path]) -> bool:
     return all(source.is_parquet for source in expand_inputs(paths))
+
+
+def parquet_schema(source: InputFile) -> Any:
+    """A Parquet part's Arrow schema with its Hive partition keys (text) as further columns."""
+    import pyarrow as pa
+
+    schema = source.parquet().schema_arrow
+    for key, _ in source.partitions:
+        if key not in schema.names:
+            schema = schema.append(pa.field(key, pa.string()))
+    return schema

@@ -196,7 +196,7 @@ def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[str,
     if value is None:
         return ()
     if isinstance(value, str):
-        raise RecordError(record_id, name, "must be a list of strings (paths, data: URLs or http(s) URLs)")
+        value = [value]  # one path, URL or data: URL is a list of one
     if isinstance(value, Mapping) or (not isinstance(value, Sequence) and not hasattr(value, "tolist")):
         raise RecordError(record_id, name, f"must be a list of strings, got {kind_of(value)}")
     entries = list(value)
@@ -299,7 +299,9 @@ def _decode_json_container(value: Any, record_id: str) -> Any:
 
 
 def record_id_of(raw: Mapping[str, Any], index: int) -> str:
-    """The record's id as text: a string or an integer; none (null or "") is its position.
+    """The record's id as text: a string or an integer; none (null or "") is its position. A
+    float that is a whole number (`1.0`: pandas makes an integer column with a missing value
+    float64) is the integer it spells; `1.5` is no id.
 
     Any other id (a boolean, a fractional number, an array, an object) is the record's error,
     reported under its position, as a line that is not JSON is."""
@@ -312,6 +314,8 @@ def record_id_of(raw: Mapping[str, Any], index: int) -> str:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
+    if isinstance(value, float) and value.is_integer():  # a pandas int column with a missing value
+        return str(int(value))
     raise RecordError(
         str(index),
         "id",

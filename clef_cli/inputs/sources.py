@@ -3,8 +3,10 @@
 Every input location, from the command line or a library call, is resolved here and only here:
 a URI of pyarrow's local filesystem (`file:///abs`, `file:/abs`, `local:///abs`) becomes the
 local path it names, so media paths resolve against its folder exactly as for a plain path.
-A folder (local or remote) stands for its Parquet parts, in name order, so a job's record order
-is stable from one run to the next.
+A folder (local or remote) stands for its parts, `key=value` subfolders included (Hive
+partitions), and a glob for the files it matches, in name order, so a job's record order is
+stable from one run to the next (listing.py). `-`, `/dev/stdin` and other pipes are read once
+into a spool (streams.py), since a job reads its inputs more than once.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from clef_cli.errors import UsageError
-
-INPUT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".pq")
-PARQUET_SUFFIXES = (".parquet", ".pq")
-
+from clef_cli.inputs.formats import READABLE, Format, format_of
+from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts
+from clef_cli.inputs.streams import spooled_stream, stream_input
 
 LOCAL_SCHEMES = ("file", "local")
 """pyarrow's schemes for the local filesystem; they also work without `//` (`file:/abs`)."""
@@ -60,30 +61,49 @@ class InputFile:
     location: str
     """A local absolute path or a URI."""
     size: int
+    partitions: tuple[tuple[str, str | None], ...] = ()
+    """Hive partition keys from the folders between the input given and this part
+    (`lang=en/part-0.parquet`: `lang` = "en"); they become columns of its rows."""
+    base: str | None = None
+    """Where relative media paths resolve, when not the file's folder (stdin: the working directory)."""
+    shown: str | None = None
+    """The name messages use, when not the file's own (`stdin` for a spooled stream)."""
 
     @property
     def name(self) -> str:
-        return self.location.rstrip("/").rsplit("/", 1)[-1]
+        return self.shown or self.location.rstrip("/").rsplit("/", 1)[-1]
 
     @property
-    def suffix(self) -> str:
-        return Path(self.name).suffix.lower()
+    def format(self) -> Format:
+        found = format_of(self.location.rstrip("/").rsplit("/", 1)[-1])
+        return found if found is not None else Format("jsonl")
 
     @property
     def is_parquet(self) -> bool:
-        return self.suffix in PARQUET_SUFFIXES
+        return self.format.kind == "parquet"
 
     @property
     def base_dir(self) -> Path | None:
         """Where relative media paths resolve: the folder of a local input (none for a remote one)."""
+        if self.base is not None:
+            return Path(self.base)
         return None if is_uri(self.location) else Path(self.location).parent
 
-    def open_binary(self) -> BinaryIO:
+    def open_binary(self, decompress: bool = True) -> BinaryIO:
+        """The file's bytes, decompressed when its name says it is compressed (`.gz`, `.zst`)
+        unless `decompress` is False (the stored bytes, which a fingerprint hashes)."""
+        compression = self.format.compression if decompress else None
         if not is_uri(self.location):
-            return open(self.location, "rb")
-        filesystem, path = _filesystem(self.location)
+            if compression is None:
+                return open(self.location, "rb")
+            import pyarrow as pa
+
+            stream = pa.input_stream(self.location, compression=compression)
+        else:
+            filesystem, path = _filesystem(self.location)
+            stream = filesystem.open_input_stream(path, compression=compression)
         # pyarrow's streams read but cannot iterate lines; a buffered reader over them can.
-        return io.BufferedReader(filesystem.open_input_stream(path), buffer_size=1 << 20)  # type: ignore[arg-type]
+        return io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
 
     def parquet(self) -> Any:
         import pyarrow.parquet as pq
@@ -95,19 +115,28 @@ class InputFile:
 
 
 def _check_suffix(location: str) -> None:
-    if Path(location.rstrip("/")).suffix.lower() not in INPUT_SUFFIXES:
-        raise UsageError(f"{location}: unsupported input type (use .jsonl, .json or .parquet)")
+    if format_of(location.rstrip("/").rsplit("/", 1)[-1]) is None:
+        raise UsageError(f"{location}: unsupported input type (use {READABLE})")
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+def _files(parts: list[Part]) -> list[InputFile]:
+    return [InputFile(part.location, part.size, part.partitions) for part in parts]
 
 
 def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
+    if stream_input(given):
+        spool = spooled_stream(str(given))
+        return [InputFile(spool.path, spool.size, base=spool.base, shown=spool.shown)]
     if path.is_dir():
-        parts = sorted(p for p in path.iterdir() if p.suffix in PARQUET_SUFFIXES and p.is_file())
-        if not parts:
-            raise UsageError(f"folder {path} holds no .parquet files")
-        return [InputFile(str(part.resolve()), part.stat().st_size) for part in parts]
+        return _files(folder_parts(str(path), None))
     if path.is_file():
         _check_suffix(str(path))
         return [InputFile(str(path.resolve()), path.stat().st_size)]
+    if GLOB_CHARACTERS.search(str(given)):
+        return _files(glob_parts(str(path), None))
     raise UsageError(f"input not found: {given}")
 
 
@@ -115,26 +144,32 @@ def _expand_uri(uri: str) -> list[InputFile]:
     import pyarrow.fs as pafs
 
     filesystem, path = _filesystem(uri)
-    scheme = uri.split("://", 1)[0]
     info = filesystem.get_file_info(path)
     if info.type == pafs.FileType.Directory:
-        listed = filesystem.get_file_info(pafs.FileSelector(path, recursive=False))
-        parts = sorted(
-            (item for item in listed if item.type == pafs.FileType.File and item.extension in ("parquet", "pq")),
-            key=lambda item: item.path,
-        )
-        if not parts:
-            raise UsageError(f"folder {uri} holds no .parquet files")
-        return [InputFile(f"{scheme}://{item.path}", item.size or 0) for item in parts]
+        return _files(folder_parts(uri, _filesystem))
     if info.type == pafs.FileType.File:
         _check_suffix(uri)
         return [InputFile(uri, info.size or 0)]
+    if GLOB_CHARACTERS.search(path):
+        return _files(glob_parts(uri, _filesystem))
     raise UsageError(f"input not found: {uri}")
+
+
+def unfound_local(location: str | Path) -> bool:
+    """A local input that names nothing there (no file, folder, stream or glob): refused before
+    a job makes anything; the rest is checked where the inputs are expanded."""
+    import glob
+
+    path = local_path(location)
+    if path is None or path.exists() or stream_input(location):
+        return False
+    return not GLOB_CHARACTERS.search(str(path)) or next(glob.iglob(str(path)), None) is None
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
     """Input files in a stable order, checked to exist and to be of a readable type. Local files
-    (given as paths or as local-filesystem URIs) are named by their absolute path."""
+    (given as paths or as local-filesystem URIs) are named by their absolute path; a folder or a
+    glob stands for its parts in name order; stdin and pipes are read once, into a spool."""
     files: list[InputFile] = []
     for raw in paths:
         path = local_path(raw)
@@ -146,9 +181,10 @@ def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
 
 def input_fingerprint(source: InputFile, full_hash_below: int = 1 << 30) -> dict[str, Any]:
     """Content, not timestamps: a copied file is the same input, an edited one is not. Very large
-    files are sampled (size plus the first, middle and last MiB) to keep resuming fast."""
+    files are sampled (size plus the first, middle and last MiB) to keep resuming fast. A
+    compressed file is hashed as stored; stdin and pipes as their spool (they are read once)."""
     size = source.size
-    with source.open_binary() as handle:
+    with source.open_binary(decompress=False) as handle:
         if size < full_hash_below:
             hasher = hashlib.sha256()
             while chunk := handle.read(1 << 20):

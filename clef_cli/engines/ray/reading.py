@@ -4,6 +4,7 @@ its global record index, so that records keep their place in the output whoever 
 from __future__ import annotations
 
 import itertools
+import json
 import pickle
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from clef_cli.errors import RecordError
 from clef_cli.inputs.json_values import MAX_NESTING
 from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
-from clef_cli.inputs.readers import parse_jsonl_line, raw_rows
+from clef_cli.inputs.readers import parse_jsonl_line, raw_rows, with_partitions
 from clef_cli.inputs.sources import InputFile
 
 JSONL_RANGE_BYTES = 64 << 20
@@ -23,11 +24,26 @@ class Slice:
 
     location: str
     size: int
-    kind: str  # "parquet", "jsonl" or "json"
+    kind: str  # "parquet" (a row group), "jsonl" (a byte range) or "json" (a file read whole)
     part: int  # row group, or byte offset of the range
     stop: int  # byte end of a JSONL range
     first_index: int
     first_line: int = 1
+    partitions: str = "[]"
+    """The part's Hive partition keys, as JSON pairs (`InputFile.partitions`)."""
+    base: str | None = None
+    shown: str | None = None
+
+    def source(self) -> InputFile:
+        pairs = tuple((key, value) for key, value in json.loads(self.partitions))
+        return InputFile(self.location, self.size, pairs, self.base, self.shown)
+
+
+def _slice(source: InputFile, kind: str, part: int, stop: int, first_index: int, first_line: int = 1) -> Slice:
+    partitions = json.dumps([list(pair) for pair in source.partitions])
+    return Slice(
+        source.location, source.size, kind, part, stop, first_index, first_line, partitions, source.base, source.shown
+    )
 
 
 def _count_range(location: str, size: int, start: int, stop: int) -> tuple[int, int]:
@@ -67,10 +83,10 @@ def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
         if source.is_parquet:
             metadata = source.parquet().metadata
             for group in range(metadata.num_row_groups):
-                slices.append(Slice(source.location, source.size, "parquet", group, 0, index))
+                slices.append(_slice(source, "parquet", group, 0, index))
                 index += metadata.row_group(group).num_rows
-        elif source.suffix == ".json":
-            slices.append(Slice(source.location, source.size, "json", 0, 0, index))
+        elif not source.format.splittable:  # JSON, CSV, compressed streams: one task reads it whole
+            slices.append(_slice(source, "json", 0, 0, index))
             index += sum(1 for _ in raw_rows(source))
         else:
             bounds = [*range(0, max(source.size, 1), JSONL_RANGE_BYTES), source.size]
@@ -79,7 +95,7 @@ def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
             counts = ray.get([count.remote(source.location, source.size, a, b) for a, b in ranges])
             line = 1
             for (start, stop), (records, lines) in zip(ranges, counts, strict=True):
-                slices.append(Slice(source.location, source.size, "jsonl", start, stop, index, line))
+                slices.append(_slice(source, "jsonl", start, stop, index, line))
                 index += records
                 line += lines
         if limit is not None and index >= limit:
@@ -102,7 +118,7 @@ def read_slice(
 ) -> list[dict[str, Any]]:
     """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
     piece = Slice(**row)
-    source = InputFile(piece.location, piece.size)
+    source = piece.source()
     base_dir = str(source.base_dir) if source.base_dir is not None else None
     rows = []
 
@@ -120,13 +136,14 @@ def read_slice(
                     "payload": payload,
                     "problem": problem,
                     "base_dir": base_dir,
-                    "parquet": piece.kind == "parquet",
+                    "parquet": source.format.text_cells,
                 }
             )
 
     index = piece.first_index
     if piece.kind == "parquet":
-        for record in parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls):
+        records = parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls)
+        for record, _ in with_partitions(((record, None) for record in records), source.partitions):
             add(index, record, None)
             index += 1
     elif piece.kind == "json":
