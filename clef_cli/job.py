@@ -36,6 +36,7 @@ from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
 from clef_cli.store.media_stats import MediaStats
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
+from clef_cli.store.remote_output import upload_whole
 
 REMOTE_SPOOL = "remote-media"
 
@@ -166,6 +167,8 @@ def write_job_output(
     --limit, the ledger holds only the first records, so the rest of the store stays out of it."""
     from clef_cli.quality.calibrate.temperature import load_calibration
 
+    if settings.upload is not None:
+        settings.output.parent.mkdir(exist_ok=True)  # the checkpoint's upload folder
     remove_stale_temporaries(settings.output)
     spec = OutputSpec(
         path=settings.output,
@@ -175,7 +178,10 @@ def write_job_output(
         metadata=metadata,
         calibration=load_calibration(settings.calibration) if settings.calibration else None,
     )
-    return write_output(spec, results, settings.inputs, settings.limit, passthrough)
+    counts = write_output(spec, results, settings.inputs, settings.limit, passthrough)
+    if settings.upload is not None:
+        upload_whole(settings.output, settings.upload)
+    return counts
 
 
 @dataclass

@@ -23,6 +23,8 @@ class S3Proxy:
     """(method, path with the query) of every request, in order."""
     failures: dict[str, int] = field(default_factory=dict)
     """Key substring -> how many more requests naming it get a 503."""
+    failure_status: int = 503
+    """What a failing request is answered (503 SlowDown: retried; 400: refused at once)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> str:
@@ -34,9 +36,20 @@ class S3Proxy:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def _forward(self) -> None:
+            def _body(self) -> bytes | None:
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    parts = []
+                    while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
+                        parts.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    while self.rfile.readline().strip():  # trailers
+                        pass
+                    return b"".join(parts)
                 length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
+                return self.rfile.read(length) if length else None
+
+            def _forward(self) -> None:
+                body = self._body()
                 with proxy.lock:
                     proxy.requests.append((self.command, unquote(self.path)))
                     failing = next((key for key, left in proxy.failures.items() if left > 0 and key in self.path), None)
@@ -46,7 +59,7 @@ class S3Proxy:
                     time.sleep(proxy.delay_seconds)
                 if failing is not None:
                     payload = b"" if self.command == "HEAD" else SLOW_DOWN
-                    self.send_response(503)
+                    self.send_response(proxy.failure_status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()

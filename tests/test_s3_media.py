@@ -52,6 +52,7 @@ def s3(s3_server, proxy, monkeypatch):
     client.create_bucket(Bucket=BUCKET)
     proxy.clear()
     proxy.failures.clear()
+    proxy.failure_status = 503
     object_store.forget()
     yield client
     for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
@@ -102,6 +103,7 @@ def test_locations_resolve_like_paths_and_roots_respect_the_separator():
             normalized(bad)
 
 
+@pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)
 def test_object_media_score_exactly_as_local_copies(s3, tmp_path):
     folder, records = media_folder(tmp_path)
     upload(s3, folder, "in")
@@ -211,6 +213,7 @@ def test_no_credentials_or_an_unknown_bucket_end_the_job_with_one_line(s3, monke
     assert [row["error"] for row in rows] == [None] * 3
 
 
+@pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)
 def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monkeypatch, tmp_path):
     from clef_cli.store import media_stats
 
@@ -242,3 +245,33 @@ def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monke
     verified, _ = score(inputs, tmp_path / "n4.parquet", *store, "--verify-media")
     assert verified.exit_code == 0, verified.output
     assert proxy.count("GET", "/in/av/clip.mp4") == 1  # --verify-media downloads and hashes again
+
+
+@pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)
+def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tmp_path):
+    from clef_cli.inputs.object_store import filesystem
+
+    (tmp_path / "in").mkdir()
+    records = write_jsonl(tmp_path / "in" / "records.jsonl", [{"id": "a", "state": "x", "questions": QUESTIONS}])
+    target = f"s3://{BUCKET}/out/night.parquet"
+    refused = runner.invoke(app, ["score", str(records), "-o", target, *COMMON])
+    assert refused.exit_code == 2 and "--checkpoint" in refused.stderr, refused.output
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    store = tmp_path / "store"
+    proxy.failures[".night.parquet.clef-upload-"] = 10_000  # every request of the upload fails (at once:
+    proxy.failure_status = 400  # a 503 would be retried for seconds)
+    failed = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON])
+    assert failed.exit_code == 1 and "rerun to upload it again" in failed.stderr, failed.output
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("KeyCount") == 0  # no object, no partial one
+    proxy.failures.clear()
+    proxy.failure_status = 503
+    again = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON])
+    assert again.exit_code == 0, again.output
+    assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
+    assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"]  # pyarrow keeps a folder marker
+    fs, path = filesystem(target)
+    uploaded = pq.read_table(fs.open_input_file(path)).to_pylist()
+    assert_same_rows(uploaded, pq.read_table(store / "upload" / "night.parquet").to_pylist())
+    assert [row["id"] for row in uploaded] == ["a"]

@@ -90,6 +90,14 @@ def writable_file(param: typer.CallbackParam, value: Path | None) -> Path | None
     return value
 
 
+def writable_location(param: typer.CallbackParam, value: str | None) -> Path | str | None:
+    """`writable_file` for an output that may also be an object URI (kept as the URI: the job
+    writes it locally and uploads it whole, `store/remote_output.py`)."""
+    if value is None or is_object_uri(value):
+        return value
+    return writable_file(param, Path(value))
+
+
 def writable_file_or_stdout(param: typer.CallbackParam, value: Path | None) -> Path | None:
     """The same for the JSON and report writers, which also take `-` for stdout."""
     if value is not None:
