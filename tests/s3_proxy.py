@@ -21,6 +21,8 @@ class S3Proxy:
     delay_seconds: float = 0.0
     requests: list[tuple[str, str]] = field(default_factory=list)
     """(method, path with the query) of every request, in order."""
+    bytes_sent: int = 0
+    """Response body bytes the proxy passed on (what the job downloaded)."""
     failures: dict[str, int] = field(default_factory=dict)
     """Key substring -> how many more requests naming it get a 503."""
     failure_status: int = 503
@@ -80,6 +82,8 @@ class S3Proxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(payload)
+                    with proxy.lock:
+                        proxy.bytes_sent += len(payload)
                 connection.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
@@ -100,3 +104,4 @@ class S3Proxy:
     def clear(self) -> None:
         with self.lock:
             self.requests.clear()
+            self.bytes_sent = 0

@@ -37,7 +37,8 @@ some 30 requests against a store that answers 503 throughout); then the record's
 `transient` and the next run tries it again."""
 LISTINGS_KEPT = 64
 """Folders whose listing a process keeps (each one LIST, paginated): bounded, so memory stays flat."""
-CHUNK = 1 << 20
+CHUNK = 16 << 20
+"""Bytes per ranged GET: an object up to 16 MiB costs one HEAD and one GET, memory stays bounded."""
 
 
 class ObjectStoreError(ClefError):
