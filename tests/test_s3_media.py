@@ -275,3 +275,31 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     uploaded = pq.read_table(fs.open_input_file(path)).to_pylist()
     assert_same_rows(uploaded, pq.read_table(store / "upload" / "night.parquet").to_pylist())
     assert [row["id"] for row in uploaded] == ["a"]
+
+
+@pytest.mark.slow  # two scoring runs
+def test_credentials_lost_while_decoding_end_the_job_with_one_line(s3, monkeypatch, tmp_path):
+    from clef_cli.store import media_stats
+
+    monkeypatch.setattr(media_stats, "RACY_NS", 0)
+    s3.put_object(Bucket=BUCKET, Key="in/img/a.png", Body=(MEDIA / "image_a.png").read_bytes())
+    records = [{"id": "text", "state": "no media", "questions": QUESTIONS}]
+    image = f"s3://{BUCKET}/in/img/a.png"
+    records.append({"id": "img", "state": "one image", "questions": QUESTIONS, "images": [image]})
+    local = write_jsonl(tmp_path / "records.jsonl", records[1:])
+    inputs = [str(local)]
+    store = ["--checkpoint", str(tmp_path / "store"), "--media-root", f"s3://{BUCKET}/in/"]
+    first, _ = score(inputs, tmp_path / "o.parquet", *store)  # caches the image's digest
+    assert first.exit_code == 0, first.output
+    # night 2: the image record's state changed (it runs again, its image keyed from the cache,
+    # so read only by the encoder), and the credentials are gone by then
+    records[1]["state"] = "one image, edited"
+    write_jsonl(local, records)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    second, rows = score(inputs, tmp_path / "o2.parquet", *store)
+    assert second.exit_code == 1, second.output
+    assert "access denied" in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert rows is None  # no output with an error row per record
