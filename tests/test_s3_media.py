@@ -303,3 +303,19 @@ def test_credentials_lost_while_decoding_end_the_job_with_one_line(s3, monkeypat
     assert second.exit_code == 1, second.output
     assert "access denied" in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
     assert rows is None  # no output with an error row per record
+
+
+def test_the_one_writer_puts_an_object_whole_or_not_at_all(s3, proxy):
+    from clef_cli.inputs.object_store import ObjectStoreError
+    from clef_cli.store.atomic import ensure_writable, write_text
+
+    target = f"s3://{BUCKET}/out/stats.json"
+    ensure_writable(target, "--stats-json", stdout=True)  # checked by the store at the end
+    write_text(target, '{"night": 1}\n')
+    assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'
+    proxy.failures[".stats.json.clef-upload-"], proxy.failure_status = 10_000, 400
+    with pytest.raises(ObjectStoreError, match="rerun to upload it again"):
+        write_text(target, '{"night": 2}\n')
+    assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'  # untouched
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
+    assert [key for key in keys if not key.endswith("/")] == ["out/stats.json"]

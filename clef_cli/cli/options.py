@@ -98,10 +98,14 @@ def writable_location(param: typer.CallbackParam, value: str | None) -> Path | s
     return writable_file(param, Path(value))
 
 
-def writable_file_or_stdout(param: typer.CallbackParam, value: Path | None) -> Path | None:
-    """The same for the JSON and report writers, which also take `-` for stdout."""
-    if value is not None:
-        ensure_writable(value, _option_name(param), stdout=True)
+def writable_file_or_stdout(param: typer.CallbackParam, value: Path | str | None) -> Path | str | None:
+    """The same for the JSON and report writers, which also take `-` for stdout and an object URI
+    (kept as the URI: written whole by `atomic.write_file`); other text becomes a `Path`."""
+    if value is None:
+        return None
+    if isinstance(value, str) and not (value == "-" or is_object_uri(value)):
+        value = Path(value)
+    ensure_writable(value, _option_name(param), stdout=True)
     return value
 
 
@@ -359,8 +363,11 @@ class ReviewFormat(str, Enum):
 
 
 ReportOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
-        "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
+        "--report",
+        callback=writable_file_or_stdout,
+        metavar="<path>",
+        help="Write a self-contained HTML report here (- for stdout).",
     ),
 ]

@@ -40,6 +40,7 @@ OutputOption = Annotated[
         "--output",
         "-o",
         callback=writable_location,
+        metavar="<path>",
         rich_help_panel=PANEL_OUTPUT,
         help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe), "
         "or an object URI (s3://bucket/out/x.parquet: uploaded whole at the end; needs --checkpoint).",
@@ -73,10 +74,11 @@ CalibrationOption = Annotated[
     ),
 ]
 StatsJsonOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--stats-json",
         callback=writable_file_or_stdout,
+        metavar="<path>",
         rich_help_panel=PANEL_OUTPUT,
         help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
         "encode rates per modality) to this JSON file (- for stdout).",
