@@ -213,7 +213,6 @@ def test_no_credentials_or_an_unknown_bucket_end_the_job_with_one_line(s3, monke
     assert [row["error"] for row in rows] == [None] * 3
 
 
-@pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)
 def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monkeypatch, tmp_path):
     from clef_cli.store import media_stats
 
@@ -277,7 +276,6 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     assert [row["id"] for row in uploaded] == ["a"]
 
 
-@pytest.mark.slow  # two scoring runs
 def test_credentials_lost_while_decoding_end_the_job_with_one_line(s3, monkeypatch, tmp_path):
     from clef_cli.store import media_stats
 
