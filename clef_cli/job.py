@@ -19,6 +19,8 @@ import pyarrow as pa
 from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.errors import UsageError
+from clef_cli.inputs.object_store import forget as forget_objects
+from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.output import OutputSpec, write_output
@@ -34,6 +36,7 @@ from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
 from clef_cli.store.media_stats import MediaStats
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
+from clef_cli.store.remote_output import upload_whole
 
 REMOTE_SPOOL = "remote-media"
 
@@ -77,6 +80,7 @@ def job_ledger(
     local media are keyed from the store's stat cache (all hashed again with --verify-media); a
     dry run reads the cache and writes nothing to it."""
     assert checkpoint.index is not None
+    forget_objects()  # list object folders afresh: this night's stamps, this environment's credentials
     ledger = Ledger(checkpoint.index, checkpoint.run_seq)
     stats = MediaStats(checkpoint.index, writable=not dry_run, trusted=not settings.verify_media)
     media = MediaHasher(settings.limits, stats=stats)
@@ -102,10 +106,12 @@ def key_metadata(settings: ScoreSettings, release: Release) -> dict[str, str]:
 
 
 def with_remote_spool(settings: ScoreSettings, checkpoint_path: Path) -> tuple[ScoreSettings, RemoteSpool | None]:
-    """With --allow-remote-media, a fresh folder in the checkpoint for the media the job fetches
-    while keying its records, named in the settings' limits: every encoding worker (and a Ray
-    actor that can read the folder) decodes those bytes instead of fetching them again."""
-    if not settings.limits.allow_remote:
+    """With --allow-remote-media, an input in an object store or a --media-root URI, a fresh
+    folder in the checkpoint for the media the job fetches while keying its records, named in the
+    settings' limits: every encoding worker (and a Ray actor that can read the folder) decodes
+    those bytes instead of fetching them again."""
+    objects = settings.limits.object_roots or any(is_object_uri(str(item)) for item in settings.inputs)
+    if not (settings.limits.allow_remote or objects):
         return settings, None
     spool = RemoteSpool.fresh(checkpoint_path / REMOTE_SPOOL)
     return replace(settings, limits=replace(settings.limits, remote_spool=spool.folder)), spool
@@ -161,6 +167,8 @@ def write_job_output(
     --limit, the ledger holds only the first records, so the rest of the store stays out of it."""
     from clef_cli.quality.calibrate.temperature import load_calibration
 
+    if settings.upload is not None:
+        settings.output.parent.mkdir(exist_ok=True)  # the checkpoint's upload folder
     remove_stale_temporaries(settings.output)
     spec = OutputSpec(
         path=settings.output,
@@ -170,7 +178,10 @@ def write_job_output(
         metadata=metadata,
         calibration=load_calibration(settings.calibration) if settings.calibration else None,
     )
-    return write_output(spec, results, settings.inputs, settings.limit, passthrough)
+    counts = write_output(spec, results, settings.inputs, settings.limit, passthrough)
+    if settings.upload is not None:
+        upload_whole(settings.output, settings.upload)
+    return counts
 
 
 @dataclass

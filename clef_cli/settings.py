@@ -113,6 +113,9 @@ class ScoreSettings:
     engine: str = "hf"
     """hf: transformers in this process; vllm: vLLM as the backbone, in its own process (engines/vllm/)."""
     vllm: VllmOptions | None = None
+    upload: str | None = None
+    """An object-store URI the output is uploaded to, whole, once written; `output` is then its
+    local copy in the checkpoint (`store/remote_output.py`)."""
     media_spool_bytes: int = 32 << 30
     """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
     space at most), so that media are decoded once, not twice."""
@@ -153,8 +156,9 @@ class ScoreSettings:
         if self.vllm is not None:
             self.vllm.validate()
         if self.output.suffix.lower() not in (".parquet", ".pq"):
-            raise UsageError(f"output {self.output} must end in .parquet")
-        ensure_writable(self.output, "-o")
+            raise UsageError(f"output {self.upload or self.output} must end in .parquet")
+        if self.upload is None:  # else the output goes to the checkpoint's upload folder, made then
+            ensure_writable(self.output, "-o")
         if self.questions is not None:
             from clef_cli.inputs.readers import load_questions_file
 

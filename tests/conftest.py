@@ -7,7 +7,7 @@ import json
 import pytest
 
 from . import background
-from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL, require_ray
+from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL, require, require_ray
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
@@ -23,6 +23,24 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session):
     background.stop_all()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3 endpoint (moto's server) on a free local port, shared by the session's S3 tests; its
+    URL. moto is a test extra (`pip install -e ".[test]"`); under CI=true its absence fails."""
+    import logging
+    import socket
+
+    moto_server = require("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,7 @@ through the standard AWS variables (`AWS_ENDPOINT_URL`, the access keys), as any
 from __future__ import annotations
 
 import json
-import logging
 import re
-import socket
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -16,7 +14,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import TINY_MODEL, assert_same_rows, require, write_jsonl
+from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-inputs"
@@ -25,20 +23,6 @@ QUESTIONS = {
     "team": {"type": "choice", "criteria": {"billing": "Money", "tech": None}},
 }
 COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-states", "drop"]
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """An S3 endpoint on a free local port; its URL."""
-    moto_server = require("moto.server")  # a test extra: `pip install -e ".[test]"`
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(params=["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])

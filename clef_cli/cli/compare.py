@@ -20,9 +20,12 @@ def command(
     old: Annotated[Path, typer.Argument(help="The earlier run's Parquet (from `clef score`).")],
     new: Annotated[Path, typer.Argument(help="The later run's Parquet.")],
     json_path: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--json", callback=writable_file_or_stdout, help="Write every number and every flip as JSON (- for stdout)."
+            "--json",
+            callback=writable_file_or_stdout,
+            metavar="<path>",
+            help="Write every number and every flip as JSON (- for stdout).",
         ),
     ] = None,
     report: ReportOption = None,

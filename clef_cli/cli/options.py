@@ -18,7 +18,9 @@ import typer
 from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
+from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.inputs.sources import local_path
 from clef_cli.sizes import parse_size
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
 
@@ -88,10 +90,22 @@ def writable_file(param: typer.CallbackParam, value: Path | None) -> Path | None
     return value
 
 
-def writable_file_or_stdout(param: typer.CallbackParam, value: Path | None) -> Path | None:
-    """The same for the JSON and report writers, which also take `-` for stdout."""
-    if value is not None:
-        ensure_writable(value, _option_name(param), stdout=True)
+def writable_location(param: typer.CallbackParam, value: str | None) -> Path | str | None:
+    """`writable_file` for an output that may also be an object URI (kept as the URI: the job
+    writes it locally and uploads it whole, `store/remote_output.py`)."""
+    if value is None or is_object_uri(value):
+        return value
+    return writable_file(param, Path(value))
+
+
+def writable_file_or_stdout(param: typer.CallbackParam, value: Path | str | None) -> Path | str | None:
+    """The same for the JSON and report writers, which also take `-` for stdout and an object URI
+    (kept as the URI: written whole by `atomic.write_file`); other text becomes a `Path`."""
+    if value is None:
+        return None
+    if isinstance(value, str) and not (value == "-" or is_object_uri(value)):
+        value = Path(value)
+    ensure_writable(value, _option_name(param), stdout=True)
     return value
 
 
@@ -246,10 +260,11 @@ MEDIA_LIMIT_OPTIONS = {
         None,
         typer.Option(
             "--media-root",
-            metavar="DIR",
+            metavar="DIR|URI",
             rich_help_panel=PANEL_SECURITY,
             help="Confine local media paths to this folder (repeatable; symlinks and '..' resolved; an escape "
-            "is that record's error). Default: any file the user can read.",
+            "is that record's error). Default: any file the user can read. A URI (s3://bucket/media/) "
+            "allows objects under it; objects are always allowed under the folder of the input naming them.",
         ),
     ),
 }
@@ -270,7 +285,9 @@ def media_limits(values: dict[str, Any]) -> MediaLimits:
             if values[name]:
                 raise UsageError(f"{option} applies to remote media only: add --allow-remote-media")
     values["allowed_media_domains"] = allowed_domains(values["allowed_media_domains"] or ())
-    values["media_roots"] = tuple(media_root(value) for value in values["media_roots"] or ())
+    roots = [media_root(value) for value in values["media_roots"] or ()]
+    values["media_roots"] = tuple(root for root in roots if isinstance(root, Path))
+    values["object_roots"] = tuple(root for root in roots if isinstance(root, str))
     return MediaLimits(**values)
 
 
@@ -290,12 +307,18 @@ def allowed_domains(values: list[str]) -> tuple[str, ...]:
     return tuple(domains)
 
 
-def media_root(value: str) -> Path:
-    """One --media-root, resolved; an empty value is refused (as a path it would be the working
-    folder), the rest (it exists and is a folder) is `MediaLimits`'s check."""
+def media_root(value: str) -> Path | str:
+    """One --media-root: an object-store folder's URI as given, else a local folder resolved (a
+    local-filesystem URI too); an empty value is refused (as a path it would be the working
+    folder), the rest (it exists and is a folder; a URI is usable) is `MediaLimits`'s check."""
     if not value.strip():
         raise UsageError(f"--media-root: {value!r} is empty; give a folder, like --media-root /data/media")
-    return Path(value).resolve()
+    if is_object_uri(value):
+        return value
+    local = local_path(value)
+    if local is None:
+        raise UsageError(f"--media-root: {value!r} is not a folder or an object-store URI")
+    return local.resolve()
 
 
 def with_media_limits(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -340,8 +363,11 @@ class ReviewFormat(str, Enum):
 
 
 ReportOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
-        "--report", callback=writable_file_or_stdout, help="Write a self-contained HTML report here (- for stdout)."
+        "--report",
+        callback=writable_file_or_stdout,
+        metavar="<path>",
+        help="Write a self-contained HTML report here (- for stdout).",
     ),
 ]

@@ -75,9 +75,12 @@ def evaluate(
     gold_column: GoldColumnOption = None,
     gold_format: GoldFormatOption = GoldFormat.auto,
     json_path: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--json", callback=writable_file_or_stdout, help="Write every metric as JSON here (- for stdout)."
+            "--json",
+            callback=writable_file_or_stdout,
+            metavar="<path>",
+            help="Write every metric as JSON here (- for stdout).",
         ),
     ] = None,
     report: ReportOption = None,
@@ -124,9 +127,13 @@ def evaluate(
 def calibrate(
     scored: ScoredArgument,
     output: Annotated[
-        Path,
+        str,
         typer.Option(
-            "--output", "-o", callback=writable_file_or_stdout, help="Calibration file to write (JSON; - for stdout)."
+            "--output",
+            "-o",
+            callback=writable_file_or_stdout,
+            metavar="<path>",
+            help="Calibration file to write (JSON; - for stdout).",
         ),
     ],
     gold: GoldOption = None,

@@ -17,8 +17,14 @@ from clef_cli.sizes import plural
 def command(
     scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
     output: Annotated[
-        Path,
-        typer.Option("--output", "-o", callback=writable_file_or_stdout, help="Review file to write (- for stdout)."),
+        str,
+        typer.Option(
+            "--output",
+            "-o",
+            callback=writable_file_or_stdout,
+            metavar="<path>",
+            help="Review file to write (- for stdout).",
+        ),
     ],
     format: Annotated[
         ReviewFormat, typer.Option("--format", help="label-studio tasks (JSON), an argilla document, jsonl or csv.")
@@ -29,8 +35,11 @@ def command(
     ] = None,
     order: Annotated[
         ReviewOrder,
-        typer.Option("--order", help="uncertainty: lowest confidence first; margin: smallest top-second gap; "
-                     "entropy: highest entropy; random; stratified: round-robin over the first question's answers."),
+        typer.Option(
+            "--order",
+            help="uncertainty: lowest confidence first; margin: smallest top-second gap; "
+            "entropy: highest entropy; random; stratified: round-robin over the first question's answers.",
+        ),
     ] = ReviewOrder.uncertainty,
     exclude: Annotated[
         Path | None, typer.Option("--exclude", help="Leave out records this gold file (or export) already labels.")
@@ -48,8 +57,12 @@ def command(
         ),
     ] = None,
     media_root: Annotated[
-        Path, typer.Option("--media-root", help="Media URLs are paths relative to this folder (Label Studio's "
-                           "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT).")
+        Path,
+        typer.Option(
+            "--media-root",
+            help="Media URLs are paths relative to this folder (Label Studio's "
+            "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT).",
+        ),
     ] = Path("/"),
     media_url_prefix: Annotated[
         str, typer.Option("--media-url-prefix", help="Prefix of media URLs (Label Studio local files by default).")

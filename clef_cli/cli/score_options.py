@@ -18,12 +18,13 @@ from clef_cli.cli.options import (
     PANEL_RAY,
     PANEL_STORE,
     Dtype,
-    writable_file,
     writable_file_or_stdout,
+    writable_location,
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
 from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
+from clef_cli.store.remote_output import staged_output
 
 # What to read and write
 InputsArgument = Annotated[
@@ -36,13 +37,15 @@ InputsArgument = Annotated[
     ),
 ]
 OutputOption = Annotated[
-    Path,
+    str,
     typer.Option(
         "--output",
         "-o",
-        callback=writable_file,
+        callback=writable_location,
+        metavar="<path>",
         rich_help_panel=PANEL_OUTPUT,
-        help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe).",
+        help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe), "
+        "or an object URI (s3://bucket/out/x.parquet: uploaded whole at the end; needs --checkpoint).",
     ),
 ]
 LayoutOption = Annotated[
@@ -74,10 +77,11 @@ CalibrationOption = Annotated[
     ),
 ]
 StatsJsonOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--stats-json",
         callback=writable_file_or_stdout,
+        metavar="<path>",
         rich_help_panel=PANEL_OUTPUT,
         help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
         "encode rates per modality) to this JSON file (- for stdout).",
@@ -316,12 +320,17 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
 
     columns = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
     check_keep_columns(columns)
-    same = ("inputs", "output", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
+    same = ("inputs", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
     same += ("max_batch_tokens",)
     same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
     same += ("verify_media",)
+    output, upload = options["output"], None
+    if isinstance(output, str):  # an object URI (`writable_location`)
+        output, upload = staged_output(output, options["checkpoint"]), output
     return ScoreSettings(
         **{name: options[name] for name in same},
+        output=output,
+        upload=upload,
         overflow=options["on_overflow"],
         limits=limits,
         dtype=None if options["dtype"] is Dtype.auto else options["dtype"].value,

@@ -6,8 +6,9 @@ first video stream at 2 fps, frames capped at 262144 pixels with even sides, an 
 plus the soundtrack when there is one.
 
 Where the bytes come from (`open_source`): a local path (fenced by `media_root` under
---media-root), a data: URL, or an http(s) URL through the one checked fetcher (`remote_fetch`),
-read from the job's copy (`remote_spool`) when it has one.
+--media-root), a data: URL, an http(s) URL through the one checked fetcher (`remote_fetch`), or
+an object in a store (`remote_objects`, confined to the input's folder and --media-root URIs),
+the remote ones read from the job's copy (`remote_spool`) when it has one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import numpy as np
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
 from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.remote_fetch import FetchError, fetch
+from clef_cli.encoding.remote_objects import object_bytes
 from clef_cli.encoding.remote_spool import RemoteSpool
+from clef_cli.inputs.sources import MediaBase, names_object
 
 AUDIO_SAMPLE_RATE = 16000
 VIDEO_FPS = 2.0
@@ -56,14 +59,17 @@ Source = str | io.BytesIO | BinaryIO
 """What a decoder reads: a path, fetched or decoded bytes, or a file opened inside a media root."""
 
 
-def open_source(entry: str, base_dir: Path | None, limits: MediaLimits, field: str | None = None) -> Source:
+def open_source(entry: str, base_dir: MediaBase, limits: MediaLimits, field: str | None = None) -> Source:
     """A local path (checked; an open file under --media-root) or the bytes of a data: / http(s)
-    URL, within the byte limit. The caller closes it (`close_source`)."""
+    URL or of an object in a store (`remote_objects`), within the byte limit. The caller closes
+    it (`close_source`)."""
     if entry.startswith("data:"):
         _check_data_url_type(entry, field)
         return io.BytesIO(_data_url_bytes(entry, limits))
     if entry.startswith(("http://", "https://")):
         return io.BytesIO(remote_bytes(entry, limits))
+    if names_object(entry, base_dir):
+        return io.BytesIO(object_bytes(entry, base_dir, limits))
     path = Path(entry)
     if not path.is_absolute():
         if base_dir is None:

@@ -12,6 +12,7 @@ from typing import Any
 from clef_cli.encoding.public_address import allow_list_problem
 from clef_cli.encoding.remote_fetch import FetchPolicy
 from clef_cli.errors import UsageError
+from clef_cli.inputs.object_store import ObjectProblem, is_object_uri, normalized
 
 KEY_FIELDS = ("max_image_pixels", "max_audio_seconds", "max_video_seconds", "max_file_bytes", "allow_remote")
 """The fields that shape a prompt, in `as_dict` (every record key hashes them): never add one here
@@ -50,6 +51,9 @@ class MediaLimits:
     """Fetch from loopback, private and link-local addresses too (a local media server)."""
     media_roots: tuple[Path, ...] = ()
     """Folders every local media path must lie in, symlinks and `..` resolved; empty: anywhere."""
+    object_roots: tuple[str, ...] = ()
+    """Object-store folders (`s3://bucket/media/`) media may come from besides the folder of the
+    input that names them (--media-root given as a URI)."""
     remote_spool: Path | None = None
     """Where the job keeps each remote medium it fetched while keying (set by the job): workers
     decode those bytes, so a URL is fetched once per job and the key hashes what is decoded."""
@@ -69,6 +73,7 @@ class MediaLimits:
                 raise UsageError(f"--allowed-media-domains: {entry!r} {problem}")
         for root in roots:
             _check_root(root)
+        object.__setattr__(self, "object_roots", _object_roots(self.object_roots))
         object.__setattr__(self, "allowed_media_domains", tuple(domains))
         object.__setattr__(self, "media_roots", tuple(Path(root) for root in roots))
 
@@ -128,3 +133,19 @@ def _check_root(root: Any) -> None:
         raise UsageError(f"--media-root: '{path}' does not exist; give an existing folder")
     if not path.is_dir():
         raise UsageError(f"--media-root: '{path}' is not a folder; give the folder that holds the media")
+
+
+def _object_roots(roots: Any) -> tuple[str, ...]:
+    """Object-store roots, normalised as folders (`s3://b/media` means `s3://b/media/`, so the
+    prefix test respects the separator); anything else is refused (fails closed)."""
+    if isinstance(roots, str) or not isinstance(roots, (tuple, list)):
+        raise UsageError(f"--media-root: {roots!r} is not a list of URIs; give a tuple of them")
+    found = []
+    for root in roots:
+        if not isinstance(root, str) or not is_object_uri(root):
+            raise UsageError(f"--media-root: {root!r} is not an object-store URI, like s3://bucket/media/")
+        try:
+            found.append(normalized(root, folder=True))
+        except ObjectProblem as problem:
+            raise UsageError(f"--media-root: {problem}") from None
+    return tuple(found)

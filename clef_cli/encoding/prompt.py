@@ -19,7 +19,7 @@ from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.encoding.record_text import SegmentTokenizer
 from clef_cli.encoding.render import render, render_instructions, render_option
-from clef_cli.errors import RecordError, unexpected_error
+from clef_cli.errors import ClefError, RecordError, unexpected_error
 from clef_cli.families.base import Family, MediaSegment
 from clef_cli.inputs.records import Question, Record
 
@@ -173,10 +173,12 @@ class PromptEncoder:
 
 def _guarded(record: Record, field: str, step: Callable[[], T]) -> T:
     """One encoding step; an exception no check foresaw becomes this record's error naming the
-    field (a last guard: validation in records.py is what should refuse the value)."""
+    field (a last guard: validation in records.py is what should refuse the value). A job's
+    error met on the way (an object store refusing the credentials) is not one record's: it
+    ends the job."""
     try:
         return step()
-    except RecordError:
+    except (RecordError, ClefError):
         raise
     except Exception as error:
         raise unexpected_error(record.id, field, error) from error

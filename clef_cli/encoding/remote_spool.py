@@ -1,5 +1,6 @@
-"""A job's remote media, fetched once: the record key hashes a URL's bytes when the job keys its
-records, and the encoding workers decode those same bytes from here instead of asking again.
+"""A job's remote media (http(s) URLs, objects in a store), fetched once: the record key hashes
+a URL's bytes when the job keys its records, and the encoding workers decode those same bytes
+from here instead of asking again.
 So a URL costs one request per job, and a key never describes bytes other than the ones decoded
 (a file replaced under the same URL gets a new key and is scored again).
 
@@ -15,7 +16,9 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy, Resolver, fetch_into, resolve
 from clef_cli.release import file_sha256
@@ -44,14 +47,19 @@ class RemoteSpool:
     def digest(self, url: str, policy: FetchPolicy, resolver: Resolver = resolve) -> str:
         """The SHA-256 of the bytes `url` gave this job, fetching it if no one has yet; a
         `FetchError` (the stored one, for a URL that failed before)."""
-        body, failed = self._paths(url)
+        return self.digest_with(url, lambda handle: fetch_into(url, policy, handle, resolver))
+
+    def digest_with(self, name: str, fill: Callable[[BinaryIO], object]) -> str:
+        """`digest` for any source: `fill` writes the bytes of `name` (a URL or an object's URI)
+        into the handle it is given, or raises a `FetchError`, which is kept as that name's."""
+        body, failed = self._paths(name)
         if body.exists():
             return file_sha256(body)
         self._raise_failure(failed)
         partial = self.folder / f".{body.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             with partial.open("wb") as handle:
-                fetch_into(url, policy, handle, resolver)
+                fill(handle)
         except FetchError as error:
             partial.unlink(missing_ok=True)
             record = json.dumps({"message": str(error), "transient": error.transient})

@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 from clef_cli.errors import UsageError
 from clef_cli.inputs.formats import READABLE, Format, format_of
 from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts
+from clef_cli.inputs.object_store import ObjectProblem, is_object_uri, is_under, joined, normalized, parent
 from clef_cli.inputs.streams import spooled_stream, stream_input
 
 LOCAL_SCHEMES = ("file", "local")
@@ -56,6 +57,50 @@ def _filesystem(uri: str) -> tuple[Any, str]:
         raise UsageError(f"cannot open {uri}: {error}") from None
 
 
+MediaBase = Path | str | None
+"""Where an input's relative media entries resolve: a local folder, an object folder's URI
+(`s3://b/records/`), or None (an input with no folder)."""
+
+
+def media_base(text: str | None) -> MediaBase:
+    """A `MediaBase` carried as text (a Ray row): an object folder's URI stays a URI."""
+    if not text:
+        return None
+    return text if is_object_uri(text) else Path(text)
+
+
+def names_object(entry: str, base: MediaBase) -> bool:
+    """Whether a media entry (not data: or http(s)) names an object in a store: an object URI,
+    or a relative path in an input that is itself an object."""
+    return is_object_uri(entry) or (isinstance(base, str) and not Path(entry).is_absolute())
+
+
+def media_location(entry: str, base: MediaBase) -> Path | str:
+    """Where a media entry that is neither a data: nor an http(s) URL lies: a local path, or a
+    normalised object URI; a relative entry resolves against its input's folder, local or remote
+    (`..` resolved, so the confinement test sees the object that is read). An `ObjectProblem`
+    when it cannot resolve."""
+    if is_object_uri(entry):
+        return normalized(entry)
+    if isinstance(base, str) and not Path(entry).is_absolute():
+        return joined(base, entry)
+    path = Path(entry)
+    if not path.is_absolute():
+        if base is None:
+            raise ObjectProblem(f"relative media path {entry!r} in an input without a folder: use absolute paths")
+        path = base / path
+    return path
+
+
+def check_object_allowed(uri: str, base: MediaBase, roots: tuple[str, ...]) -> None:
+    """An object may be read when it lies under the folder of the input that names it or under a
+    --media-root URI; else an `ObjectProblem` naming --media-root (the job's credentials must not
+    read what the user did not point clef at)."""
+    allowed = (base,) if isinstance(base, str) else ()
+    if not any(is_under(uri, root) for root in (*allowed, *roots)):
+        raise ObjectProblem(f"{uri} is outside the input's folder and the media roots (--media-root)")
+
+
 @dataclass(frozen=True)
 class InputFile:
     location: str
@@ -83,11 +128,18 @@ class InputFile:
         return self.format.kind == "parquet"
 
     @property
-    def base_dir(self) -> Path | None:
-        """Where relative media paths resolve: the folder of a local input (none for a remote one)."""
+    def base_dir(self) -> MediaBase:
+        """Where relative media paths resolve: the folder of the input (for stdin, the working
+        directory), a local path or (for an object in a store) its folder's URI, ending in `/`
+        (`media_location`)."""
         if self.base is not None:
             return Path(self.base)
-        return None if is_uri(self.location) else Path(self.location).parent
+        if not is_uri(self.location):
+            return Path(self.location).parent
+        try:
+            return parent(normalized(self.location))
+        except ObjectProblem:  # a URI with a query string: its media must be absolute
+            return None
 
     def open_binary(self, decompress: bool = True) -> BinaryIO:
         """The file's bytes, decompressed when its name says it is compressed (`.gz`, `.zst`)

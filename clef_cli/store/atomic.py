@@ -6,6 +6,8 @@
 - A symlink is followed: the file it points at is written that way, and the link stays a link.
 - A named pipe, a character device (`/dev/null`) or `-` (stdout) would be destroyed by a rename,
   so the bytes are streamed into it, without a temporary file.
+- An object URI (`s3://bucket/out/stats.json`) is written into a local temporary file and
+  uploaded whole (`remote_output.upload_whole`): the object appears complete or not at all.
 
 `ensure_writable` refuses, before any work, an output that could only fail after it (a missing or
 unwritable folder, a folder given for a file). Torch-free on purpose, so commands that only read
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clef_cli.errors import ClefError, UsageError
+from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.store import durable
 
 STDOUT = "-"
@@ -48,12 +51,27 @@ def write_file(path: Path | str, write: Writer, before_rename: Callable[[], None
         write(sys.stdout.buffer)
         sys.stdout.buffer.flush()
         return
+    if isinstance(path, str) and is_object_uri(path):
+        _upload(path, write)
+        return
     target = _resolved(Path(path))
     if _is_stream(target):
         with open(target, "wb") as handle:
             write(handle)
         return
     _replace(target, write, before_rename)
+
+
+def _upload(uri: str, write: Writer) -> None:
+    import tempfile
+
+    from clef_cli.store.remote_output import upload_whole
+
+    with tempfile.TemporaryDirectory(prefix="clef-upload-") as folder:
+        local = Path(folder) / "body"
+        with open(local, "wb") as handle:
+            write(handle)
+        upload_whole(local, uri)
 
 
 def write_bytes(path: Path | str, data: bytes) -> None:
@@ -121,6 +139,8 @@ def ensure_writable(path: Path | str, option: str, stdout: bool = False) -> None
         if not stdout:
             raise UsageError(f"{option} cannot be - (stdout): give a file")
         return
+    if isinstance(path, str) and is_object_uri(path):
+        return  # uploaded whole at the end; the store's answer is the job's error then
     path = Path(path)
     try:
         target = _resolved(path)

@@ -63,6 +63,7 @@ class MediaStats:
                 index.db.execute(_SCHEMA)
             query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'media_stats'"
             self.present = index.db.execute(query).fetchone() is not None
+        self.objects = ObjectStats(index, writable, trusted)
 
     @staticmethod
     def now() -> int:
@@ -91,8 +92,67 @@ class MediaStats:
 
     def flush(self) -> None:
         """Write the entries made since the last flush (one transaction)."""
+        self.objects.flush()
         if not self.pending:
             return
         with self.index.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO media_stats VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self.pending)
+        self.pending.clear()
+
+
+_OBJECT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS object_stats (
+    uri TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,  -- the store's last-modified, to the second
+    etag TEXT NOT NULL,         -- ETag or version id as the download saw it ('' when not told)
+    cached_ns INTEGER NOT NULL,  -- wall clock before the object was read and hashed
+    digest TEXT NOT NULL
+) WITHOUT ROWID
+"""
+
+
+class ObjectStats:
+    """The same cache for objects in a store: (URI, size, last-modified) -> content digest, so a
+    night over unchanged objects lists their folders and downloads nothing. A listing tells size
+    and last-modified (pyarrow's listings carry no ETag); the store moves last-modified on every
+    write, at one-second resolution, so an entry made less than `RACY_NS` after the object's
+    last-modified is not trusted (a write within the same second could keep size and date)."""
+
+    def __init__(self, index: KeyIndex, writable: bool = True, trusted: bool = True) -> None:
+        self.index = index
+        self.writable = writable
+        self.trusted = trusted
+        self.pending: list[tuple[str, int, int, str, int, str]] = []
+        self.hits = self.misses = 0
+        with index.lock:
+            if writable:
+                index.db.execute(_OBJECT_SCHEMA)
+            query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'object_stats'"
+            self.present = index.db.execute(query).fetchone() is not None
+
+    def digest(self, uri: str, size: int, mtime_ns: int) -> str | None:
+        """The cached digest of `uri` if its size and last-modified are unchanged and not racy."""
+        if not (self.trusted and self.present):
+            self.misses += 1
+            return None
+        with self.index.lock:
+            found = self.index.db.execute(
+                "SELECT size, mtime_ns, cached_ns, digest FROM object_stats WHERE uri = ?", (uri,)
+            ).fetchone()
+        if found is None or (found[0], found[1]) != (size, mtime_ns) or mtime_ns >= found[2] - RACY_NS:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return str(found[3])
+
+    def remember(self, uri: str, size: int, mtime_ns: int, etag: str, cached_ns: int, digest: str) -> None:
+        if self.writable:
+            self.pending.append((uri, size, mtime_ns, etag, cached_ns, digest))
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        with self.index.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO object_stats VALUES (?, ?, ?, ?, ?, ?)", self.pending)
         self.pending.clear()

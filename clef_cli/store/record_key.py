@@ -17,7 +17,8 @@ Version 1 of the key hashes, in this order, as one canonical JSON document:
   a local file's content (never its path), a data: URL's decoded bytes, a remote http(s) URL's
   bytes as this job fetched them (once: the job keeps them for its encoding workers, see
   `remote_spool`, so the key hashes exactly the bytes decoded and a file replaced under the same
-  URL is scored again). Without --allow-remote-media a URL is keyed by its text (`url:`). An
+  URL is scored again), an object in a store's bytes (`object_keys.py`: unchanged objects from
+  the store's cache, no download). Without --allow-remote-media a URL is keyed by its text (`url:`). An
   entry that cannot be read is keyed by why (`missing:`, `unreadable:`, `oversize:` with the
   path; `refused:` a URL or a path outside --media-root with the reason; `unfetched:` a fetch
   that may work next time), so the record is tried again once the file exists.
@@ -55,8 +56,10 @@ from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
+from clef_cli.inputs.sources import MediaBase, names_object
 from clef_cli.release import file_sha256
 from clef_cli.store.media_stats import MediaStats, stamp_of
+from clef_cli.store.object_keys import ObjectKeys
 
 KEY_VERSION = 1
 PROCESSOR_FILE_PATTERNS = (
@@ -146,10 +149,19 @@ class MediaHasher:
     stats: MediaStats | None = None
     _cache: OrderedDict[tuple[str, int, int], str] = field(default_factory=OrderedDict)
     _urls: OrderedDict[str, str] = field(default_factory=OrderedDict)
+    _objects: ObjectKeys | None = None
+
+    @property
+    def objects(self) -> ObjectKeys:
+        if self._objects is None:
+            self._objects = ObjectKeys(self.limits, self.stats.objects if self.stats is not None else None)
+        return self._objects
 
     def prefetch(self, records: Iterable[Record]) -> None:
         """Key the remote media of `records` ahead, `fetch_threads` fetches at a time (a fetch
         waits on the network, so keying a chunk of records need not wait on each in turn)."""
+        records = list(records)
+        self._prefetch_objects(records)
         if not self.limits.allow_remote:
             return
         entries = (entry for record in records for name in MEDIA_FIELDS for entry in getattr(record, name))
@@ -160,6 +172,22 @@ class MediaHasher:
         with ThreadPoolExecutor(min(self.fetch_threads, len(urls)), thread_name_prefix="clef-fetch") as pool:
             for url, keyed in zip(urls, pool.map(self._fetched, urls), strict=True):
                 self._remember(self._urls, url, keyed, self.url_cache_size)
+
+    def _prefetch_objects(self, records: list[Record]) -> None:
+        """Objects in a store, keyed `fetch_threads` at a time (the same listing serves them all)."""
+        pairs = {
+            (entry, record.base_dir): None
+            for record in records
+            for name in MEDIA_FIELDS
+            for entry in getattr(record, name)
+            if not entry.startswith(("data:", "http://", "https://")) and names_object(entry, record.base_dir)
+        }
+        if len(pairs) < 2:
+            return
+        objects = self.objects
+        with ThreadPoolExecutor(min(self.fetch_threads, len(pairs)), thread_name_prefix="clef-objects") as pool:
+            for _ in pool.map(lambda pair: objects.entry(*pair), pairs):
+                pass
 
     def _url(self, url: str) -> str:
         if not self.limits.allow_remote:
@@ -199,7 +227,7 @@ class MediaHasher:
             cache.popitem(last=False)
         return value
 
-    def entry(self, entry: str, base_dir: Path | None) -> str:
+    def entry(self, entry: str, base_dir: MediaBase) -> str:
         if entry.startswith("data:"):
             header, _, payload = entry.partition(",")
             declared = header.removeprefix("data:").split(";")[0].strip().lower()  # its MIME type is checked
@@ -213,6 +241,8 @@ class MediaHasher:
                 return "undecodable:" + hashlib.sha256(entry.encode()).hexdigest()
         if entry.startswith(("http://", "https://")):
             return self._url(entry)
+        if names_object(entry, base_dir):
+            return self.objects.entry(entry, base_dir)
         path = Path(entry)
         if not path.is_absolute():
             if base_dir is None:

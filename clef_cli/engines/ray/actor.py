@@ -25,6 +25,7 @@ from clef_cli.encoding.encoded import EncodedRecord
 from clef_cli.engines.ray.hidden import tag, write_hidden
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import InvalidRecord, RecordBuilder
+from clef_cli.inputs.sources import media_base
 from clef_cli.model.scoring import BatchOutcome, BatchRunner
 from clef_cli.release import resolve_release
 from clef_cli.results import FailedRecord, results_table
@@ -101,7 +102,7 @@ class ScoreActor:
         index = row["record_index"]
         if row["problem"] is not None:
             return FailedRecord(str(index), index, row["problem"])
-        base_dir = Path(row["base_dir"]) if row["base_dir"] else None
+        base_dir = media_base(row["base_dir"])
         record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, json_text=row["parquet"])
         if isinstance(record, InvalidRecord):
             return FailedRecord(record.id, record.index, record.error)

@@ -18,6 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.object_store import ObjectProblem
+from clef_cli.inputs.sources import MediaBase, media_location, names_object
 from clef_cli.quality.labels.scored import ScoredFile
 
 MEDIA_KINDS = ("images", "audio", "videos")
@@ -42,9 +44,14 @@ class MediaUrls:
     root: Path = Path("/")
     prefix: str = LOCAL_FILES_PREFIX
 
-    def url(self, entry: str, base_dir: Path | None, record_id: str, kind: str) -> str:
+    def url(self, entry: str, base_dir: MediaBase, record_id: str, kind: str) -> str:
         if entry.startswith(URL_SCHEMES):
             return entry
+        if names_object(entry, base_dir):  # an object in a store: its URI, as for cloud storage
+            try:
+                return str(media_location(entry, base_dir))
+            except ObjectProblem as problem:
+                raise UsageError(f"record {record_id!r}, field {kind!r}: {problem}") from None
         path = Path(entry)
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path

@@ -1,0 +1,107 @@
+"""A forwarding HTTP proxy in front of a test S3 server: it counts the requests a job makes, can
+answer 503 to the next N requests for a key (a throttling store), and can add a fixed delay to
+every request (a cloud GET's latency, for the feed benchmark)."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlsplit
+
+SLOW_DOWN = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code><Message>Slow down</Message></Error>"
+HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
+
+
+@dataclass
+class S3Proxy:
+    upstream: str
+    delay_seconds: float = 0.0
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    """(method, path with the query) of every request, in order."""
+    bytes_sent: int = 0
+    """Response body bytes the proxy passed on (what the job downloaded)."""
+    failures: dict[str, int] = field(default_factory=dict)
+    """Key substring -> how many more requests naming it get a 503."""
+    failure_status: int = 503
+    """What a failing request is answered (503 SlowDown: retried; 400: refused at once)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> str:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _body(self) -> bytes | None:
+                if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+                    parts = []
+                    while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
+                        parts.append(self.rfile.read(size))
+                        self.rfile.readline()
+                    while self.rfile.readline().strip():  # trailers
+                        pass
+                    return b"".join(parts)
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else None
+
+            def _forward(self) -> None:
+                body = self._body()
+                with proxy.lock:
+                    proxy.requests.append((self.command, unquote(self.path)))
+                    failing = next((key for key, left in proxy.failures.items() if left > 0 and key in self.path), None)
+                    if failing is not None:
+                        proxy.failures[failing] -= 1
+                if proxy.delay_seconds:
+                    time.sleep(proxy.delay_seconds)
+                if failing is not None:
+                    payload = b"" if self.command == "HEAD" else SLOW_DOWN
+                    self.send_response(proxy.failure_status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                target = urlsplit(proxy.upstream)
+                connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                payload = answer.read()
+                self.send_response(answer.status)
+                for key, value in answer.getheaders():
+                    if key.lower() not in HOP_HEADERS and key.lower() != "content-length":
+                        self.send_header(key, value)
+                length_header = answer.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length_header or str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+                    with proxy.lock:
+                        proxy.bytes_sent += len(payload)
+                connection.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def count(self, method: str, key_part: str = "") -> int:
+        with self.lock:
+            return sum(1 for m, path in self.requests if m == method and key_part in path)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.requests.clear()
+            self.bytes_sent = 0
