@@ -1,6 +1,6 @@
 """One summary of a `gpu_check.sh` run, from the raw JSON files it left in a folder.
 
-    python benchmarks/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
+    python benchmarks/gpu/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
 
 Each step's figures that a reader compares first: golden parity per family and dtype, grouped_mm
 against eager and MFU by record length (the goal: >= 40% at 8k-token records), clef's own
