@@ -178,7 +178,7 @@ def test_every_import_of_clef_and_the_gpu_check_is_on_the_image_carried_or_named
     for name in left_out:  # each one is named, with why, in the list's comments
         assert name in listed.split("Not carried:")[1].split("# Python:")[0], name
     steps = ["gpu/bench_gpu", "score/bench_score", "feed/bench_feed", "feed/feed_vllm", "feed/vllm_stand_in"]
-    steps += ["gpu/gpu_env", "gpu/gpu_parity", "gpu/gpu_summary"]
+    steps += ["gpu/gpu_env", "gpu/gpu_parity", "gpu/gpu_summary", "gpu/vllm_chunked"]
     sources = [*Path(BENCHMARKS.parent / "clef_cli").rglob("*.py"), *(BENCHMARKS / f"{s}.py" for s in steps)]
     imported = third_party_imports(sources)
     assert {"av", "transformers", "safetensors", "torch"} <= imported  # the scan sees real imports
@@ -230,3 +230,37 @@ def test_gpu_check_cpu_smoke_runs_every_step():
     assert {"grouped_mm", "eager"} <= set(summary["gpu_omni"]["points"]) and "dense" in summary["gpu_dense"]["points"]
     assert set(summary["score"]) == {"text", "mixed"} and summary["score"]["text"]["failed"] == 0
     assert summary["feed"]["text"]["busy"]["0"] > 0
+
+
+def test_the_vllm_chunked_check_fails_on_each_upstream_bug():
+    """vllm_chunked.py's verdict (gpu_check.sh runs it where a vLLM and a GPU are at hand) on
+    states made up here: clean runs pass; compiled states wrong past the first chunk (vllm#48901),
+    prefix caching on, or a rerun handed only its uncached tokens' states (vllm#44485) each fail."""
+    import numpy as np
+
+    check = load_benchmark("gpu/vllm_chunked")
+    chunk, rng = 8, np.random.default_rng(0)
+    prompts = [{"id": "long", "ids": list(range(30))}, {"id": "pair", "ids": list(range(20))}]
+    facts = {"enforce_eager": False, "chunked_prefill": True, "max_num_batched_tokens": chunk, "prefix_caching": False}
+    states = {f"first/{p['id']}": rng.standard_normal((len(p["ids"]), 4)).astype(np.float32) for p in prompts}
+    states["again/pair"] = states["first/pair"].copy()
+
+    def failures(compiled: dict, eager: dict, compiled_facts: dict = facts) -> list[str]:
+        runs = {"compiled": (compiled_facts, compiled), "eager": ({**facts, "enforce_eager": True}, eager)}
+        return check.verdict(prompts, ["pair"], runs, chunk, "float32")[1]
+
+    assert failures(states, states) == []
+    wrong_later = {**states, "first/long": states["first/long"].copy()}
+    wrong_later["first/long"][chunk:] += 0.5
+    figures, found = check.verdict(
+        prompts, ["pair"], {"compiled": (facts, wrong_later), "eager": (facts, states)}, chunk, "float32"
+    )
+    assert figures["prompts"]["long"]["compiled_vs_eager"]["first_chunk"] == 0.0
+    assert len(found) == 1 and found[0].startswith("long compiled_vs_eager")
+    assert "prefix caching is True" in failures(states, states, {**facts, "prefix_caching": True})[0]
+    cached = {**states, "again/pair": states["again/pair"][12:]}
+    assert any("8 states for 20 tokens" in failure for failure in failures(cached, states))
+    assert "ran eager" in failures(states, states, {**facts, "enforce_eager": True})[0]
+    short = {name: array for name, array in states.items() if "pair" in name}
+    runs = {"compiled": (facts, short), "eager": (facts, short)}
+    assert "was not tested" in check.verdict(prompts[1:], ["pair"], runs, 64, "float32")[1][0]  # one chunk: no test

@@ -14,9 +14,13 @@
 # the CUDA vllm wheels in $CLEF_VLLM_WHEELS: they do not fit the 64 MiB the device tool carries, so
 # a wheel folder must be there; otherwise the step says it was skipped, and why), with vLLM's bare
 # LLM.encode and its own pooler beside them, then bench_feed.py --engine vllm (clef's vLLM feed
-# around a simulated device). Their figures go to the log. Under $OUT, 8 files: gpu_check.log,
-# environment.json, parity.json, gpu_omni.json, gpu_dense.json, score.json, feed.json and
-# summary.json (and feed_vllm.json when a vLLM was at hand). A step that fails or runs out of its time is logged and the others still run.
+# around a simulated device), then vllm_chunked.py: clef's vLLM engine compiled (CUDA graphs)
+# against eager on prompts longer than one prefill chunk, and prefix caching off in the engines
+# clef builds (vllm#48901, vllm#44485). Their figures go to the log. Under $OUT, 8 files:
+# gpu_check.log, environment.json, parity.json, gpu_omni.json, gpu_dense.json, score.json,
+# feed.json and summary.json (and feed_vllm.json, vllm_chunked.json when a vLLM was at hand). A
+# step that fails or runs out of its time is logged and the others still run; a failed check
+# (vllm-chunked) is named again at the end, and the script then exits 1.
 set -uo pipefail
 
 SMOKE=0
@@ -40,7 +44,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log its status,
   timeout --kill-after=10 "$limit" "$@"
   local status=$?
   echo "=== $name: exit $status after $((SECONDS - started))s"
+  return "$status"
 }
+FAILED=()  # the checks that failed (a step that measures only is logged, never counted here)
 
 echo "=== clef gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) smoke=$SMOKE"
 (cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null) || true
@@ -98,6 +104,9 @@ if [[ $SMOKE -eq 0 ]]; then  # the engines side by side (issue 33): HF against v
     # clef's side of the vLLM engine around a simulated device at the real width (issue 37)
     step feed-vllm 60 "$PY" benchmarks/feed/bench_feed.py --engine vllm --sets text,image --workers 1 \
       --hidden-states drop --media-dir "${TMPDIR:-/tmp}/clef-feed-media" --json "$OUT/feed_vllm.json"
+    # compiled pooling against eager past the first prefill chunk, and no prefix caching (two vLLM starts)
+    step vllm-chunked 240 "$PY" benchmarks/gpu/vllm_chunked.py --vllm-python "$VLLM_PY" --chunk 512 --dtype bfloat16 \
+      --json "$OUT/vllm_chunked.json" || FAILED+=(vllm-chunked)
   else
     echo "=== engines: skipped: no vLLM here (set CLEF_VLLM_PYTHON, or CLEF_VLLM_WHEELS=DIR with the CUDA vllm wheels)"
   fi
@@ -105,3 +114,7 @@ fi
 step summary 15 "$PY" benchmarks/gpu/gpu_summary.py "$OUT"
 echo "=== done $(date -u +%H:%M:%S); files under $OUT:"
 ls -la "$OUT"
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo "=== FAILED checks: ${FAILED[*]} (their FAILED: lines are above)"
+  exit 1
+fi
