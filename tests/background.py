@@ -3,7 +3,7 @@ subprocess, run one after another from when the session begins (only those that 
 needs), and the tests that own one wait for it and assert on what it left, exactly as they
 asserted before.
 
-- `gpu-check`: `benchmarks/gpu_check.sh --cpu-smoke`, six fresh interpreters (most of a minute
+- `gpu-check`: `benchmarks/gpu/gpu_check.sh --cpu-smoke`, six fresh interpreters (most of a minute
   of imports); its test runs last, so the whole session runs beside it.
 - `crash`: the pipeline job whose encoding process dies on a record (three worker-process
   starts, each importing torch and transformers; tests/background_jobs.py).
@@ -126,7 +126,7 @@ GPU_CHECK_TEST = "tests/test_benchmarks.py::test_gpu_check_cpu_smoke_runs_every_
 CRASH_TEST = "tests/test_pipeline.py::test_a_record_that_kills_its_encoding_process_fails_alone"
 JOBS = {
     "gpu-check": Job(
-        ["bash", str(BENCHMARKS / "gpu_check.sh"), "--cpu-smoke"],
+        ["bash", str(BENCHMARKS / "gpu" / "gpu_check.sh"), "--cpu-smoke"],
         lambda item: item.nodeid == GPU_CHECK_TEST,
         env={"OUT": "{folder}/out", "PYTHON": sys.executable},  # the interpreter running the tests
         last=True,

@@ -1,6 +1,6 @@
 """Planted tasks for `clef train-head`: records whose answer the prompt carries in one place, so
 a head that reads the stored states can learn it and one that does not cannot. Shared by
-tests/test_train_head.py and benchmarks/bench_planted.py.
+tests/test_train_head.py and benchmarks/quality/bench_planted.py.
 
 - keyword: one of three keywords once among 15-50 filler words; `desk` (choice) follows it.
 - long: the same, among 260-320 filler words (about 1,000 prompt tokens with the tiny tokenizer).

@@ -1,5 +1,7 @@
 """The house rules the folders promise: imports point one way (no cycles, type-only imports
-included), a small package root, no giant functions or modules."""
+included), a small package root, no giant functions or modules. benchmarks/ is held to the same
+rules: its scripts import each other only by their full names (`benchmarks.scale.scale_records`),
+so every edge between them is in the graph."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "clef_cli"
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+TOPS = ("clef_cli", "benchmarks")
 MAX_ROOT_MODULES = 15
 MAX_FUNCTION_LINES = 100
 MAX_MODULE_LINES = 400
@@ -19,7 +23,11 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+MODULES = {module_name(path): path for top in (PACKAGE, BENCHMARKS) for path in top.rglob("*.py")}
+
+
+def _ours(name: str) -> bool:
+    return any(name == top or name.startswith(top + ".") for top in TOPS)
 
 
 def _resolve(name: str) -> str | None:
@@ -31,7 +39,7 @@ def _resolve(name: str) -> str | None:
 
 def _imported(node: ast.Import | ast.ImportFrom, name: str, path: Path) -> set[str]:
     if isinstance(node, ast.Import):
-        return {_resolve(alias.name) for alias in node.names if alias.name.startswith("clef_cli")} - {None}
+        return {_resolve(alias.name) for alias in node.names if _ours(alias.name)} - {None}
     base = name if path.name == "__init__.py" else name.rpartition(".")[0]
     if node.level:
         for _ in range(node.level - 1):
@@ -39,7 +47,7 @@ def _imported(node: ast.Import | ast.ImportFrom, name: str, path: Path) -> set[s
         source = f"{base}.{node.module}" if node.module else base
     else:
         source = node.module or ""
-    if not source.startswith("clef_cli"):
+    if not _ours(source):
         return set()
     found = {_resolve(f"{source}.{alias.name}") for alias in node.names}
     return found - {None}
@@ -82,6 +90,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    scale = "benchmarks.scale."  # the circle that came back once: bench_scale <-> scale_ray
+    planted = {**import_graph(), f"{scale}scale_ray": {f"{scale}bench_scale"}}
+    assert find_cycle(planted) == [f"{scale}bench_scale", f"{scale}scale_ray", f"{scale}bench_scale"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
@@ -89,6 +100,36 @@ def test_the_graph_sees_type_only_and_function_level_imports() -> None:
     graph = import_graph()
     assert "clef_cli.families" in graph["clef_cli.encoding.prompt"]  # a lazy import inside __init__
     assert "clef_cli.model.answers" in graph["clef_cli.results"]  # under TYPE_CHECKING
+
+
+def test_the_graph_sees_the_benchmarks_imports() -> None:
+    graph = import_graph()
+    assert "benchmarks.score.bench_score" in graph["benchmarks.scale.scale_records"]  # module level
+    assert "benchmarks.scale.scale_ray" in graph["benchmarks.scale.bench_scale"]  # inside a function
+    assert "clef_cli.engines.ray.actor" in graph["benchmarks.scale.scale_ray"]
+
+
+def bare_sibling_imports() -> list[str]:
+    """Imports in benchmarks/ of another benchmark by its bare name (`from bench_score import`,
+    found through a sys.path entry): the graph cannot see them, so a cycle through them hides."""
+    stems = {path.stem for path in BENCHMARKS.rglob("*.py")}
+    bare = []
+    for name, path in MODULES.items():
+        if not name.startswith("benchmarks."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                bare += [f"{name}: import {a.name}" for a in node.names if a.name.split(".")[0] in stems]
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in stems:
+                bare.append(f"{name}: from {node.module} import")
+    return sorted(bare)
+
+
+def test_benchmarks_import_each_other_by_full_name_and_the_product_never_imports_them() -> None:
+    assert bare_sibling_imports() == []
+    graph = import_graph()
+    product = (m for m in graph if m.split(".")[0] == "clef_cli")
+    assert [f"{m} -> {t}" for m in product for t in graph[m] if t.split(".")[0] == "benchmarks"] == []
 
 
 def test_no_import_cycles() -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/bench_nightly.py runs with small numbers, and its figures match a direct
+"""benchmarks/store/bench_nightly.py runs with small numbers, and its figures match a direct
 computation (tokens x (hidden x bytes + a 4-byte id); tokens / rate / 3600)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_bench_nightly_figures_match_a_direct_computation(tmp_path):
     arguments = ["--records", "1000", "3000", "--tokens", "120", "--hidden", "64", "--bytes-per-value", "4",
                  "--tokens-per-second", "500", "--uncertain-share", "0.2", "--keep-sample", "0.05"]  # fmt: skip
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_nightly.py"), *arguments, "--json", str(out)],
+        [sys.executable, str(BENCHMARKS / "store" / "bench_nightly.py"), *arguments, "--json", str(out)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -38,7 +38,7 @@ def test_bench_nightly_figures_match_a_direct_computation(tmp_path):
 def test_the_default_night_is_the_issues_arithmetic():
     """500k records of 1,500 tokens at 2048 x 2 bytes: about 3 TB; 1M records: about 6 TB."""
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_nightly.py")], capture_output=True, text=True, timeout=60
+        [sys.executable, str(BENCHMARKS / "store" / "bench_nightly.py")], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks" / "scale"
 
 
 def run(script: str, *args: str, tmp_path: Path) -> dict:

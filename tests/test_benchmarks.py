@@ -19,7 +19,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 def load_bench_gpu():
     if "bench_gpu" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_gpu", BENCHMARKS / "bench_gpu.py")
+        spec = importlib.util.spec_from_file_location("bench_gpu", BENCHMARKS / "gpu" / "bench_gpu.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["bench_gpu"] = module  # its dataclasses look their module up
         spec.loader.exec_module(module)
@@ -30,7 +30,7 @@ def load_bench_gpu():
 def test_bench_gpu_cpu_smoke(tmp_path):
     out = tmp_path / "gpu.json"
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_gpu.py"), "--cpu-smoke", "--quiet", "--json", str(out)],
+        [sys.executable, str(BENCHMARKS / "gpu" / "bench_gpu.py"), "--cpu-smoke", "--quiet", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -59,7 +59,7 @@ def test_bench_feed_vllm_stand_in_smoke(tmp_path):
     every record scored at the real width, the device measured busy, the JSON shaped as the HF
     bench's (so a change to the worker's protocol that the stand-in does not follow fails here)."""
     out = tmp_path / "feed.json"
-    command = [sys.executable, str(BENCHMARKS / "bench_feed.py"), "--engine", "vllm", "--sets", "text,image"]
+    command = [sys.executable, str(BENCHMARKS / "feed" / "bench_feed.py"), "--engine", "vllm", "--sets", "text,image"]
     command += ["--scale", "0.1", "--workers", "1", "--device-rate", "200000", "--hidden-states", "keep"]
     command += ["--hidden-size", "512", "--media-dir", str(tmp_path / "media"), "--json", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=BENCHMARKS)
@@ -99,7 +99,7 @@ def test_flop_formula_matches_torch_flop_counter(experts):
 def test_bench_gpu_dense_cpu_smoke(tmp_path):
     out = tmp_path / "gpu_dense.json"
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_gpu.py"), "--cpu-smoke", "--family", "dense", "--quiet",
+        [sys.executable, str(BENCHMARKS / "gpu" / "bench_gpu.py"), "--cpu-smoke", "--family", "dense", "--quiet",
          "--json", str(out)],
         capture_output=True,
         text=True,
@@ -144,7 +144,8 @@ def test_dense_flop_formula_is_within_a_few_percent_of_torch_flop_counter():
 
 
 def load_benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    """A benchmark by its path under benchmarks/ (`gpu/gpu_env`), loaded as a module."""
+    spec = importlib.util.spec_from_file_location(Path(name).name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -166,19 +167,18 @@ def third_party_imports(paths) -> set[str]:
                 names.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module.split(".")[0])
-    local = {"clef_cli", "bench_score", "bench_gpu", "bench_feed", "feed_vllm", "gpu_env", "gpu_parity", "gpu_summary"}
-    local.add("tests")
+    local = {"clef_cli", "benchmarks", "tests"}
     return {IMPORT_NAMES.get(name, name) for name in names - set(sys.stdlib_module_names) - local}
 
 
 def test_every_import_of_clef_and_the_gpu_check_is_on_the_image_carried_or_named_as_left_out():
-    listed = (BENCHMARKS / "gpu_wheels.txt").read_text()
+    listed = (BENCHMARKS / "gpu" / "gpu_wheels.txt").read_text()
     carried = {line.split("==")[0] for line in listed.splitlines() if line and not line.startswith("#")}
     left_out = {"torchvision", "pillow", "soundfile", "scipy", "matplotlib", "ray", "vllm"}
     for name in left_out:  # each one is named, with why, in the list's comments
         assert name in listed.split("Not carried:")[1].split("# Python:")[0], name
-    steps = ["bench_gpu", "bench_score", "bench_feed", "feed_vllm", "vllm_stand_in", "gpu_env", "gpu_parity"]
-    steps.append("gpu_summary")
+    steps = ["gpu/bench_gpu", "score/bench_score", "feed/bench_feed", "feed/feed_vllm", "feed/vllm_stand_in"]
+    steps += ["gpu/gpu_env", "gpu/gpu_parity", "gpu/gpu_summary", "gpu/vllm_chunked"]
     sources = [*Path(BENCHMARKS.parent / "clef_cli").rglob("*.py"), *(BENCHMARKS / f"{s}.py" for s in steps)]
     imported = third_party_imports(sources)
     assert {"av", "transformers", "safetensors", "torch"} <= imported  # the scan sees real imports
@@ -199,7 +199,7 @@ def test_every_import_of_clef_and_the_gpu_check_is_on_the_image_carried_or_named
     ],
 )
 def test_only_wheels_that_fit_the_interpreter_are_unpacked(wheel, python, fits):
-    assert load_benchmark("gpu_env").fits(wheel, python) is fits
+    assert load_benchmark("gpu/gpu_env").fits(wheel, python) is fits
 
 
 @pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
@@ -230,3 +230,37 @@ def test_gpu_check_cpu_smoke_runs_every_step():
     assert {"grouped_mm", "eager"} <= set(summary["gpu_omni"]["points"]) and "dense" in summary["gpu_dense"]["points"]
     assert set(summary["score"]) == {"text", "mixed"} and summary["score"]["text"]["failed"] == 0
     assert summary["feed"]["text"]["busy"]["0"] > 0
+
+
+def test_the_vllm_chunked_check_fails_on_each_upstream_bug():
+    """vllm_chunked.py's verdict (gpu_check.sh runs it where a vLLM and a GPU are at hand) on
+    states made up here: clean runs pass; compiled states wrong past the first chunk (vllm#48901),
+    prefix caching on, or a rerun handed only its uncached tokens' states (vllm#44485) each fail."""
+    import numpy as np
+
+    check = load_benchmark("gpu/vllm_chunked")
+    chunk, rng = 8, np.random.default_rng(0)
+    prompts = [{"id": "long", "ids": list(range(30))}, {"id": "pair", "ids": list(range(20))}]
+    facts = {"enforce_eager": False, "chunked_prefill": True, "max_num_batched_tokens": chunk, "prefix_caching": False}
+    states = {f"first/{p['id']}": rng.standard_normal((len(p["ids"]), 4)).astype(np.float32) for p in prompts}
+    states["again/pair"] = states["first/pair"].copy()
+
+    def failures(compiled: dict, eager: dict, compiled_facts: dict = facts) -> list[str]:
+        runs = {"compiled": (compiled_facts, compiled), "eager": ({**facts, "enforce_eager": True}, eager)}
+        return check.verdict(prompts, ["pair"], runs, chunk, "float32")[1]
+
+    assert failures(states, states) == []
+    wrong_later = {**states, "first/long": states["first/long"].copy()}
+    wrong_later["first/long"][chunk:] += 0.5
+    figures, found = check.verdict(
+        prompts, ["pair"], {"compiled": (facts, wrong_later), "eager": (facts, states)}, chunk, "float32"
+    )
+    assert figures["prompts"]["long"]["compiled_vs_eager"]["first_chunk"] == 0.0
+    assert len(found) == 1 and found[0].startswith("long compiled_vs_eager")
+    assert "prefix caching is True" in failures(states, states, {**facts, "prefix_caching": True})[0]
+    cached = {**states, "again/pair": states["again/pair"][12:]}
+    assert any("8 states for 20 tokens" in failure for failure in failures(cached, states))
+    assert "ran eager" in failures(states, states, {**facts, "enforce_eager": True})[0]
+    short = {name: array for name, array in states.items() if "pair" in name}
+    runs = {"compiled": (facts, short), "eager": (facts, short)}
+    assert "was not tested" in check.verdict(prompts[1:], ["pair"], runs, 64, "float32")[1][0]  # one chunk: no test

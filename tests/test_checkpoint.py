@@ -549,3 +549,26 @@ def test_a_damaged_hidden_state_shard_is_computed_again_and_rehead_then_works(jo
     after = rehead("after.parquet")
     assert after.exit_code == 0, after.output
     assert_same_rows(rows(tmp_path / "after.parquet"), rows(tmp_path / "before.parquet"))
+
+
+def test_a_later_transient_result_never_replaces_a_final_one(tmp_path):
+    """A key's final row, then a transient row for it in a later shard (a rerun that ran out of
+    memory): the index still points at the final row, and the store still counts the key."""
+    import pyarrow as pa
+
+    from clef_cli.store.key_index import KeyIndex
+
+    def shard(kind: str | None) -> pa.Table:
+        return pa.table({"record_key": ["k"], "error_kind": [kind], "error": [None if kind is None else "oom"]})
+
+    index = KeyIndex(tmp_path / "keys.sqlite")
+    try:
+        run = index.begin_run("r1")
+        index.add_shard("00000001", shard(None), has_hidden=False, run_seq=run)
+        index.add_shard("00000002", shard("transient"), has_hidden=True, run_seq=index.begin_run("r2"))
+        assert index.locate(["k"]) == {"k": ("00000001", 0)}
+        assert index.count() == 1
+        index.add_shard("00000003", shard(None), has_hidden=True, run_seq=index.begin_run("r3"))
+        assert index.locate(["k"]) == {"k": ("00000003", 0)}  # a later final one still wins
+    finally:
+        index.close()

@@ -165,6 +165,25 @@ def test_ray_address_comes_from_the_environment_and_is_ignored_without_ray(tmp_p
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.parametrize(
+    ("engine", "tensor_parallel", "device", "gpus"),
+    [("vllm", 2, "auto", 2.0), ("vllm", None, "auto", 1.0), ("hf", 2, "auto", 1.0), ("vllm", 2, "cpu", 0.0)],
+)
+def test_a_ray_actor_asks_for_the_gpus_of_one_model(monkeypatch, engine, tensor_parallel, device, gpus):
+    """Without --gpus-per-worker, an actor holds one model: vLLM's spans --tensor-parallel-size
+    GPUs, the HF engine's one; on the CPU none (CUDA reported available in every case)."""
+    require_ray()
+    import torch
+
+    from clef_cli.choices import Engine
+    from clef_cli.cli.score_options import ray_settings
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    options = dict(gpus_per_worker=None, tensor_parallel_size=tensor_parallel, engine=Engine(engine))
+    options |= dict(ray_address=None, ray_actors=None, cpus_per_worker=1.0, block_records=1000, stall_timeout=600)
+    assert ray_settings(options, device, quiet=True).gpus_per_worker == gpus
+
+
 def test_short_q_is_quiet_and_questions_is_long_only():
     root = typer.main.get_command(app)
     for path, command in commands(root):

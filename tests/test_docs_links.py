@@ -109,8 +109,8 @@ def test_the_checker_finds_a_broken_file_an_unknown_anchor_and_ignores_code(tmp_
             "the-human-loop-clef-review-reviewed-labels-as-gold-clef-compare",
         ),
         (
-            "Does the GPU wait for the CPU? `benchmarks/bench_feed.py`",
-            "does-the-gpu-wait-for-the-cpu-benchmarksbench_feedpy",
+            "Does the GPU wait for the CPU? `benchmarks/feed/bench_feed.py`",
+            "does-the-gpu-wait-for-the-cpu-benchmarksfeedbench_feedpy",
         ),
     ],
 )

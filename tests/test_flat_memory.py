@@ -95,12 +95,41 @@ def test_row_groups_cut_ordered_chunks_into_groups_of_the_asked_size():
     assert all(table.schema == RESULT_SCHEMA for _, table in groups)
 
 
+def _indexed(*indices: int) -> pa.Table:
+    return results_table([], [FailedRecord(str(n), n, "e") for n in indices])
+
+
 @pytest.mark.parametrize(
-    "chunks", [[_rows(0, 3), _rows(4, 2)], [_rows(0, 3), _rows(2, 2)], [_rows(1, 3)]], ids=["gap", "twice", "late"]
+    "chunks",
+    [
+        [_rows(0, 3), _rows(4, 2)],
+        [_rows(0, 3), _rows(2, 2)],
+        [_rows(1, 3)],
+        [_indexed(0, 1, 2, 2)],  # each chunk starts right: only its later rows are wrong
+        [_indexed(0, 1, 3, 4)],
+    ],
+    ids=["gap", "twice", "late", "twice-inside", "gap-inside"],
 )
 def test_row_groups_refuse_a_result_missing_or_repeated(chunks):
     with pytest.raises(ClefError, match="exactly one result per input record"):
         list(row_groups(chunks, 4))
+
+
+def test_shard_names_start_over_on_another_list_of_the_same_length():
+    """A list reread after a prune can be exactly as long as the one followed: its entries, not
+    the remembered ones, are the answer (restarting only on a shorter list kept the old)."""
+    from types import SimpleNamespace
+
+    from clef_cli.store.shard_names import ShardNames
+
+    names = ShardNames()
+    old = [SimpleNamespace(name="00000001"), SimpleNamespace(name="00000009")]
+    assert names.next_name(old) == "00000010"
+    rewritten = [SimpleNamespace(name="00000001"), SimpleNamespace(name="00000004")]
+    assert names.next_name(rewritten) == "00000005"
+    assert names.entry(rewritten, "00000004") is rewritten[1] and names.entry(rewritten, "00000001") is rewritten[0]
+    with pytest.raises(KeyError):
+        names.entry(rewritten, "00000009")
 
 
 def test_shard_names_follow_appends_and_start_over_on_another_list():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,21 @@ def test_outside_the_racy_window_a_change_the_stat_cannot_show_needs_verify_medi
     verified, cache = key(index, photo, trusted=False)
     assert verified != first and cache.misses == 1
     assert key(index, photo)[0] == verified  # --verify-media recorded what it found
+
+
+def test_a_same_size_same_mtime_rewrite_that_moved_the_ctime_is_hashed_again(index, photo):
+    """Outside the racy window, a rewrite that keeps the size and puts the mtime back still moves
+    the ctime (no call can set it): that alone must make the entry a miss."""
+    age(photo, 2 * RACY_NS)
+    first, _ = key(index, photo)
+    before = photo.stat()
+    time.sleep(0.05)  # past the kernel's coarse timestamp tick, so the ctime can move
+    same_size_rewrite(photo)
+    after = photo.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert after.st_ctime_ns != before.st_ctime_ns
+    changed, cache = key(index, photo)
+    assert changed != first and (cache.hits, cache.misses) == (0, 1)
 
 
 def test_a_dry_run_reads_the_cache_and_writes_nothing(index, photo):

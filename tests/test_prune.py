@@ -183,3 +183,30 @@ def test_keep_runs_1_after_an_interrupted_run_drops_its_keys(tmp_path, monkeypat
     assert info(store)["keys"] == 4
     again = score(tmp_path / "b.jsonl", tmp_path / "c.parquet", store, "--hidden-states", "drop")
     assert "0 run through the model, 4 from the checkpoint" in again.stderr
+
+
+def test_the_journal_switch_comes_before_any_old_shard_is_unlinked(tmp_path, scorer):
+    """A prune writes the new shards, switches the journal to them (a rename), and only then
+    unlinks the old files: killed in between, the journal still names files that exist. The order
+    of the store's own operations, recorded through its durable seam (store/durable.py)."""
+    from clef_cli.engines.local.pipeline import ScoreJob
+    from clef_cli.store import durable
+
+    from .helpers import settings_for
+
+    store = tmp_path / "st"
+    for name, numbers in (("a", range(6)), ("b", [0, 1, 10, 11])):  # night 2 keeps 2 keys of night 1's shards
+        inputs = [write_jsonl(tmp_path / f"{name}.jsonl", tickets(numbers))]
+        settings = settings_for(tmp_path, inputs, f"{name}.parquet", checkpoint=store, hidden_states="drop",
+                                max_batch_size=2)  # fmt: skip
+        ScoreJob(settings, scorer=scorer).run()
+    operations: list[tuple[str, Path, Path | None]] = []
+    with durable.observe(lambda operation, path, details: operations.append((operation, path, details.get("target")))):
+        pruned = prune(store, "--keep-runs", "1")
+    assert pruned.exit_code == 0 and "dropped 4 of 8 keys" in pruned.stdout, pruned.output
+    switches = [n for n, (operation, _, target) in enumerate(operations)
+                if operation == "rename" and target == store / "journal.jsonl"]  # fmt: skip
+    unlinks = [n for n, (operation, path, _) in enumerate(operations)
+               if operation == "unlink" and path.parent == store / "shards"]  # fmt: skip
+    assert len(switches) == 1 and unlinks, operations
+    assert switches[0] < min(unlinks), operations

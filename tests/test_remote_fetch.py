@@ -77,6 +77,9 @@ def test_names_and_dotted_decimal_addresses_are_spelled_fine(host):
         ("2606:4700::1111", None),
         ("::ffff:8.8.8.8", None),
         ("64:ff9b::808:808", None),  # NAT64 of a public address: DNS64 networks need it
+        ("64:ff9b:1::7f00:1", "loopback"),  # the local-use NAT64 prefix (RFC 8215)
+        ("64:ff9b:1::a9fe:a9fe", "link-local"),
+        ("64:ff9b:1::808:808", None),
     ],
 )
 def test_address_classes(address, problem):

@@ -215,3 +215,42 @@ def test_a_lost_or_damaged_key_index_is_rebuilt_from_the_journal(tmp_path):
     (store / "keys.sqlite").write_bytes(b"not a database" * 100)
     assert score(inputs, tmp_path / "c.parquet", "--checkpoint", str(store)) == (0, 3, 0, 0)
     assert_same_output(tmp_path / "c.parquet", tmp_path / "a.parquet")
+
+
+def test_a_rerun_for_hidden_states_that_runs_out_of_memory_keeps_the_stored_result(tmp_path, scorer, monkeypatch):
+    """Night 1 stores final results without states (`drop`); night 2 asks for them (`keep`), so
+    every record runs again, and the long one runs out of memory even alone: its new row is a
+    transient error. The store keeps the final result it had: the output shows it, not the
+    error, and the store still counts every key."""
+    import torch
+
+    from clef_cli.engines.local.pipeline import ScoreJob
+    from clef_cli.store.key_index import KeyIndex
+
+    from .helpers import settings_for
+
+    records = [ticket(number) for number in range(5)] + [{**ticket(5), "state": "a long ticket " * 120}]
+    inputs = write_jsonl(tmp_path / "in.jsonl", records)
+    store = tmp_path / "store.ckpt"
+    common = dict(inputs=[inputs], checkpoint=store)
+    ScoreJob(settings_for(tmp_path, name="a.parquet", hidden_states="drop", **common), scorer=scorer).run()
+    real = scorer.backbone.hidden_states
+    failed = []
+
+    def out_of_memory_on_the_long_one(batch, *args, **kwargs):
+        if batch.input_ids.shape[-1] > 300:
+            failed.append(batch.input_ids.shape[0])
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(batch, *args, **kwargs)
+
+    monkeypatch.setattr(scorer.backbone, "hidden_states", out_of_memory_on_the_long_one)
+    ScoreJob(settings_for(tmp_path, name="b.parquet", hidden_states="keep", **common), scorer=scorer).run()
+    assert failed and failed[-1] == 1  # it ran out of memory alone: a transient result was committed
+    night1, night2 = rows(tmp_path / "a.parquet"), rows(tmp_path / "b.parquet")
+    assert [row["error_kind"] for row in night2] == [None] * len(records)
+    assert_same_rows(night2, night1, probability_tolerance=1e-5)
+    index = KeyIndex(store / "keys.sqlite")
+    try:
+        assert index.count() == len(records)
+    finally:
+        index.close()

@@ -76,6 +76,26 @@ def test_a_slot_is_reused_only_after_its_states_are_released():
         slots.close()
 
 
+def test_released_slots_are_lent_once_over_many_rounds(tmp_path):
+    """Twenty rounds of two batches in flight (their states read by the head) and one more take:
+    the extra slot is never one still in flight, and no slot is counted twice (a release that
+    kept its list of read slots put them back on the free list again every round)."""
+    slots = StateSlots(folder=tmp_path)
+    try:
+        for _ in range(20):
+            in_flight = [slots.take(1024), slots.take(1024)]
+            for slot in in_flight:
+                slots.lend(slot)
+            extra = slots.take(1024)
+            assert all(extra is not slot for slot in in_flight)
+            slots.give_back(extra)
+            assert len(slots.free) + len(slots.read) <= len(slots.every)
+            slots.release_read()
+            assert len(slots.free) + len(slots.read) <= len(slots.every) == 3
+    finally:
+        slots.close()
+
+
 # ----------------------------------------------------------------------------- eager mode
 
 
@@ -84,6 +104,19 @@ def test_eager_mode_only_on_the_cpu_build_or_when_forced():
     assert engine_options({"dtype": "bfloat16"}, on_cpu=False)["enforce_eager"] is False
     assert engine_options({"dtype": "bfloat16", "enforce_eager": True}, on_cpu=False)["enforce_eager"] is True
     assert engine_options({"dtype": "float32"}, on_cpu=True)["enforce_eager"] is True
+
+
+@pytest.mark.parametrize("on_cpu", [False, True], ids=["cuda", "cpu"])
+@pytest.mark.parametrize("eager", [False, True], ids=["compiled", "eager"])
+def test_prefix_caching_is_off_in_every_engine_the_worker_builds(on_cpu, eager):
+    """With prefix caching on, vLLM hands the pooler only the uncached tokens' states (vllm#44485):
+    a record sharing a prefix with an earlier one would get fewer states than tokens. Off however
+    the engine runs, and no option of clef's turns it on."""
+    engine_options = worker_module().engine_options
+    options = {"dtype": "bfloat16", "enforce_eager": eager, "enable_prefix_caching": True, "max_model_len": 4096}
+    built = engine_options(options, on_cpu=on_cpu)
+    assert built["enable_prefix_caching"] is False
+    assert built["mm_processor_cache_gb"] == 0
 
 
 def test_enforce_eager_passes_from_the_command_line_to_the_worker(monkeypatch, tmp_path):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WORKER = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm" / "worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "clef_cli" / "engines" / "vllm" / "worker.py"
 
 
 @dataclass

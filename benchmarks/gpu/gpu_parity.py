@@ -1,7 +1,7 @@
 """Golden parity on any device: both model families, each dtype, against the reference's fixtures.
 
-    python benchmarks/gpu_parity.py --device cuda --dtypes float32,bfloat16 --json parity.json
-    python benchmarks/gpu_parity.py --device cpu --dtypes float32 --limit 3   # a smoke run
+    python benchmarks/gpu/gpu_parity.py --device cuda --dtypes float32,bfloat16 --json parity.json
+    python benchmarks/gpu/gpu_parity.py --device cpu --dtypes float32 --limit 3   # a smoke run
 
 For the tiny Clef-Omni and Clef dense fixtures it scores every golden record that the reference
 scored, alone (one record per forward) and in padded batches (length-sorted, up to 8 records),
@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 FAMILIES = {
     "omni": (

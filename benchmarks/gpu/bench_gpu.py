@@ -1,8 +1,8 @@
 """Prefill throughput of the Qwen3-Omni thinker's text stack on one GPU, with random weights.
 
-    python benchmarks/bench_gpu.py --json gpu.json            # one H200: under 5 minutes
-    python benchmarks/bench_gpu.py --layers 8 --budgets 65536
-    python benchmarks/bench_gpu.py --cpu-smoke                # tiny sizes on the CPU (the tests run this)
+    python benchmarks/gpu/bench_gpu.py --json gpu.json            # one H200: under 5 minutes
+    python benchmarks/gpu/bench_gpu.py --layers 8 --budgets 65536
+    python benchmarks/gpu/bench_gpu.py --cpu-smoke                # tiny sizes on the CPU (the tests run this)
 
 The model is transformers' own `Qwen3OmniMoeThinkerTextModel` with the real text dimensions of
 Clef-Omni (Qwen3-Omni-30B-A3B: hidden 2048, 32 query / 4 KV heads of 128, 128 experts with top-8

@@ -1,8 +1,8 @@
 """A nightly job over a growing table: how much of night 2 the store saves, and what the key
 index costs in memory.
 
-    python benchmarks/bench_incremental.py                      # N = 2000 text records
-    python benchmarks/bench_incremental.py --records 20000 --index-keys 1000000 --json inc.json
+    python benchmarks/store/bench_incremental.py                      # N = 2000 text records
+    python benchmarks/store/bench_incremental.py --records 20000 --index-keys 1000000 --json inc.json
 
 Night 1 scores N records into a checkpoint. Night 2 scores the same table with 5% of the records
 edited, 5% appended, 10% exact copies of other records under new ids, and the order shuffled, on
@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_score import MODEL, iter_text_records, write_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
+from benchmarks.score.bench_score import MODEL, iter_text_records, write_jsonl
 
 COUNTS = re.compile(
     r"(\d+) run through the model, (\d+) from the checkpoint, (\d+) duplicates collapsed, (\d+) retried"

@@ -2,7 +2,7 @@
 over prompts clef already tokenized: the bare engine that bench_engines.py sets beside
 `clef score --engine vllm`, and the parity check of that pooler against clef's head.
 
-Run in vLLM's Python: `$CLEF_VLLM_PYTHON benchmarks/vllm_bare.py MODEL PROMPTS.json OUT.json`.
+Run in vLLM's Python: `$CLEF_VLLM_PYTHON benchmarks/engines/vllm_bare.py MODEL PROMPTS.json OUT.json`.
 PROMPTS.json: `{"options": {...clef's worker options...}, "prompts": [{"id", "ids", "schema"}]}`,
 where `schema` is the pooler's `joint_schema` (spans counted from the prompt's end). OUT.json:
 `{"load_s", "encode_s", "tokens", "logits": {id: [logit per option, in option_spans order]}}`.
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-WORKER = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm" / "worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "clef_cli" / "engines" / "vllm" / "worker.py"
 BUILT_IN = "ClefOmniForJointSchema"
 
 

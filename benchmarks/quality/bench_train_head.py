@@ -1,7 +1,7 @@
 """Training time per epoch of `clef train-head` on the tiny fixture model.
 
-    python benchmarks/bench_train_head.py                      # 200 and 1000 records, 3 epochs
-    python benchmarks/bench_train_head.py --records 500 --epochs 5 --device cuda
+    python benchmarks/quality/bench_train_head.py                      # 200 and 1000 records, 3 epochs
+    python benchmarks/quality/bench_train_head.py --records 500 --epochs 5 --device cuda
 
 Scores N text records once (hidden states kept, as `clef score` does by default), labels them
 with random gold, then times `fit` (streaming stored states from the checkpoint shards, the
@@ -20,11 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_score import QUESTIONS, text_records  # noqa: E402
+from benchmarks.score.bench_score import QUESTIONS, text_records  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"
 

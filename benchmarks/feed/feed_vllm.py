@@ -132,8 +132,7 @@ def run_job(
 
 def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str, device_log: Path, dtype: str) -> dict:
     """One `clef score --engine vllm` run through the stand-in: busy, CPU per token, disk rates."""
-    from bench_score import MODEL
-
+    from benchmarks.score.bench_score import MODEL
     from clef_cli.engines.vllm.job import VllmScoreJob
     from clef_cli.settings import ScoreSettings
 

@@ -1,7 +1,7 @@
 """Does the model wait for the CPU? The real pipeline around a simulated device.
 
-    python benchmarks/bench_feed.py                       # all sets, small sizes (a few minutes)
-    python benchmarks/bench_feed.py --sets video --scale 4 --json feed.json
+    python benchmarks/feed/bench_feed.py                       # all sets, small sizes (a few minutes)
+    python benchmarks/feed/bench_feed.py --sets video --scale 4 --json feed.json
 
 The thinker's forward is replaced by a stand-in that sleeps padded_tokens / --device-rate seconds
 and returns zero hidden states of the right shape (it lives here, never in the product);
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_score import MODEL, QUESTIONS, iter_text_records, write_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
+from benchmarks.score.bench_score import MODEL, QUESTIONS, iter_text_records, write_jsonl
 
 SETS = ("text", "image", "audio", "video", "mixed")
 DEFAULT_RECORDS = {"text": 300, "image": 32, "audio": 24, "video": 12, "mixed": 24}
@@ -284,7 +284,7 @@ def job_runner(args: argparse.Namespace, folder: Path):
     if args.engine == "hf":
         scorer = simulated_scorer(args.device_rate)
         return lambda path, out, workers, window: run_job(path, out, workers, window, scorer)
-    import feed_vllm
+    from benchmarks.feed import feed_vllm
 
     device_log = folder / "device.log"
     feed_vllm.install(args.device_rate, args.hidden_size, device_log)

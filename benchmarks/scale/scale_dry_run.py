@@ -1,7 +1,7 @@
 """Does a dry run pay for encoding workers? `clef score --dry-run` over short text records with
 `--workers 0, 1, 2, ...`, each in a fresh process.
 
-    python benchmarks/scale_dry_run.py --records 50000 --workers 0,1,2
+    python benchmarks/scale/scale_dry_run.py --records 50000 --workers 0,1,2
 
 Per worker count: wall seconds, the main process's CPU seconds (reading, keying, planning the
 windows the workers send back, unpickling them) and the workers' (encoding, pickling), each per
@@ -22,14 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
 
 
 def dry_run(inputs: Path, workers: int) -> dict:
     """One dry run in this process; CPU split between this process and its (reaped) workers."""
-    from bench_score import MODEL
-
+    from benchmarks.score.bench_score import MODEL
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     settings = ScoreSettings(inputs=[inputs], output=inputs.with_suffix(".parquet"), model=str(MODEL),
@@ -60,7 +58,7 @@ def main() -> None:
     parser.add_argument("--workers", default="0,1,2", help="worker counts to compare")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
-    from bench_scale import write_records
+    from benchmarks.scale.scale_records import write_records
 
     report = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,8 +3,8 @@ of tests/planted.py with the tiny fixture model: each task is scored twice (keep
 into its own checkpoint), and the hidden-state bytes of the two stores are compared
 (`checkpoint info`'s hidden_bytes), with the share of records under the threshold.
 
-    python benchmarks/bench_selective.py                            # threshold 0.6, 2% sample
-    python benchmarks/bench_selective.py --tasks keyword --count 200 --keep-below 0.5 --json out.json
+    python benchmarks/store/bench_selective.py                            # threshold 0.6, 2% sample
+    python benchmarks/store/bench_selective.py --tasks keyword --count 200 --keep-below 0.5 --json out.json
 
 The tiny model's release head is untrained: on a three-way question its top probability is
 near 1/3, so most records fall under 0.6; the share under the threshold is what drives the
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"

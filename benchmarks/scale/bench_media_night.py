@@ -2,8 +2,8 @@
 cache (store/media_stats.py) and without it (`--verify-media`, which hashes every file again as
 every night did before the cache).
 
-    python benchmarks/bench_media_night.py                       # 10k images, 1k videos
-    python benchmarks/bench_media_night.py --images 1000 --videos 100 --json media.json
+    python benchmarks/scale/bench_media_night.py                       # 10k images, 1k videos
+    python benchmarks/scale/bench_media_night.py --images 1000 --videos 100 --json media.json
 
 Each record has its own small generated file (96x96 PNGs of noise; 1 s 64x64 H.264 clips at
 8 fps), so night 1 computes every record and night 2 has every file to key. Night 2 appends 1%
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import QUESTIONS, run_night
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
+from benchmarks.scale.bench_scale import run_night
+from benchmarks.scale.scale_records import QUESTIONS
 
 
 def make_image(path: Path, seed: int) -> None:

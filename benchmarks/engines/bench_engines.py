@@ -4,7 +4,7 @@ pooler over the same prompts, tokenized by clef beforehand (vllm_bare.py, issue 
 tokens/s, the ratios and the time to the first result of each, and the pooler's worst logit and
 probability gap against clef's HF engine (its parity, measured).
 
-    CLEF_VLLM_PYTHON=$(.ci/vllm_venv.sh)/bin/python python benchmarks/bench_engines.py --records 200
+    CLEF_VLLM_PYTHON=$(.ci/vllm_venv.sh)/bin/python python benchmarks/engines/bench_engines.py --records 200
 
 On the CPU with the tiny release this is a sanity figure (is the vLLM path wired, and what does
 clef cost around vLLM), not a verdict: vLLM's kernels pay off on a GPU with the real model. The
@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_score import text_records  # noqa: E402
+from benchmarks.score.bench_score import text_records  # noqa: E402
 
 
 def _committed(journal: Path) -> bool:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Everything the first GPU clef is lent measures, in one command (about 7 minutes on one H200).
 #
-#   OUT=/some/folder bash benchmarks/gpu_check.sh          # on the GPU machine
-#   OUT=/tmp/smoke bash benchmarks/gpu_check.sh --cpu-smoke  # the same steps, tiny, on a CPU
+#   OUT=/some/folder bash benchmarks/gpu/gpu_check.sh          # on the GPU machine
+#   OUT=/tmp/smoke bash benchmarks/gpu/gpu_check.sh --cpu-smoke  # the same steps, tiny, on a CPU
 #
 # Steps: (1) nvidia-smi, nproc, the interpreter and every module's version (the wheels of
-# benchmarks/gpu_wheels.txt, found in benchmarks/wheels/, unpacked first on PYTHONPATH);
+# benchmarks/gpu/gpu_wheels.txt, found in benchmarks/gpu/wheels/, unpacked first on PYTHONPATH);
 # (2) golden parity on the device, both families, float32 and bfloat16; (3) bench_gpu.py, Omni
 # text stack at real dimensions, grouped_mm vs eager, 4 layers, budgets 16k/64k/128k, then
 # --family dense; (4) bench_score.py on the device (text and mixed parts); (5) a short
@@ -14,16 +14,20 @@
 # the CUDA vllm wheels in $CLEF_VLLM_WHEELS: they do not fit the 64 MiB the device tool carries, so
 # a wheel folder must be there; otherwise the step says it was skipped, and why), with vLLM's bare
 # LLM.encode and its own pooler beside them, then bench_feed.py --engine vllm (clef's vLLM feed
-# around a simulated device). Their figures go to the log. Under $OUT, 8 files: gpu_check.log,
-# environment.json, parity.json, gpu_omni.json, gpu_dense.json, score.json, feed.json and
-# summary.json (and feed_vllm.json when a vLLM was at hand). A step that fails or runs out of its time is logged and the others still run.
+# around a simulated device), then vllm_chunked.py: clef's vLLM engine compiled (CUDA graphs)
+# against eager on prompts longer than one prefill chunk, and prefix caching off in the engines
+# clef builds (vllm#48901, vllm#44485). Their figures go to the log. Under $OUT, 8 files:
+# gpu_check.log, environment.json, parity.json, gpu_omni.json, gpu_dense.json, score.json,
+# feed.json and summary.json (and feed_vllm.json, vllm_chunked.json when a vLLM was at hand). A
+# step that fails or runs out of its time is logged and the others still run; a failed check
+# (vllm-chunked) is named again at the end, and the script then exits 1.
 set -uo pipefail
 
 SMOKE=0
 if [[ "${1:-}" == "--cpu-smoke" ]]; then SMOKE=1; elif [[ -n "${1:-}" ]]; then
-  echo "usage: OUT=DIR bash benchmarks/gpu_check.sh [--cpu-smoke]" >&2; exit 2
+  echo "usage: OUT=DIR bash benchmarks/gpu/gpu_check.sh [--cpu-smoke]" >&2; exit 2
 fi
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$ROOT/gpu-check-out}"
 mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
@@ -40,7 +44,9 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log its status,
   timeout --kill-after=10 "$limit" "$@"
   local status=$?
   echo "=== $name: exit $status after $((SECONDS - started))s"
+  return "$status"
 }
+FAILED=()  # the checks that failed (a step that measures only is logged, never counted here)
 
 echo "=== clef gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) smoke=$SMOKE"
 (cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null) || true
@@ -51,16 +57,16 @@ echo "nproc: $(nproc)"
 VENDOR="${TMPDIR:-/tmp}/clef-gpu-vendor"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if [[ $SMOKE -eq 0 ]]; then
-  if compgen -G "$ROOT/benchmarks/wheels/*.whl" > /dev/null; then
+  if compgen -G "$ROOT/benchmarks/gpu/wheels/*.whl" > /dev/null; then
     rm -rf "$VENDOR"
-    "$PY" "$ROOT/benchmarks/gpu_env.py" install "$ROOT/benchmarks/wheels" "$VENDOR"
+    "$PY" "$ROOT/benchmarks/gpu/gpu_env.py" install "$ROOT/benchmarks/gpu/wheels" "$VENDOR"
     export PYTHONPATH="$VENDOR:$PYTHONPATH"
   else
-    echo "WARNING: no wheels in benchmarks/wheels (see benchmarks/gpu_wheels.txt); using this machine's packages"
+    echo "WARNING: no wheels in benchmarks/gpu/wheels (see benchmarks/gpu/gpu_wheels.txt); using this machine's packages"
   fi
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
-step environment 45 "$PY" "$ROOT/benchmarks/gpu_env.py" report "$OUT/environment.json"
+step environment 45 "$PY" "$ROOT/benchmarks/gpu/gpu_env.py" report "$OUT/environment.json"
 
 if [[ $SMOKE -eq 1 ]]; then
   DEVICE=cpu
@@ -79,11 +85,11 @@ else
 fi
 
 cd "$ROOT" || exit 1
-step parity 90 "$PY" benchmarks/gpu_parity.py --device "$DEVICE" "${PARITY[@]}" --json "$OUT/parity.json"
-step gpu-omni 110 "$PY" benchmarks/bench_gpu.py "${GPU[@]}" --quiet --json "$OUT/gpu_omni.json"
-step gpu-dense 60 "$PY" benchmarks/bench_gpu.py "${GPU[@]}" ${DENSE[@]+"${DENSE[@]}"} --family dense --quiet --json "$OUT/gpu_dense.json"
-step score 80 "$PY" benchmarks/bench_score.py --device "$DEVICE" --skip c "${SCORE[@]}" --json "$OUT/score.json"
-step feed 90 "$PY" benchmarks/bench_feed.py "${FEED[@]}" --media-dir "${TMPDIR:-/tmp}/clef-feed-media" \
+step parity 90 "$PY" benchmarks/gpu/gpu_parity.py --device "$DEVICE" "${PARITY[@]}" --json "$OUT/parity.json"
+step gpu-omni 110 "$PY" benchmarks/gpu/bench_gpu.py "${GPU[@]}" --quiet --json "$OUT/gpu_omni.json"
+step gpu-dense 60 "$PY" benchmarks/gpu/bench_gpu.py "${GPU[@]}" ${DENSE[@]+"${DENSE[@]}"} --family dense --quiet --json "$OUT/gpu_dense.json"
+step score 80 "$PY" benchmarks/score/bench_score.py --device "$DEVICE" --skip c "${SCORE[@]}" --json "$OUT/score.json"
+step feed 90 "$PY" benchmarks/feed/bench_feed.py "${FEED[@]}" --media-dir "${TMPDIR:-/tmp}/clef-feed-media" \
   --json "$OUT/feed.json"
 if [[ $SMOKE -eq 0 ]]; then  # the engines side by side (issue 33): HF against vLLM on the device
   VLLM_PY="${CLEF_VLLM_PYTHON:-}"
@@ -93,15 +99,22 @@ if [[ $SMOKE -eq 0 ]]; then  # the engines side by side (issue 33): HF against v
   fi
   [[ -z "$VLLM_PY" ]] && "$PY" -c "import vllm" 2> /dev/null && VLLM_PY="$PY"
   if [[ -n "$VLLM_PY" ]]; then
-    step engines 60 env CLEF_VLLM_PYTHON="$VLLM_PY" "$PY" benchmarks/bench_engines.py --device cuda \
+    step engines 60 env CLEF_VLLM_PYTHON="$VLLM_PY" "$PY" benchmarks/engines/bench_engines.py --device cuda \
       --dtype bfloat16 --records 400
     # clef's side of the vLLM engine around a simulated device at the real width (issue 37)
-    step feed-vllm 60 "$PY" benchmarks/bench_feed.py --engine vllm --sets text,image --workers 1 \
+    step feed-vllm 60 "$PY" benchmarks/feed/bench_feed.py --engine vllm --sets text,image --workers 1 \
       --hidden-states drop --media-dir "${TMPDIR:-/tmp}/clef-feed-media" --json "$OUT/feed_vllm.json"
+    # compiled pooling against eager past the first prefill chunk, and no prefix caching (two vLLM starts)
+    step vllm-chunked 240 "$PY" benchmarks/gpu/vllm_chunked.py --vllm-python "$VLLM_PY" --chunk 512 --dtype bfloat16 \
+      --json "$OUT/vllm_chunked.json" || FAILED+=(vllm-chunked)
   else
     echo "=== engines: skipped: no vLLM here (set CLEF_VLLM_PYTHON, or CLEF_VLLM_WHEELS=DIR with the CUDA vllm wheels)"
   fi
 fi
-step summary 15 "$PY" benchmarks/gpu_summary.py "$OUT"
+step summary 15 "$PY" benchmarks/gpu/gpu_summary.py "$OUT"
 echo "=== done $(date -u +%H:%M:%S); files under $OUT:"
 ls -la "$OUT"
+if [[ ${#FAILED[@]} -gt 0 ]]; then
+  echo "=== FAILED checks: ${FAILED[*]} (their FAILED: lines are above)"
+  exit 1
+fi

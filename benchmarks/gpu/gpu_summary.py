@@ -1,11 +1,12 @@
 """One summary of a `gpu_check.sh` run, from the raw JSON files it left in a folder.
 
-    python benchmarks/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
+    python benchmarks/gpu/gpu_summary.py OUT_DIR      # writes OUT_DIR/summary.json and prints it
 
 Each step's figures that a reader compares first: golden parity per family and dtype, grouped_mm
 against eager and MFU by record length (the goal: >= 40% at 8k-token records), clef's own
-throughput on the device, and the feed's efficiency on that machine's CPUs. A step that failed or
-was skipped is named with its error instead of its figures.
+throughput on the device, the feed's efficiency on that machine's CPUs, and (when a vLLM was at
+hand) vLLM's compiled-against-eager check. A step that failed or was skipped is named with its
+error instead of its figures.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def gpu_points(report: dict | None) -> dict:
     return summary
 
 
+def chunked_points(report: dict | None) -> dict | None:
+    """vllm_chunked.py's verdict: its failures, and the worst compiled-vs-eager state gap within the
+    first prefill chunk and past it (None when no vLLM was at hand)."""
+    if report is None:
+        return None
+    gaps = [row["compiled_vs_eager"] for row in report.get("prompts", {}).values() if "compiled_vs_eager" in row]
+    worst = {part: max((gap[part] for gap in gaps), default=None) for part in ("first_chunk", "later")}
+    return {"failures": report.get("failures", []), "limit": report.get("limit"), "compiled_vs_eager": worst}
+
+
 def summarise(folder: Path) -> dict:
     parity = _load(folder, "parity.json")
     score = _load(folder, "score.json")
@@ -67,6 +78,9 @@ def summarise(folder: Path) -> dict:
         or {"error": "no report"},
         "mfu_goal": {"mfu": MFU_GOAL, "record_tokens": GOAL_RECORD_TOKENS},
     }
+    chunked = chunked_points(_load(folder, "vllm_chunked.json"))
+    if chunked is not None:
+        summary["vllm_chunked"] = chunked
     return summary
 
 

@@ -1,9 +1,9 @@
 """A night over millions of records: does memory stay flat, does CPU per record stay constant, and
 is the second night proportional to what changed?
 
-    python benchmarks/bench_scale.py                           # 10k, 100k and 1M text records
-    python benchmarks/bench_scale.py --sizes 10000,100000      # a quicker run
-    python benchmarks/bench_scale.py --sizes 10000 --info-keys 0 --json scale.json
+    python benchmarks/scale/bench_scale.py                           # 10k, 100k and 1M text records
+    python benchmarks/scale/bench_scale.py --sizes 10000,100000      # a quicker run
+    python benchmarks/scale/bench_scale.py --sizes 10000 --info-keys 0 --json scale.json
 
 Per size N, each run in a fresh process (so its peak RSS, getrusage's maxrss of that child, is
 its own): night 1 scores N short text records into a new store, night 2 scores the same table
@@ -23,38 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_score import MODEL, WORDS
-
-QUESTIONS = {"urgent": {"type": "noul", "instructions": "Is this urgent?"}}
-
-
-def iter_records(count: int, seed: int, prefix: str = "t") -> Iterator[dict]:
-    """Short support-ticket-like states (4 to 24 words), so the per-record costs dominate."""
-    rng = random.Random(seed)
-    for index in range(count):
-        state = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24)))
-        yield {"id": f"{prefix}{index}", "state": f"{state} #{prefix}{index}", "questions": QUESTIONS}
-
-
-def write_records(path: Path, count: int, new: int = 0) -> Path:
-    """`count` records, then `new` records no earlier night had."""
-    with path.open("w", encoding="utf-8") as handle:
-        for record in iter_records(count, seed=7):
-            handle.write(json.dumps(record) + "\n")
-        for record in iter_records(new, seed=8, prefix="n"):
-            handle.write(json.dumps(record) + "\n")
-    return path
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
+from benchmarks.scale.scale_records import write_records
+from benchmarks.score.bench_score import MODEL
 
 # ----------------------------------------------------------------------------- one night (child)
 
@@ -70,9 +48,8 @@ def read_chars() -> int:
 def night(inputs: Path, output: Path, store: Path, rate: float, verify_media: bool = False) -> dict:
     """One `clef score` of `inputs` into `store`, in this process: CPU per stage, peak RSS and
     the bytes read (`verify_media`: every media file hashed again, as before the stat cache)."""
-    from bench_feed import simulated_scorer
-    from scale_stages import STAGES, StageCpu
-
+    from benchmarks.feed.bench_feed import simulated_scorer
+    from benchmarks.scale.scale_stages import STAGES, StageCpu
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     scorer = simulated_scorer(rate)
@@ -185,13 +162,13 @@ def main() -> None:
             store = Path(tmp) / str(largest) / "store.ckpt"
             report["stores"][str(largest)] = store_commands(store, f"{largest:,} keys")
         if args.info_keys:
-            from scale_store import synthetic_store
+            from benchmarks.scale.scale_store import synthetic_store
 
             store, keys = Path(tmp) / "synthetic.ckpt", args.info_keys
             print(f"synthetic store of {keys:,} keys built in {synthetic_store(store, keys):.0f} s")
             report["stores"][str(keys)] = store_commands(store, f"{keys:,} synthetic keys")
         if args.ray_sizes:
-            from scale_ray import measure
+            from benchmarks.scale.scale_ray import measure
 
             report["ray"] = measure([int(size) for size in args.ray_sizes.split(",")], Path(tmp), args.device_rate)
     summarise(report)

@@ -2,8 +2,8 @@
 tests/planted.py, scored once with the tiny fixture model (hidden states kept in float32); the
 first `--train` records are the gold file, the next `--held-out` records are never seen.
 
-    python benchmarks/bench_planted.py                          # all four tasks, seed 0
-    python benchmarks/bench_planted.py --tasks keyword --seeds 0,1,2
+    python benchmarks/quality/bench_planted.py                          # all four tasks, seed 0
+    python benchmarks/quality/bench_planted.py --tasks keyword --seeds 0,1,2
 
 Per task and seed: held-out accuracy of the release head, of the trained head (`train_head` with
 default settings, gate forced so the head is kept either way), and of the linear probe
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"

@@ -1,8 +1,8 @@
 """The nightly arithmetic of hidden states, on paper: what each `--hidden-states` policy stores,
 and what running the thinker again costs instead.
 
-    python benchmarks/bench_nightly.py                               # 500k x 1,500 nightly, 1M table
-    python benchmarks/bench_nightly.py --records 2000000 --tokens 800 --hidden 2048 --json out.json
+    python benchmarks/store/bench_nightly.py                               # 500k x 1,500 nightly, 1M table
+    python benchmarks/store/bench_nightly.py --records 2000000 --tokens 800 --hidden 2048 --json out.json
 
 Per record count: the prompt tokens (records x tokens), the bytes stored under keep (every
 token's state, `hidden` values of `--bytes-per-value` bytes, plus its 4-byte int32 input id, as

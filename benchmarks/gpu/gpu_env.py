@@ -2,8 +2,8 @@
 wheels, the wheels unpacked into a folder put first on PYTHONPATH, and every module clef needs
 imported once, its version reported.
 
-    python benchmarks/gpu_env.py install WHEELS_DIR TARGET_DIR   # unpack the wheels that fit
-    python benchmarks/gpu_env.py report OUT/environment.json     # import, versions, problems
+    python benchmarks/gpu/gpu_env.py install WHEELS_DIR TARGET_DIR   # unpack the wheels that fit
+    python benchmarks/gpu/gpu_env.py report OUT/environment.json     # import, versions, problems
 
 A wheel is a zip archive laid out as site-packages; unpacking the ones whose tags fit this
 interpreter is an install that needs neither pip nor a network, and touches nothing of the

@@ -1,6 +1,6 @@
 """The `--ray` driver's memory over a growing job, for bench_scale.py (`--ray-sizes`).
 
-    python benchmarks/scale_ray.py --sizes 10000,100000      # one fresh process per size
+    python benchmarks/scale/scale_ray.py --sizes 10000,100000      # one fresh process per size
 
 Each size runs in a fresh process: a local Ray cluster, one actor, the same short text records
 as bench_scale.py, `--hidden-states drop`. The actor is clef's own ScoreActor with the thinker's
@@ -24,8 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository: `benchmarks.` and clef_cli
 
 from clef_cli.engines.ray.actor import ScoreActor  # noqa: E402
 
@@ -37,7 +37,7 @@ class SimulatedActor(ScoreActor):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        from bench_feed import SimulatedDevice
+        from benchmarks.feed.bench_feed import SimulatedDevice
 
         backbone = self.runner.scorer.backbone
         backbone.hidden_states = SimulatedDevice(backbone.hidden_size, float(os.environ["CLEF_BENCH_RATE"]))
@@ -75,13 +75,13 @@ def ray_night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
     from clef_cli.engines.local.pipeline import ScoreSettings
 
     os.environ["CLEF_BENCH_RATE"] = str(rate)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     # the job's runtime environment, as `clef score --ray` starts Ray (CLEF_BENCH_RATE: workers
     # inherit this process's environment)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=ray_job.job_runtime_env())
     ray_job.ScoreActor = SimulatedActor
     settings = ScoreSettings(
-        inputs=[inputs], output=output, model=str(HERE.parent / "tests/fixtures/tiny-clef-omni"), workers=0,
+        inputs=[inputs], output=output, model=str(ROOT / "tests/fixtures/tiny-clef-omni"), workers=0,
         hidden_states="drop", checkpoint=store, device="cpu", dtype="float32",
     )  # fmt: skip
     started, cpu = time.perf_counter(), time.process_time()
@@ -111,7 +111,7 @@ def run_ray_night(inputs: Path, output: Path, store: Path, rate: float) -> dict:
 
 
 def measure(sizes: list[int], folder: Path, rate: float) -> dict:
-    from bench_scale import write_records
+    from benchmarks.scale.scale_records import write_records
 
     report = {}
     for size in sizes:

@@ -1,7 +1,7 @@
 """Throughput, padding and memory of `clef score`, measured in one run on the tiny fixture model.
 
-    python benchmarks/bench_score.py            # all three parts
-    python benchmarks/bench_score.py --records 2000 --media-records 200
+    python benchmarks/score/bench_score.py            # all three parts
+    python benchmarks/score/bench_score.py --records 2000 --media-records 200
 
 (a) text records with log-normal state lengths: the pipeline (planning, background encoding,
     length-sorted token-budget batches, checkpoint commits, Parquet output) against a sequential
@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"
 MEDIA = [ROOT / "sample_data" / "media", ROOT / "tests" / "fixtures" / "media"]
 WORDS = (
