@@ -63,7 +63,7 @@ def test_changed_weights_are_refused_whatever_the_spelling(tmp_path, releases, s
     shard.write_bytes(bytes(data))
     with pytest.raises(ClefError, match="another model") as refused:
         run(tmp_path, str(changed), scorer)
-    assert "model.weights" in str(refused.value) and "model.id" not in str(refused.value)
+    assert "this run differs in weights:" in str(refused.value) and "model.id" not in str(refused.value)
 
 
 def test_a_store_that_names_a_relative_path_is_accepted_when_the_content_matches(tmp_path, scorer):
