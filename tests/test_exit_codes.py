@@ -173,6 +173,9 @@ CASES = [
     ("-o a character device, no --checkpoint", ["score", RECORDS, "-o", "{device}", "--model", MODEL], "usage"),
     ("-o a character device", ["score", RECORDS, "-o", "{device}", "--checkpoint", "{dropped}", "--model", MODEL,
      "--limit", "2", "--hidden-states", "drop", "--workers", "0", "--quiet"], "success"),  # from the store
+    ("-o a character device, --checkpoint a file: URI", ["score", RECORDS, "-o", "{device}", "--checkpoint",
+     "file://{dropped}", "--model", MODEL, "--limit", "2", "--hidden-states", "drop", "--workers", "0", "--quiet"],
+     "success"),  # the store's own folder (was a local folder `file:` made where clef ran)
     ("a missing record file", ["inspect-spans", "{folder}/missing.jsonl"], "usage"),
     ("a scored file that is not Parquet", ["eval", "{folder}/not.parquet", "--gold", GOLD], "usage"),
     ("no gold", ["eval", "{old}"], "usage"),
