@@ -20,6 +20,12 @@ class ModelLoadError(ClefError):
     """The release could not be found or does not have the expected layout."""
 
 
+class ModelRefused(ModelLoadError, UsageError):
+    """A `--model` or `--device` the user must change before anything can run (a folder that is no
+    Clef release, a GPU this machine lacks): a `ModelLoadError` to a library caller, and, like any
+    `UsageError`, refused with exit 2 and nothing written."""
+
+
 ERROR_KINDS = ("invalid", "media", "overflow", "unsupported", "transient")
 """A failed record's `error_kind` (docs/scoring.md, "Errors and their kinds"): `invalid` the record
 itself (fields, schema, duplicate id), `media` a media entry unreadable, refused or over a limit,

@@ -56,9 +56,14 @@ class OutputSpec:
 
 
 def check_keep_columns(columns: Sequence[str]) -> None:
+    """Refuse, before any record is scored, a column the output could not hold: one of clef's own
+    or one named twice (a Parquet file has one column by each name)."""
     clashes = sorted(set(columns) & RESERVED_COLUMNS)
     if clashes:
         raise UsageError(f"--keep-columns cannot pass through {', '.join(clashes)}: clef writes these columns")
+    twice = sorted(name for name, count in Counter(columns).items() if count > 1)
+    if twice:
+        raise UsageError(f"--keep-columns names {', '.join(twice)} more than once")
 
 
 # ----------------------------------------------------------------------------- pass-through columns

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_cli.errors import ModelLoadError, UsageError
+from clef_cli.errors import ModelLoadError, ModelRefused, UsageError
 
 DEFAULT_MODEL = "Cloudflare/clef-omni"
 HEAD_CONFIG = "joint_head_config.json"
@@ -89,7 +89,9 @@ def _download(model: str, revision: str | None, with_weights: bool) -> tuple[Pat
 def resolve_release(
     model: str, revision: str | None = None, with_weights: bool = True, require_head: bool = True
 ) -> Release:
-    """The release folder for a local path or hub id, checked for the Clef-Omni layout."""
+    """The release folder for a local path or hub id, checked for a Clef release's layout. A folder
+    that is not one (no config.json, another model_type, no head) is refused (`ModelRefused`,
+    exit 2) before anything is written; a hub that cannot be reached is a failure (exit 1)."""
     local = Path(model).expanduser()
     if local.exists():
         if not local.is_dir():
@@ -101,23 +103,23 @@ def resolve_release(
         path, resolved_revision = _download(model, revision, with_weights)
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise ModelLoadError(f"{path} has no config.json: not a Clef release")
+        raise ModelRefused(f"{path} has no config.json: not a Clef release")
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
-        raise ModelLoadError(f"cannot read {config_path}: {error}") from None
+        raise ModelRefused(f"cannot read {config_path}: {error}") from None
     model_type = config.get("model_type")
     known = ", ".join(repr(name) for name in FAMILY_BY_MODEL_TYPE)
     if model_type not in FAMILY_BY_MODEL_TYPE:
-        raise ModelLoadError(f"{config_path} has model_type {model_type!r}; a Clef release has one of {known}")
+        raise ModelRefused(f"{config_path} has model_type {model_type!r}; a Clef release has one of {known}")
     text_config = config.get("thinker_config", config).get("text_config")
     if not isinstance(text_config, dict) or "hidden_size" not in text_config:
         where = "thinker_config.text_config" if model_type == "qwen3_omni_moe" else "text_config"
-        raise ModelLoadError(f"{config_path} has no {where}.hidden_size: not a Clef release")
+        raise ModelRefused(f"{config_path} has no {where}.hidden_size: not a Clef release")
     if require_head:
         missing = [name for name in HEAD_FILES if not (path / name).is_file()]
         if missing:
-            raise ModelLoadError(f"{path} lacks {' and '.join(missing)}: not a Clef release")
+            raise ModelRefused(f"{path} lacks {' and '.join(missing)}: not a Clef release")
     return Release(path=path, model_id=model, revision=resolved_revision, config=config)
 
 

@@ -25,7 +25,7 @@ from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.sources import local_path, unfound_local
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
-from clef_cli.store.atomic import ensure_writable
+from clef_cli.store.atomic import ensure_writable, ensure_writable_folder, is_character_device, is_stream
 
 if TYPE_CHECKING:
     from clef_cli.results import OutputCounts, RunCounts
@@ -94,7 +94,8 @@ class ScoreSettings:
     """Background encoding processes; None: none on the CPU (the model already uses every core);
     beside a GPU every usable core but one, bounded by memory (`pool_size.default_workers`)."""
     window: int = 8192
-    checkpoint: Path | None = None
+    checkpoint: Path | str | None = None
+    """A local folder (a path or a file: URI; `validate` makes it a Path); a remote URI is refused."""
     hidden_states: str = "keep"
     keep_below: float = 0.6
     """`selective`: keep the states of records whose confidence (as `clef review` orders) is below this."""
@@ -130,7 +131,7 @@ class ScoreSettings:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.checkpoint or self.output.with_name(self.output.name + ".ckpt")
+        return Path(self.checkpoint) if self.checkpoint else self.output.with_name(self.output.name + ".ckpt")
 
     def validate(self) -> None:
         if self.model is None and self.rehead is None:
@@ -155,10 +156,15 @@ class ScoreSettings:
             raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.vllm is not None:
             self.vllm.validate()
-        if self.output.suffix.lower() not in (".parquet", ".pq"):
+        if self.output.suffix.lower() not in (".parquet", ".pq") and not is_stream(self.output):
             raise UsageError(f"output {self.upload or self.output} must end in .parquet")
         if self.upload is None:  # else the output goes to the checkpoint's upload folder, made then
             ensure_writable(self.output, "-o")
+        self._validate_checkpoint()
+        if self.keep_columns:
+            from clef_cli.output import check_keep_columns
+
+            check_keep_columns(self.keep_columns)
         if self.questions is not None:
             from clef_cli.inputs.readers import load_questions_file
 
@@ -173,6 +179,19 @@ class ScoreSettings:
                 raise UsageError(f"input not found: {location}")
         if self.output.resolve() in {path.resolve() for _, path in local_inputs if path is not None}:
             raise UsageError("the output would overwrite an input")
+
+    def _validate_checkpoint(self) -> None:
+        """The store's folder through the checks an output folder gets (`atomic`), before it is
+        made: a local folder (`sources` tells a URI's), never a file, in a folder that exists and
+        can be written; a character device output has no folder to hold a store beside it."""
+        if self.checkpoint is None and is_character_device(self.output):
+            raise UsageError(f"-o {self.output} is a character device: give --checkpoint, the job's store folder")
+        if self.checkpoint is not None:
+            path = local_path(self.checkpoint)
+            if path is None:
+                raise UsageError(f"--checkpoint {self.checkpoint}: the checkpoint must be a local folder")
+            self.checkpoint = path
+        ensure_writable_folder(self.checkpoint_path, "the checkpoint" if self.checkpoint is None else "--checkpoint")
 
 
 @dataclass

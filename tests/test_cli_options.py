@@ -240,7 +240,7 @@ def test_job_errors_exit_1_usage_errors_2_and_an_interrupt_130(tmp_path, monkeyp
 
     missing = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])  # not a checkpoint: the user's slip
     assert missing.exit_code == 2 and missing.stderr.startswith("error: ") and len(missing.stderr.splitlines()) == 1
-    (tmp_path / "manifest.json").write_text('{"format_version": 1}')  # a checkpoint this clef cannot use
+    (tmp_path / "manifest.json").write_text('{"format_version": 2,')  # a damaged store: the job cannot go on
     old = runner.invoke(app, ["checkpoint", "info", str(tmp_path)])
     assert old.exit_code == 1 and old.stderr.startswith("error: ") and len(old.stderr.splitlines()) == 1
 

@@ -4,11 +4,14 @@ the pipe early (`| head -1`) ends a command quietly with 0."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.cli import errors as cli_errors
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, write_jsonl
 from .scored_files import random_records, write_scored
 
 runner = CliRunner()
@@ -66,6 +69,39 @@ def test_the_table_is_the_error_boundarys_and_the_help_says_the_same():
         assert re.search(rf"\b{code} [a-z]", shown), f"clef --help does not list exit code {code}"
 
 
+def can_write_in(folder: Path) -> bool:
+    probe = folder / f".probe-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.touch()
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+def unwritable_folder(folder: Path) -> Path:
+    """A folder no file can be made in: one without write permission, or where that does not stop
+    root, a filesystem root cannot write in either (sysfs)."""
+    folder.mkdir()
+    folder.chmod(0o555)
+    if not can_write_in(folder):
+        return folder
+    if Path("/sys").is_dir() and not can_write_in(Path("/sys")):
+        return Path("/sys")
+    pytest.skip("no folder here refuses this user a new file")
+
+
+def character_device(folder: Path) -> Path:
+    """A node like /dev/null, of our own where root may make one (a failing run never replaces the
+    machine's), else /dev/null itself."""
+    path = folder / "null-device"
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError:
+        return Path("/dev/null")
+    return path
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("exit-codes")
@@ -75,6 +111,11 @@ def files(tmp_path_factory) -> dict[str, Path]:
     store = folder / "store.ckpt"  # a checkpoint with no shards: enough to open
     store.mkdir()
     (store / "manifest.json").write_text(json.dumps({"format_version": 2, "model": {"id": "x"}, "settings": {}}))
+    records = [json.loads(line) for line in Path(RECORDS).read_text().splitlines()[:2]]
+    dropped = folder / "dropped.parquet"  # a real store of two records, kept without hidden states
+    made = runner.invoke(app, ["score", RECORDS, "-o", str(dropped), "--model", MODEL, "--limit", "2",
+                               "--workers", "0", "--hidden-states", "drop", "--quiet"])  # fmt: skip
+    assert made.exit_code == 0, made.output
     return {
         "folder": folder,
         "invalid": write_jsonl(folder / "invalid.jsonl", [{"id": "x"}, {"id": "y", "state": "s", "questions": {}}]),
@@ -83,11 +124,15 @@ def files(tmp_path_factory) -> dict[str, Path]:
         "store": store,
         "not_checkpoint": folder / "not-a-checkpoint",
         "empty": folder / "empty-head",
+        "kept": write_jsonl(folder / "kept.jsonl", [record | {"source": "web"} for record in records]),
+        "dropped": Path(f"{dropped}.ckpt"),
+        "device": character_device(folder),
     }
 
 
 RECORDS = str(SAMPLE_DATA / "records.jsonl")
 MODEL = str(TINY_MODEL)
+DENSE = str(FIXTURES / "tiny-clef-dense")
 GOLD = str(SAMPLE_DATA / "posts_gold.jsonl")
 CASES = [
     # (what goes wrong, the command line with {placeholders}, the table's row)
@@ -110,6 +155,27 @@ CASES = [
      "--max-model-len", "0"], "usage"),
     ("every record invalid", ["score", "{invalid}", "-o", "{out}", "--model", MODEL, "--workers", "0"],
      "records_failed"),
+    # refusals that used to run first (issue 45.4): each one line, nothing written
+    ("--keep-columns naming a column twice", ["score", "{kept}", "-o", "{out}", "--model", MODEL, "--workers", "0",
+     "--keep-columns", "source,source"], "usage"),
+    ("--checkpoint at a bucket", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--limit", "1", "--workers", "0",
+     "--checkpoint", "s3://bucket/ck"], "usage"),
+    ("--checkpoint in a missing folder", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--limit", "1",
+     "--workers", "0", "--checkpoint", "{folder}/nodir/sub/ck"], "usage"),
+    ("--checkpoint in a folder that cannot be written", ["score", RECORDS, "-o", "{out}", "--model", MODEL,
+     "--checkpoint", "{unwritable}/ck"], "usage"),
+    ("--checkpoint at a file", ["score", RECORDS, "-o", "{out}", "--model", MODEL,
+     "--checkpoint", "{folder}/not.parquet"], "usage"),
+    ("a store made with another model", ["score", RECORDS, "-o", "{out}", "--model", DENSE,
+     "--checkpoint", "{dropped}"], "usage"),
+    ("a GPU this machine lacks", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--device", "cuda:99"], "usage"),
+    ("an empty --model folder", ["score", RECORDS, "-o", "{out}", "--model", "{empty}"], "usage"),
+    ("-o a character device, no --checkpoint", ["score", RECORDS, "-o", "{device}", "--model", MODEL], "usage"),
+    ("-o a character device", ["score", RECORDS, "-o", "{device}", "--checkpoint", "{dropped}", "--model", MODEL,
+     "--limit", "2", "--hidden-states", "drop", "--workers", "0", "--quiet"], "success"),  # from the store
+    ("-o a character device, --checkpoint a file: URI", ["score", RECORDS, "-o", "{device}", "--checkpoint",
+     "file://{dropped}", "--model", MODEL, "--limit", "2", "--hidden-states", "drop", "--workers", "0", "--quiet"],
+     "success"),  # the store's own folder (was a local folder `file:` made where clef ran)
     ("a missing record file", ["inspect-spans", "{folder}/missing.jsonl"], "usage"),
     ("a scored file that is not Parquet", ["eval", "{folder}/not.parquet", "--gold", GOLD], "usage"),
     ("no gold", ["eval", "{old}"], "usage"),
@@ -119,6 +185,8 @@ CASES = [
     ("drift above the limit", ["compare", "{old}", "{new}", "--fail-above-psi", "0"], "drift"),
     ("no drift limit passed", ["compare", "{old}", "{old}"], "success"),
     ("not a checkpoint", ["train-head", "{not_checkpoint}", "--gold", GOLD, "-o", "{folder}/head"], "usage"),
+    ("a store without hidden states, no --records", ["train-head", "{dropped}", "--gold", GOLD, "-o", "{folder}/head"],
+     "usage"),
     ("not a checkpoint", ["checkpoint", "info", "{not_checkpoint}"], "usage"),
     ("a missing checkpoint", ["checkpoint", "info", "{folder}/missing.ckpt"], "usage"),
     ("not a checkpoint", ["checkpoint", "prune", "{not_checkpoint}", "--keep-runs", "1"], "usage"),
@@ -144,16 +212,96 @@ def tree(*folders: Path) -> dict[str, tuple[int, int]]:
 @pytest.mark.parametrize(("what", "command", "row"), CASES, ids=[f"{case[1][0]}: {case[0]}" for case in CASES])
 def test_each_commands_error_paths_exit_as_the_readme_says(files, tmp_path, monkeypatch, what, command, row):
     """A refused run (exit 2) leaves the filesystem as it was: no checkpoint, lock, output or log
-    beside the output, the inputs or the store it was pointed at (issue 36.2)."""
+    beside the output, the inputs or the store it was pointed at (issue 36.2), nor in the folder it
+    ran from; and says why in one line (click's own usage errors have their usage block)."""
     monkeypatch.delenv("CLEF_VLLM_PYTHON", raising=False)  # these cases are the runs without vLLM
-    args = [part.format(**files, out=tmp_path / "o.parquet") for part in command]
+    monkeypatch.chdir(tmp_path)  # a relative path made by the run shows here
+    placeholders = {**files, "out": tmp_path / "o.parquet"}
+    if "{unwritable}" in " ".join(command):
+        placeholders["unwritable"] = unwritable_folder(files["folder"] / f"read-only-{uuid.uuid4().hex[:6]}")
+    args = [part.format(**placeholders) for part in command]
     before = tree(files["folder"], tmp_path, SAMPLE_DATA)
     result = runner.invoke(app, args)
     assert result.exit_code == CODES[row], f"{what}: {result.output}"
     assert "Traceback" not in result.output
     if row == "usage":  # nothing was done: no output, no checkpoint, nothing changed anywhere
+        lines = result.stderr.splitlines()
+        if lines[0].startswith("Usage: "):  # click's parser: usage, hint, a blank line, the error
+            assert len(lines) == 4 and lines[-1].startswith("Error: "), result.stderr
+        else:
+            assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
         assert list(tmp_path.iterdir()) == []
         assert tree(files["folder"], tmp_path, SAMPLE_DATA) == before
+    if "{device}" in command:  # streamed into, never replaced, nothing made beside it
+        assert stat.S_ISCHR(files["device"].lstat().st_mode)
+        assert list(tmp_path.iterdir()) == []
+        assert not list(files["device"].parent.glob(f"{files['device'].name}?*"))
+
+
+def test_a_store_made_with_another_model_is_refused_in_words(files, tmp_path):
+    """Not ~900 characters of hashes offering --restart first (which would wipe a shared nightly
+    store): what differs in words, the model that made the store, another folder before --restart."""
+    store = files["dropped"]
+    result = runner.invoke(app, ["score", RECORDS, "-o", str(tmp_path / "o.parquet"), "--model", DENSE,
+                                 "--checkpoint", str(store)])  # fmt: skip
+    assert result.exit_code == CODES["usage"]
+    (line,) = result.stderr.splitlines()
+    made_with = str(TINY_MODEL.resolve())
+    assert line.startswith(f"error: checkpoint {store} was scored with {made_with}; this run differs in ")
+    for word in ("family (omni there, dense here)", "config", "weights", "head"):
+        assert word in line
+    assert line.index("--checkpoint to give this run another folder") < line.index("--restart")
+    assert not re.search(r"[0-9a-f]{16}", line), "a hash is no word"
+    assert len(line) - len(str(store)) - len(made_with) <= 3 * 80 - 2 * 20  # 3 lines, with paths of 20
+
+
+def test_the_engine_and_the_dtype_are_named_with_their_values():
+    from clef_cli.store.manifest import differing_fields, mismatch_message
+
+    stored = {"model": {"id": "a", "path": "/models/a", "weights": "w"}, "settings": {"dtype": "bfloat16"}}
+    current = {"model": {"id": "b", "path": "/elsewhere/a", "weights": "w"}, "settings": {"dtype": "float32",
+               "engine": "vllm"}}  # fmt: skip
+    assert differing_fields(stored, current) == ["dtype (bfloat16 there, float32 here)", "engine (hf there, vllm here)"]
+    message = mismatch_message(Path("ck"), stored, current)
+    assert "/models/a" in message and "/elsewhere" not in message  # the path is for display: never a difference
+    assert message.index("--engine hf") < message.index("--checkpoint") < message.index("--restart")
+
+
+@pytest.mark.parametrize("columns", [("source", "source"), ("source", "record_key")], ids=["twice", "clef's own"])
+def test_kept_columns_the_output_cannot_hold_are_refused_by_the_settings(tmp_path, columns):
+    """The library's settings refuse them before any record is scored (a Parquet file has one
+    column by each name), as the CLI does."""
+    from clef_cli.errors import UsageError
+    from clef_cli.settings import ScoreSettings
+
+    settings = ScoreSettings([RECORDS], tmp_path / "o.parquet", model=MODEL, keep_columns=columns)
+    with pytest.raises(UsageError, match="--keep-columns"):
+        settings.validate()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_named_pipe_is_streamed_into_whatever_its_name(files, tmp_path):
+    """docs/scoring.md: a named pipe is streamed into (no .parquet needed: it is no file), never
+    replaced, with nothing left beside it."""
+    import threading
+
+    import pyarrow.parquet as pq
+
+    pipe = tmp_path / "results"
+    os.mkfifo(pipe)
+    received: dict[str, bytes] = {}
+    reader = threading.Thread(target=lambda: received.update(data=pipe.read_bytes()), daemon=True)
+    reader.start()
+    result = runner.invoke(app, ["score", RECORDS, "-o", str(pipe), "--checkpoint", str(files["dropped"]),
+                                 "--model", MODEL, "--limit", "2", "--hidden-states", "drop", "--workers", "0",
+                                 "--quiet"])  # fmt: skip, from the store: no model run
+    if reader.is_alive() and result.exit_code != 0:  # nothing opened the pipe: let the reader go
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+    reader.join(timeout=60)
+    assert result.exit_code == CODES["success"], result.output
+    assert stat.S_ISFIFO(pipe.lstat().st_mode)
+    assert pq.read_table(io.BytesIO(received["data"])).num_rows == 2
+    assert [path.name for path in tmp_path.iterdir()] == ["results"]
 
 
 def test_an_interrupt_exits_as_the_readme_says(files, monkeypatch):

@@ -254,7 +254,7 @@ def test_refusals_are_one_line(planted, tmp_path):
     settings = ScoreSettings([inputs], dropped, model=str(TINY_MODEL), device="cpu", hidden_states="drop", workers=0)
     ScoreJob(settings).run()
     result = train(Path(str(dropped) + ".ckpt"), planted["gold"], tmp_path / "h1")
-    assert result.exit_code == 1 and "pass --records with the records it scored" in result.stderr
+    assert result.exit_code == 2 and "pass --records with the records it scored" in result.stderr
     # --records whose records carry no questions (their job read --questions) without --questions
     # named no flag ("holds no hidden states ... pass --records"); now it is refused before the thinker runs
     bare = [{k: v for k, v in json.loads(line).items() if k != "questions"} for line in inputs.read_text().splitlines()]

@@ -129,9 +129,10 @@ ScoreQuietOption = Annotated[
 
 # The checkpoint
 CheckpointOption = Annotated[
-    Path | None,
+    str | None,  # as given: a Path would fold `s3://b/ck` into the local `s3:/b/ck` (settings refuses a URI)
     typer.Option(
         "--checkpoint",
+        metavar="DIR",
         rich_help_panel=PANEL_STORE,
         help="Checkpoint folder, a store of results by prompt any run may share (default: OUTPUT.ckpt).",
     ),
@@ -316,17 +317,15 @@ RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "
 
 def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> ScoreSettings:
     """The library's settings from the parsed options (Typer's `ctx.params`)."""
-    from clef_cli.output import check_keep_columns
-
     columns = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
-    check_keep_columns(columns)
     same = ("inputs", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
     same += ("max_batch_tokens",)
     same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
     same += ("verify_media",)
     output, upload = options["output"], None
     if isinstance(output, str):  # an object URI (`writable_location`)
-        output, upload = staged_output(output, options["checkpoint"]), output
+        checkpoint = options["checkpoint"]  # the option's text (`ScoreSettings` checks it is a local folder)
+        output, upload = staged_output(output, Path(checkpoint) if checkpoint else None), output
     return ScoreSettings(
         **{name: options[name] for name in same},
         output=output,

@@ -39,9 +39,13 @@ def is_uri(location: str | Path) -> bool:
 
 
 def local_path(location: str | Path) -> Path | None:
-    """The local path an input names (a plain path or a local-filesystem URI); None if remote."""
+    """The local path a location names (a plain path or a local-filesystem URI); None if remote,
+    told by the scheme alone (no filesystem is opened, so a bucket is never asked)."""
     if not is_uri(location):
         return Path(location)
+    match = _SCHEME.match(str(location))
+    if match is None or match.group(1).lower() not in LOCAL_SCHEMES:
+        return None
     import pyarrow.fs as pafs
 
     filesystem, path = _filesystem(str(location))

@@ -17,7 +17,7 @@ import torch
 
 from clef_cli.encoding.batching import ModelBatch, collate
 from clef_cli.encoding.encoded import EncodedRecord
-from clef_cli.errors import ModelLoadError
+from clef_cli.errors import ModelLoadError, ModelRefused
 from clef_cli.model.dtypes import torch_dtype
 from clef_cli.release import HEAD_FILES, Release
 
@@ -25,20 +25,21 @@ SPEECH_OUTPUT_KEYS = re.compile(r"^(talker|code2wav)\.")
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """auto: the first GPU when there is one, else the CPU."""
+    """auto: the first GPU when there is one, else the CPU. A device this machine lacks is the
+    option's fault, refused (`ModelRefused`, exit 2) before the job writes anything."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
     except RuntimeError:
-        raise ModelLoadError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
+        raise ModelRefused(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from None
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {device!r} asked for, but no CUDA GPU is available")
+            raise ModelRefused(f"device {device!r} asked for, but no CUDA GPU is available")
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {device!r} does not exist ({torch.cuda.device_count()} GPUs)")
+            raise ModelRefused(f"device {device!r} does not exist ({torch.cuda.device_count()} GPUs)")
     elif resolved.type != "cpu":
-        raise ModelLoadError(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
+        raise ModelRefused(f"unsupported device {device!r} (use auto, cpu, cuda or cuda:N)")
     return resolved
 
 

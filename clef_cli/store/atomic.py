@@ -128,6 +128,29 @@ def _is_stream(path: Path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
 
 
+def _target_mode(path: Path | str) -> int:
+    """The mode of what `path` names through symlinks; 0 for stdout, a missing path or a loop."""
+    if is_stdout(path):
+        return 0
+    try:
+        return Path(path).resolve().stat().st_mode
+    except (OSError, RuntimeError):
+        return 0
+
+
+def is_stream(path: Path | str) -> bool:
+    """A named pipe or a character device (through symlinks): streamed into, so its name needs
+    no file suffix."""
+    mode = _target_mode(path)
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def is_character_device(path: Path | str) -> bool:
+    """A character device (`/dev/null`, through symlinks): it has no folder of its own, so nothing
+    (a lock, a store) is made beside it."""
+    return stat.S_ISCHR(_target_mode(path))
+
+
 # ----------------------------------------------------------------------------- checks at start
 
 

@@ -46,8 +46,7 @@ from clef_cli.store.manifest import (
     MANIFEST,
     CheckpointMismatch,
     comparable,
-    describe_differences,
-    mismatch_hint,
+    mismatch_message,
     read_manifest,
     write_manifest,
 )
@@ -121,14 +120,8 @@ class Checkpoint:
             durable.unlink(path / JOURNAL)
             stored = write_manifest(path, manifest)
         else:
-            differences = describe_differences(comparable(stored), comparable(manifest))
-            if differences:
-                raise CheckpointMismatch(
-                    f"checkpoint {path} was scored with another model, head or dtype: "
-                    + "; ".join(differences)
-                    + " "
-                    + mismatch_hint(stored, manifest)
-                )
+            if comparable(stored) != comparable(manifest):
+                raise CheckpointMismatch(mismatch_message(path, stored, manifest))
             durable.mkdir(path / SHARDS)
         checkpoint = cls(path, stored)
         lines = checkpoint._read_journal(hidden_states=True)

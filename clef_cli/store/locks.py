@@ -19,6 +19,7 @@ from pathlib import Path
 
 from clef_cli.errors import ClefError
 from clef_cli.store import durable
+from clef_cli.store.atomic import is_character_device
 
 
 class LockedError(ClefError):
@@ -91,9 +92,13 @@ class JobLock:
 @contextlib.contextmanager
 def job_locks(output: Path, checkpoint: Path) -> Iterator[JobLock]:
     """Hold a job's output and its checkpoint (a custom --checkpoint may be shared by several
-    outputs, and an output written from several checkpoints); yields the output's lock."""
-    with (
-        JobLock(output.with_name(output.name + ".lock"), f"output {output}") as output_lock,
-        JobLock(checkpoint.with_name(checkpoint.name + ".lock"), f"checkpoint {checkpoint}"),
-    ):
+    outputs, and an output written from several checkpoints); yields the output's lock. A
+    character device (`-o /dev/null`) is not locked: nothing is made beside it, and jobs streaming
+    into it at once harm nothing."""
+    checkpoint_lock = JobLock(checkpoint.with_name(checkpoint.name + ".lock"), f"checkpoint {checkpoint}")
+    if is_character_device(output):
+        with checkpoint_lock:
+            yield checkpoint_lock
+        return
+    with JobLock(output.with_name(output.name + ".lock"), f"output {output}") as output_lock, checkpoint_lock:
         yield output_lock

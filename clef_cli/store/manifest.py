@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, UsageError
 from clef_cli.store.atomic import write_text
 
 FORMAT_VERSION = 2
@@ -16,8 +16,9 @@ FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 
 
-class CheckpointMismatch(ClefError):
-    """The checkpoint was made by another model, head or dtype."""
+class CheckpointMismatch(UsageError):
+    """The checkpoint was made by another model, head, dtype or engine (or another clef's format):
+    a refusal (exit 2) that leaves the store as it was, for the user to point elsewhere."""
 
 
 def describe_differences(stored: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:
@@ -48,7 +49,7 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointMismatch(
             f"checkpoint {path} has format version {manifest.get('format_version')}, this clef writes "
-            f"{FORMAT_VERSION} (use --restart to discard it)"
+            f"{FORMAT_VERSION} (use --checkpoint to give this run another folder, or --restart to discard it)"
         )
     return manifest
 
@@ -89,9 +90,57 @@ def stored_engine(manifest: dict[str, Any]) -> str:
     return str((manifest.get("settings") or {}).get("engine") or "hf")
 
 
+FIELD_WORDS = {
+    "model.family": "family",
+    "model.config_sha256": "config",
+    "model.weights": "weights",
+    "model.head_sha256": "head",
+    "model.head_config_sha256": "head",
+    "settings.dtype": "dtype",
+    "settings.engine": "engine",
+}
+"""The scoring fingerprint's fields in the words a mismatch names them by (hashes are not shown)."""
+SHOWN_VALUES = ("model.family", "settings.dtype", "settings.engine")
+"""Fields whose values say something to a reader, so a mismatch shows both."""
+
+
+def _flat(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """`{"model": {"weights": w}}` as `{"model.weights": w}` (the fingerprint is two levels deep)."""
+    return {f"{group}.{key}": value for group, fields in fingerprint.items() for key, value in (fields or {}).items()}
+
+
+def differing_fields(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The fingerprint fields that differ between a store's manifest and this run's, in words,
+    each once, in `FIELD_WORDS`' order (`family (omni there, dense here)`, `weights`, `head`)."""
+    old, new = _flat(comparable(stored)), _flat(comparable(current))
+    order = {name: position for position, name in enumerate(FIELD_WORDS)}
+    named: list[str] = []
+    for name in sorted(set(old) | set(new), key=lambda name: (order.get(name, len(order)), name)):
+        if old.get(name) == new.get(name):
+            continue
+        word = FIELD_WORDS.get(name, name.rsplit(".", 1)[-1])
+        if name in SHOWN_VALUES:
+            word += f" ({_short(old.get(name))} there, {_short(new.get(name))} here)"
+        if word not in named:
+            named.append(word)
+    return named
+
+
+def mismatch_message(path: Path, stored: dict[str, Any], current: dict[str, Any]) -> str:
+    """One line for a store made otherwise: what differs in words, the model that made it, and
+    what to do: another folder before `--restart` (which discards a store other jobs may share)."""
+    fields = differing_fields(stored, current)
+    listed = ", ".join(fields[:-1]) + f" and {fields[-1]}" if len(fields) > 1 else "".join(fields)
+    model = stored.get("model") or {}
+    made_with = model.get("path") or model.get("id") or "an unknown model"
+    hint = mismatch_hint(stored, current)
+    return f"checkpoint {path} was scored with {made_with}; this run differs in {listed}: {hint}"
+
+
 def mismatch_hint(stored: dict[str, Any], current: dict[str, Any]) -> str:
-    """What to do about a store made otherwise: its own engine first, when that is the difference."""
+    """What to do about a store made otherwise: its own engine first, when that is the difference,
+    then another folder; `--restart` last, since it discards every result the store holds."""
     engine = stored_engine(stored)
     other_engine = engine != stored_engine(current)
     use = f"score with --engine {engine} to use it, " if other_engine else ""
-    return f"({use}use --restart to discard it, or --checkpoint to use another folder)"
+    return f"{use}use --checkpoint to give this run another folder, or --restart to discard this store"

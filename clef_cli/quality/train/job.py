@@ -174,11 +174,10 @@ def _check_records_questions(settings: TrainHeadSettings) -> None:
         )
 
 
-def _open_inputs(settings: TrainHeadSettings) -> tuple[Checkpoint, HiddenReader, Release, Path]:
-    checkpoint = Checkpoint.open_existing(settings.checkpoint)
+def _open_inputs(settings: TrainHeadSettings, checkpoint: Checkpoint) -> tuple[HiddenReader, Release, Path]:
     reader = checkpoint.hidden_reader()
-    if reader.num_records == 0:
-        raise ClefError(
+    if reader.num_records == 0:  # refusals (exit 2): the store and the gold are read, nothing is written
+        raise UsageError(
             f"checkpoint {settings.checkpoint} holds no hidden states (its job ran with --hidden-states drop); "
             "pass --records with the records it scored to compute the gold records' states"
         )
@@ -186,11 +185,11 @@ def _open_inputs(settings: TrainHeadSettings) -> tuple[Checkpoint, HiddenReader,
     model = scored_model(manifest, settings.model)
     release = resolve_release(model, revision=settings.revision)
     if file_sha256(release.path / "config.json") != (manifest.get("model") or {}).get("config_sha256"):
-        raise ClefError(
+        raise UsageError(
             f"checkpoint {settings.checkpoint} was scored with another backbone than {model} "
             "(config.json differs); pass --model with the release it was scored with"
         )
-    return checkpoint, reader, release, settings.base_head or release.path
+    return reader, release, settings.base_head or release.path
 
 
 # ----------------------------------------------------------------------------- the job
@@ -218,7 +217,11 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
         )  # fmt: skip
         progress.stage(computed.describe())
     with job_locks(settings.output, settings.checkpoint):
-        return _train_head(settings, progress, computed)
+        checkpoint = Checkpoint.open_existing(settings.checkpoint)
+        try:
+            return _train_head(settings, checkpoint, progress, computed)
+        finally:  # closed on every way out: a refusal leaves the store as it was (no SQLite WAL)
+            checkpoint.close()
 
 
 def states_computed(computed: Any | None) -> dict[str, Any]:
@@ -271,9 +274,9 @@ def _report(
     }
 
 
-def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
-    """Open and check every input; returns (checkpoint, release, base dir, base head, examples, gold)."""
-    checkpoint, reader, release, base_dir = _open_inputs(settings)
+def _prepare(settings: TrainHeadSettings, checkpoint: Checkpoint, progress: TrainProgress) -> tuple:
+    """Check every input; returns (release, base dir, base head, examples, gold)."""
+    reader, release, base_dir = _open_inputs(settings, checkpoint)
     _check_output(settings, base_dir)
     base = load_joint_head(base_dir)
     notes: list[str] = []
@@ -294,14 +297,16 @@ def _prepare(settings: TrainHeadSettings, progress: TrainProgress) -> tuple:
         raise UsageError(f"{found} with stored states: fewer than --folds {settings.folds}")
     progress.stage(f"verifying {plural(len(reader.shards), 'hidden-state shard')}")
     reader.verify()
-    return checkpoint, release, base_dir, base, examples, gold
+    return release, base_dir, base, examples, gold
 
 
-def _train_head(settings: TrainHeadSettings, progress: TrainProgress, computed: Any | None) -> TrainHeadResult:
+def _train_head(
+    settings: TrainHeadSettings, checkpoint: Checkpoint, progress: TrainProgress, computed: Any | None
+) -> TrainHeadResult:
     from clef_cli.families import family_of
     from clef_cli.model.backbone import resolve_device
 
-    checkpoint, release, base_dir, base, examples, gold = _prepare(settings, progress)
+    release, base_dir, base, examples, gold = _prepare(settings, checkpoint, progress)
     device = resolve_device(settings.device)
     lexical = family_of(release).lexical_rows(release).to(device)
     folds = assign_folds(examples, settings.folds, settings.seed)
