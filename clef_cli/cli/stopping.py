@@ -1,0 +1,110 @@
+"""The one stop path: SIGINT (Ctrl-C) and SIGTERM, handled once, at the CLI boundary.
+
+`ClefGroup.invoke` installs the handler around every command. A command that can stop cleanly
+(`clef score`) runs its job inside `deferring()`: the first request only sets the job's stop
+event, which every engine loop and phase checks (loading, encoding, forward, commit, output),
+so the job commits what it has and exits 130; a request is recorded whatever the moment, so
+the command ends 130 even when it came as the job was finishing. Any other command gets a
+KeyboardInterrupt in the main thread, as Python's default would (exit 130 through `EXIT_TABLE`).
+
+A second request ends the process at once with 130 (`os._exit`): no exception is raised into
+whatever the main thread was doing (a rich live refresh, a torch call), and no interpreter
+shutdown runs while other threads are still inside C++ (which is how `terminate called without
+an active exception` / `Aborted` came about). Everything committed before it stays committed:
+the checkpoint store survives a kill at any instant, and the next run continues from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from clef_cli.cli.console import stderr
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_INTERRUPTED = 130
+FIRST = "stopping after the current batch (press Ctrl-C again to stop at once)"
+SECOND = "stopped at once: what was committed stays committed; rerun the same command to continue"
+SHOW_CURSOR = "\x1b[?25h"
+"""A live progress display hides the terminal's cursor; a process ended at once must give it back."""
+
+
+class StopRequests:
+    """Counts stop requests; `event` is the current job's (a fresh one per `deferring()`)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.requests = 0
+        self.deferred = False
+        self._installed: dict[int, Any] = {}
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The handler for the command's lifetime (the process's own before and after it). Off the
+        main thread (a library caller's thread) Python allows no handler: nothing changes."""
+        if self._installed or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.requests, self.deferred = 0, False
+        self._installed = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        try:
+            yield
+        finally:
+            for signum, previous in self._installed.items():
+                signal.signal(signum, previous)
+            self._installed = {}
+
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[threading.Event]:
+        """A job that stops at its own checks: requests set the event it is given instead of
+        raising; one made before the job started counts too."""
+        self.event = threading.Event()
+        if self.requests:
+            self.event.set()
+        self.deferred = True
+        try:
+            yield self.event
+        finally:
+            self.deferred = False
+
+    def requested(self) -> bool:
+        return self.requests > 0
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requests += 1
+        if self.requests > 1:
+            stop_now()
+        if not self.deferred:
+            raise KeyboardInterrupt
+        self.event.set()
+        # printed on a thread of its own: the main thread may be inside the console right now
+        threading.Thread(target=_say, args=(FIRST,), name="clef-stop-note", daemon=True).start()
+
+
+def _say(message: str) -> None:
+    with contextlib.suppress(Exception):
+        stderr.print(message, markup=False)
+
+
+def stop_now() -> None:
+    """End the process with 130 now: the cursor shown, the line said, buffered output flushed
+    where that can be done without waiting, then `os._exit` (no unwinding, no shutdown)."""
+    text = f"\n{SECOND}\n"
+    with contextlib.suppress(Exception):
+        if os.isatty(2):
+            text = SHOW_CURSOR + text
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a flush the main thread was in raises here: skipped
+            stream.flush()
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode())
+    os._exit(EXIT_INTERRUPTED)
+
+
+STOPS = StopRequests()
+"""The process's one instance (signal handlers are per process)."""
