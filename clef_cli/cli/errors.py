@@ -78,7 +78,7 @@ class ClefGroup(TyperGroup):
     """The top-level group: runs the chosen command and maps its failures through `EXIT_TABLE`."""
 
     def invoke(self, ctx: typer.Context) -> Any:
-        with STOPS.installed():
+        with STOPS.command():
             return self._invoke(ctx)
 
     def _invoke(self, ctx: typer.Context) -> Any:

@@ -1,6 +1,7 @@
 """The one stop path: SIGINT (Ctrl-C) and SIGTERM, handled once, at the CLI boundary.
 
-`ClefGroup.invoke` installs the handler around every command. A command that can stop cleanly
+`ClefGroup.invoke` installs the handler around every command (the console script, for the
+whole process: a request as the process parses or shuts down ends it 130 too). A command that can stop cleanly
 (`clef score`) runs its job inside `deferring()`: the first request only sets the job's stop
 event, which every engine loop and phase checks (loading, encoding, forward, commit, output),
 so the job commits what it has and exits 130; a request is recorded whatever the moment, so
@@ -41,23 +42,37 @@ class StopRequests:
         self.event = threading.Event()
         self.requests = 0
         self.deferred = False
+        self.in_command = False
         self._installed: dict[int, Any] = {}
+        self._for_process = False
+
+    def install_for_process(self) -> None:
+        """The console script's: the handler for the process's whole life, so a request before
+        or after the command (its parsing, the interpreter's shutdown) ends it 130 at once too."""
+        self._install()
+        self._for_process = True
 
     @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        """The handler for the command's lifetime (the process's own before and after it). Off the
-        main thread (a library caller's thread) Python allows no handler: nothing changes."""
-        if self._installed or threading.current_thread() is not threading.main_thread():
+    def command(self) -> Iterator[None]:
+        """The handler for one command; in process (a library caller, CliRunner) the previous
+        handlers come back after it. Off the main thread Python allows no handler: nothing changes."""
+        if threading.current_thread() is not threading.main_thread():
             yield
             return
-        self.requests, self.deferred = 0, False
-        self._installed = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+        if not self._installed:
+            self._install()
+        self.requests, self.deferred, self.in_command = 0, False, True
         try:
             yield
         finally:
-            for signum, previous in self._installed.items():
-                signal.signal(signum, previous)
-            self._installed = {}
+            self.in_command = False
+            if not self._for_process:
+                for signum, previous in self._installed.items():
+                    signal.signal(signum, previous)
+                self._installed = {}
+
+    def _install(self) -> None:
+        self._installed = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[threading.Event]:
@@ -77,7 +92,7 @@ class StopRequests:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requests += 1
-        if self.requests > 1:
+        if self.requests > 1 or not self.in_command:
             stop_now()
         if not self.deferred:
             raise KeyboardInterrupt
