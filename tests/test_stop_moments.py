@@ -149,3 +149,14 @@ def test_a_stop_as_the_vllm_worker_closes_exits_130(tmp_path, monkeypatch, stand
 @pytest.mark.parametrize("moment", VLLM_MOMENTS)
 def test_a_stop_at_any_moment_of_a_vllm_run_exits_130(tmp_path, monkeypatch, stand_in_vllm, moment):
     stopped_then_resumed(tmp_path, monkeypatch, moment, "--engine", "vllm", "--dtype", "float32")
+
+
+@pytest.mark.slow  # vLLM's CPU build starts twice (most of a minute each)
+def test_a_stop_as_the_real_vllm_worker_closes_exits_130(tmp_path, monkeypatch):
+    """The same moment with vLLM itself (CLEF_VLLM_PYTHON), whose shutdown takes seconds."""
+    from tests.test_vllm_engine import vllm_python
+    from tests.vllm_release import cached_release
+
+    monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
+    options = ["--engine", "vllm", "--dtype", "float32", "--model", str(cached_release()), "--cpu-kv-cache-gib", "1"]
+    stopped_then_resumed(tmp_path, monkeypatch, "vllm worker closing", *options)
