@@ -104,6 +104,7 @@ def test_ctrl_c_twice_under_the_progress_display_exits_130(tmp_path, when):
     code, text = job.wait(), job.text()
     assert code == 130, text[-2000:]
     assert not [word for word in BROKEN if word in text], text[-2000:]
+    assert "stopping after the current batch" in text  # the first request said what it does
     kept = committed(checkpoint)
     assert 4 <= kept < len(RECORDS) and not output.exists()
     rerun = subprocess.run(score_command(inputs, output, "--quiet"), cwd=ROOT, capture_output=True, text=True,

@@ -1,8 +1,8 @@
 """The one stop path: SIGINT (Ctrl-C) and SIGTERM, handled once, at the CLI boundary.
 
-`ClefGroup.invoke` installs the handler around every command (the console script, for the
-whole process: a request as the process parses or shuts down ends it 130 too). A command that can stop cleanly
-(`clef score`) runs its job inside `deferring()`: the first request only sets the job's stop
+`ClefGroup.invoke` installs the handler around every command (the console script for the whole
+process: a request as it parses or shuts down ends it 130 at once). A command that can stop
+cleanly (`clef score`) runs its job inside `deferring()`: the first request only sets the job's stop
 event, which every engine loop and phase checks (loading, encoding, forward, commit, output),
 so the job commits what it has and exits 130; a request is recorded whatever the moment, so
 the command ends 130 even when it came as the job was finishing. Any other command gets a
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import sys
 import threading
@@ -45,6 +46,11 @@ class StopRequests:
         self.in_command = False
         self._installed: dict[int, Any] = {}
         self._for_process = False
+        self._notes: queue.SimpleQueue[str] = queue.SimpleQueue()
+        """Lines for the note thread to print: a handler must not print (the main thread may be
+        inside the console) nor start a thread (it may hold threading's own lock); a SimpleQueue
+        is safe to put to from a signal handler."""
+        self._noting: threading.Thread | None = None
 
     def install_for_process(self) -> None:
         """The console script's: the handler for the process's whole life, so a request before
@@ -72,7 +78,16 @@ class StopRequests:
                 self._installed = {}
 
     def _install(self) -> None:
+        if self._noting is None:
+            self._noting = threading.Thread(target=self._say, name="clef-stop-notes", daemon=True)
+            self._noting.start()
         self._installed = {signum: signal.signal(signum, self._handle) for signum in SIGNALS}
+
+    def _say(self) -> None:
+        while True:
+            message = self._notes.get()
+            with contextlib.suppress(Exception):
+                stderr.print(message, markup=False)
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[threading.Event]:
@@ -97,13 +112,7 @@ class StopRequests:
         if not self.deferred:
             raise KeyboardInterrupt
         self.event.set()
-        # printed on a thread of its own: the main thread may be inside the console right now
-        threading.Thread(target=_say, args=(FIRST,), name="clef-stop-note", daemon=True).start()
-
-
-def _say(message: str) -> None:
-    with contextlib.suppress(Exception):
-        stderr.print(message, markup=False)
+        self._notes.put(FIRST)
 
 
 def stop_now() -> None:
