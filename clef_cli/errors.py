@@ -26,6 +26,12 @@ class ModelRefused(ModelLoadError, UsageError):
     `UsageError`, refused with exit 2 and nothing written."""
 
 
+class JobStopped(KeyboardInterrupt):
+    """A stop request honoured inside a step that does not finish (a model load, the output
+    being written): the engine catches it and reports the job interrupted, everything committed
+    kept. A KeyboardInterrupt, so one that escapes still exits 130 at the CLI."""
+
+
 ERROR_KINDS = ("invalid", "media", "overflow", "unsupported", "transient")
 """A failed record's `error_kind` (docs/scoring.md, "Errors and their kinds"): `invalid` the record
 itself (fields, schema, duplicate id), `media` a media entry unreadable, refused or over a limit,

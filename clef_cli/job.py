@@ -7,6 +7,7 @@ a job, runs the records its ledger marks, and finishes.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import pyarrow as pa
 
 from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
-from clef_cli.errors import UsageError
+from clef_cli.errors import JobStopped, UsageError
 from clef_cli.inputs.object_store import forget as forget_objects
 from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.inputs.readers import load_questions_file, read_records
@@ -196,6 +197,8 @@ class Job:
     progress: Progress
     summary: JobSummary
     started: float
+    stop: threading.Event
+    """Set by a stop request (Ctrl-C, SIGTERM): checked by the engine's loops and by `finish`."""
 
     def keep_policy(self) -> KeepPolicy:
         """Whose hidden states this run stores (`--hidden-states`; the sample drawn from the ledger)."""
@@ -217,15 +220,32 @@ class Job:
         passthrough: Any = None,
         manifest: dict[str, Any] | None = None,
     ) -> JobSummary:
-        """Write the output (provenance, this run's counts and the engine's own `metadata`) and count it."""
+        """Write the output (provenance, this run's counts and the engine's own `metadata`) and
+        count it; a stop request before or while it is written leaves the old output (the
+        temporary goes) and the job interrupted: the rerun writes it from the store."""
+        if self.stop.is_set():
+            return self.interrupted()
         self.progress.note("writing the output")
         described = provenance(self.settings, self.release, manifest or self.checkpoint.manifest)
         described |= {f"clef.records_{name}": str(value) for name, value in self.summary.run_counts().items()}
-        counts = write_job_output(self.settings, results, described | (metadata or {}), passthrough)
+        try:
+            rows = self._until_stopped(results)
+            counts = write_job_output(self.settings, rows, described | (metadata or {}), passthrough)
+        except JobStopped:
+            return self.interrupted()
         self.summary.count(counts)
         if self.checkpoint.index is not None:
             self.checkpoint.index.finish_run(self.checkpoint.run_id, self.summary.run_counts())
         return self.stopped()
+
+    def _until_stopped(self, results: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        """`results`, checked for a stop request before each chunk (and after the last)."""
+        for chunk in results:
+            if self.stop.is_set():
+                raise JobStopped
+            yield chunk
+        if self.stop.is_set():
+            raise JobStopped
 
     def interrupted(self) -> JobSummary:
         """Stopped on request: everything committed stays for the next run."""
@@ -272,10 +292,11 @@ def open_job(
     head_dir: Path | None = None,
     existing: bool = False,
     preflight: Preflight | None = None,
+    stop: threading.Event | None = None,
 ) -> Iterator[Job]:
     """Check everything (`checked_release`), then build the manifest, take the locks, open the
     checkpoint (`existing`: one that must exist, to read; else made or reused) and key the
-    job's records against it."""
+    job's records against it. `stop`: the job's stop requests (cli/stopping.py)."""
     started = time.monotonic()
     settings, release = checked_release(settings, preflight)
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
@@ -305,8 +326,9 @@ def open_job(
             summary = JobSummary(output=settings.output, damaged=damaged)
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
-            yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started)
-        except KeyboardInterrupt:  # a stop request that ended the job at once (a second Ctrl-C)
+            stop = stop or threading.Event()
+            yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started, stop)
+        except KeyboardInterrupt:  # a stop that ended the job inside a step (`JobStopped`) or at once
             record_interrupted(checkpoint, summary)
             raise
         except UsageError:

@@ -6,7 +6,9 @@ run stopped on request (exit 130) from one that crashed."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -83,13 +85,18 @@ def journal_records(checkpoint: Path) -> int:
 
 
 def test_checkpoint_info_shows_a_run_stopped_on_request_as_interrupted(tmp_path, monkeypatch):
-    """The first Ctrl-C (the stop the handler sets), set at the first commit: exit 130."""
-    import clef_cli.cli.score as score_module
+    """The first Ctrl-C (a real SIGINT through the CLI's handler, which sets the job's stop), sent
+    at the first commit: exit 130."""
     from clef_cli import faults
 
-    stops: list = []
-    monkeypatch.setattr(score_module, "install_stop_handlers", stops.append)
-    monkeypatch.setattr(faults, "after_commit", lambda: stops[-1].set())
+    sent: list[bool] = []
+
+    def first_ctrl_c() -> None:
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(faults, "after_commit", first_ctrl_c)
     out = tmp_path / "out.parquet"
     result = score(POSTS, out, "--max-batch-size", "1")
     assert result.exit_code == 130, result.output

@@ -14,6 +14,7 @@ from clef_cli import __version__
 from clef_cli.cli import checkpoint, compare, inspect, quality, review, score
 from clef_cli.cli.console import stdout
 from clef_cli.cli.errors import ClefGroup
+from clef_cli.cli.stopping import STOPS
 from clef_cli.cli.usage import ClefCommand, PanelledCommand
 
 app = typer.Typer(
@@ -59,5 +60,6 @@ app.add_typer(checkpoint.app, name="checkpoint")
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (`python -m clef_cli` too): Ctrl-C is the CLI's from the start."""
+    STOPS.install_for_process()
     app(prog_name="clef")

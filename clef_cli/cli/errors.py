@@ -8,6 +8,9 @@ A reader that closes the pipe early (`clef compare ... | head -1`) ends the comm
 0: the reader had what it wanted. Not 141 (a shell's code for a process killed by SIGPIPE, what
 `yes | head -1` gives): `set -o pipefail` reports the last command that failed, so 141 would fail
 every cron pipeline through `head`, while a failing reader still fails the pipeline itself.
+
+Ctrl-C and SIGTERM are handled here too, once for every command (`cli/stopping.py`): a second
+request ends the process with 130 at once, never an abort.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import typer
 from typer.core import TyperGroup
 
 from clef_cli.cli.console import stderr
+from clef_cli.cli.stopping import STOPS
 from clef_cli.errors import ClefError, UsageError
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_GATE_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -74,6 +78,10 @@ class ClefGroup(TyperGroup):
     """The top-level group: runs the chosen command and maps its failures through `EXIT_TABLE`."""
 
     def invoke(self, ctx: typer.Context) -> Any:
+        with STOPS.command():
+            return self._invoke(ctx)
+
+    def _invoke(self, ctx: typer.Context) -> Any:
         try:
             try:
                 result = super().invoke(ctx)

@@ -1,10 +1,8 @@
-"""What a running command shows on stderr: progress bars, the end-of-job summary, the dry-run
-plan, and the Ctrl-C handling that lets a job commit its current batch before it stops."""
+"""What a running command shows on stderr: progress bars, the end-of-job summary and the dry-run
+plan (Ctrl-C's handling is cli/stopping.py's)."""
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from typing import Any
 
@@ -100,23 +98,11 @@ class TrainHeadProgress:
         self._bar.stop()
 
 
-def install_stop_handlers(stop: threading.Event) -> None:
-    """First SIGINT/SIGTERM: finish and commit the current batch, then exit 130. Second: abort."""
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        stderr.print("stopping after the current batch (press Ctrl-C again to abort)", markup=False)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-
-
 def print_summary(summary: Any) -> None:
-    if summary.interrupted:
+    if summary.interrupted:  # a request as the output was already in place says so
+        written = f" after writing {summary.output} ({plural(summary.records, 'record')})" if summary.records else ""
         stderr.print(
-            f"interrupted: {plural(summary.committed, 'record')} committed this run; "
+            f"interrupted{written}: {plural(summary.committed, 'record')} committed this run; "
             "rerun the same command to continue",
             markup=False,
         )

@@ -34,7 +34,7 @@ from clef_cli.cli.options import (
     StructNullsOption,
     with_media_limits,
 )
-from clef_cli.cli.progress import RichProgress, install_stop_handlers, print_dry_run, print_summary
+from clef_cli.cli.progress import RichProgress, print_dry_run, print_summary
 from clef_cli.cli.score_options import (
     RAY_ONLY,
     VLLM_ONLY,
@@ -76,6 +76,7 @@ from clef_cli.cli.score_options import (
     ray_settings,
     score_settings,
 )
+from clef_cli.cli.stopping import STOPS
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError
@@ -183,7 +184,7 @@ def score(
     if stats_json is not None:  # first: a reader that stops reading the summary must not cost the file
         summary.final_stats().write_json(stats_json)
     print_summary(summary)
-    if summary.interrupted:
+    if summary.interrupted or STOPS.requested():  # a request as the job ended counts too
         raise typer.Exit(EXIT_INTERRUPTED)
     raise typer.Exit(EXIT_RECORDS_FAILED if summary.failed else EXIT_OK)
 
@@ -198,24 +199,33 @@ def show_plan(settings: ScoreSettings, progress: RichProgress) -> None:
 
 
 def run_engine(settings: ScoreSettings, options: dict[str, Any], progress: Progress, quiet: bool) -> Any:
-    """The engine the options choose (rehead, Ray or local), stopping cleanly on Ctrl-C/SIGTERM."""
-    stop = threading.Event()
-    install_stop_handlers(stop)
-    try:
-        if settings.rehead is not None:
-            from clef_cli.engines.rehead import rehead
+    """The engine the options choose (rehead, Ray or local), stopping cleanly on Ctrl-C/SIGTERM:
+    a request at any moment of the job is its summary's `interrupted` (cli/stopping.py)."""
+    with STOPS.deferring() as stop:
+        try:
+            summary = _engine_run(settings, options, progress, quiet, stop)
+        finally:
+            progress.stop()
+        if stop.is_set():
+            summary.interrupted = True
+        return summary
 
-            return rehead(settings, progress)
-        if options["ray"]:
-            from clef_cli.engines.ray.job import RayScoreJob
 
-            cluster = ray_settings(options, settings.device, quiet)
-            return RayScoreJob(settings, cluster, progress, stop=stop).run()
-        from clef_cli.engines.choice import local_engine
+def _engine_run(
+    settings: ScoreSettings, options: dict[str, Any], progress: Progress, quiet: bool, stop: threading.Event
+) -> Any:
+    if settings.rehead is not None:
+        from clef_cli.engines.rehead import rehead
 
-        return local_engine(settings, progress, stop=stop).run()
-    finally:
-        progress.stop()
+        return rehead(settings, progress, stop=stop)
+    if options["ray"]:
+        from clef_cli.engines.ray.job import RayScoreJob
+
+        cluster = ray_settings(options, settings.device, quiet)
+        return RayScoreJob(settings, cluster, progress, stop=stop).run()
+    from clef_cli.engines.choice import local_engine
+
+    return local_engine(settings, progress, stop=stop).run()
 
 
 command = with_media_limits(score)

@@ -112,7 +112,7 @@ def compute_missing_states(
     settings = states_settings(settings)
     started = time.monotonic()
     engine = local_engine(settings, progress, stop=stop, scorer=scorer)
-    with open_job(settings, progress, compute_dtype(settings), preflight=engine.preflight) as job:
+    with open_job(settings, progress, compute_dtype(settings), preflight=engine.preflight, stop=stop) as job:
         counts = job.ledger.counts
         if ids is None:
             missing = counts.run - counts.unhidden - counts.retried  # a retried key has its stored row

@@ -6,6 +6,7 @@ only other backbone tensor the head needs (the lm_head rows) is read from its we
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -93,9 +94,12 @@ def check_head_folder(path: Path) -> None:
     )
 
 
-def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSummary:
+def rehead(
+    settings: ScoreSettings, progress: Progress | None = None, stop: threading.Event | None = None
+) -> JobSummary:
     """Score the job's stored hidden states with the head in `settings.rehead`; write the output.
-    Without a model (`settings.model` None) the release is the one the store's manifest names."""
+    Without a model (`settings.model` None) the release is the one the store's manifest names.
+    A stop request (`stop`) ends it interrupted, between shards or while the output is written."""
     assert settings.rehead is not None
     progress = progress or Progress()
     head_dir = Path(settings.rehead)
@@ -109,12 +113,12 @@ def rehead(settings: ScoreSettings, progress: Progress | None = None) -> JobSumm
     head = load_joint_head(head_dir)
     computed: OnDemandCost | None = None
     while True:
-        with open_job(settings, progress, "float32", head_dir=head_dir, existing=True) as job:
+        with open_job(settings, progress, "float32", head_dir=head_dir, existing=True, stop=stop) as job:
             if not job.ledger.counts.unhidden or computed is not None:
                 return _rehead_job(job, head, head_dir, computed or OnDemandCost(0, 0, 0.0))
         # states missing (a store kept under `selective` or `drop`): the thinker runs on those
         # records only (its own job, under the locks), then the store is read again, once
-        computed = compute_missing_states(settings, progress)
+        computed = compute_missing_states(settings, progress, stop=stop)
 
 
 def _rehead_job(job: Job, head: JointSchemaHead, head_dir: Path, computed: OnDemandCost) -> JobSummary:
@@ -155,6 +159,8 @@ def _rescore(job: Job, head: JointSchemaHead, lexical: torch.Tensor, target: Che
     entries = {entry.name: entry for entry in source.entries}
     hidden_files = {shard.path.name: shard for shard in source.hidden_shards()}
     for name, rows in job.ledger.stored_rows().items():
+        if job.stop.is_set():
+            return  # `finish` then reports the job interrupted
         table = source.shard_table(name).take(pa.array(rows, pa.int64()))
         failed = table.filter(table.column("error").is_valid())
         if failed.num_rows:

@@ -31,7 +31,7 @@ from clef_cli.engines.local.planning import (
     worker_count,
 )
 from clef_cli.engines.local.workers import Planned
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, JobStopped
 from clef_cli.job import Job, open_job
 from clef_cli.model.scoring import Scorer
 from clef_cli.output import passthrough_types
@@ -124,7 +124,8 @@ class ScoreJob:
         return Window(kept, failures) if len(kept) < len(window.planned) else window
 
     def run(self) -> JobSummary:
-        with open_job(self.settings, self.progress, compute_dtype(self.settings), preflight=self.preflight) as job:
+        dtype = compute_dtype(self.settings)
+        with open_job(self.settings, self.progress, dtype, preflight=self.preflight, stop=self.stop) as job:
             settings = job.settings
             passthrough = (
                 passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
@@ -134,10 +135,11 @@ class ScoreJob:
             total = len(job.ledger.to_run)
             self.progress.start(total, total - job.ledger.counts.run)
             if job.ledger.counts.run:
-                self._score(job)
-            if self.stop.is_set():
-                return job.interrupted()
-            with job.summary.stats.stage("output_write"):
+                try:
+                    self._score(job)
+                except JobStopped:  # a stop while the model loads: nothing of this run is lost
+                    return job.interrupted()
+            with job.summary.stats.stage("output_write"):  # a stop before or during it: interrupted
                 return job.finish(job.results(), self.engine_metadata(), passthrough=passthrough)
 
     def engine_metadata(self) -> dict[str, str]:

@@ -179,7 +179,7 @@ class RayScoreJob:
     def run(self) -> JobSummary:
         device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
         dtype = str(resolve_dtype(self.settings.dtype, device)).removeprefix("torch.")
-        with open_job(self.settings, self.progress, dtype, preflight=self.engine.preflight) as job:
+        with open_job(self.settings, self.progress, dtype, preflight=self.engine.preflight, stop=self.stop) as job:
             settings = self.settings = job.settings
             self.summary = job.summary
             passthrough = (
@@ -191,8 +191,7 @@ class RayScoreJob:
             if job.ledger.counts.run:
                 self.keep = job.keep_policy()
                 self._on_cluster(job.checkpoint, job.ledger.to_run, questions)
-            if self.stop.is_set():
-                return job.interrupted()
+            # a stop request, before or while it writes: interrupted instead
             return job.finish(mark_duplicates(job.results()), self._engine_metadata(), passthrough)
 
     def _engine_metadata(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.engines.vllm.protocol import receive, send
-from clef_cli.errors import ModelLoadError, UsageError
+from clef_cli.errors import JobStopped, ModelLoadError, UsageError
 
 PYTHON_ENV = "CLEF_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("worker.py")
@@ -107,10 +107,11 @@ class VllmWorker:
         """The longest prompt the loaded engine takes (vLLM's own figure, after its checks)."""
 
     def _wait_for_reply(self, stop: threading.Event | None) -> None:
-        """Block until the worker answers; a stop request meanwhile is an interrupt (exit 130)."""
+        """Block until the worker answers; a stop request meanwhile ends the load (JobStopped:
+        the job is interrupted). One that comes with the answer is the job's loops' to see."""
         while not select.select([self.inbox], [], [], STOP_POLL_SECONDS)[0]:
             if stop is not None and stop.is_set():
-                raise KeyboardInterrupt
+                raise JobStopped
             if self.process.poll() is not None:
                 return  # the reply read then meets the closed pipe and says how it ended
 

@@ -166,7 +166,7 @@ def load_vllm_scorer(
     release: Release, settings: ScoreSettings, dtype: str, log: Path, stop: threading.Event | None = None
 ) -> Scorer:
     """The vLLM worker started and loaded (its output in `log`), with clef's joint head and the
-    lm_head rows; a stop request while it loads ends it (KeyboardInterrupt: exit 130)."""
+    lm_head rows; a stop request while it loads ends it (JobStopped: the job is interrupted)."""
     from clef_cli.families import family_of
     from clef_cli.model.head import load_joint_head
     from clef_cli.release import load_processor
