@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.json_values import unreadable_json
-from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls, parquet_rows
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
 from clef_cli.inputs.sources import InputFile, expand_inputs
 
@@ -73,24 +74,26 @@ def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:
 
 
 def _raw_parquet(
-    source: InputFile, struct_nulls: StructNulls | None, batch_size: int = 1024
+    source: InputFile, struct_nulls: StructNulls | None, nested: tuple[str, ...], batch_size: int = 1024
 ) -> Iterator[tuple[Any, str | None]]:
     try:
         parquet = source.parquet()
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
     for batch in parquet.iter_batches(batch_size=batch_size):
-        rows = batch.to_pylist() if struct_nulls is None else parquet_rows(batch, struct_nulls)
+        rows = batch.to_pylist() if struct_nulls is None else parquet_rows(batch, struct_nulls, nested)
         for row in rows:
             yield row, None
 
 
-def raw_rows(source: InputFile, struct_nulls: StructNulls | None = None) -> Iterator[tuple[Any, str | None]]:
+def raw_rows(
+    source: InputFile, struct_nulls: StructNulls | None = None, nested: tuple[str, ...] = RECORD_COLUMNS
+) -> Iterator[tuple[Any, str | None]]:
     """(raw record, None) or (None, problem) for every record of one input, in order. Parquet
-    rows are read for records under `struct_nulls`, or exactly as stored when it is None
-    (pass-through columns)."""
+    rows are read for records under `struct_nulls` (the `nested` columns: a mapping's), or
+    exactly as stored when it is None (pass-through columns)."""
     if source.is_parquet:
-        return _raw_parquet(source, struct_nulls)
+        return _raw_parquet(source, struct_nulls, nested)
     if source.suffix == ".json":
         return _raw_json(source)
     return _raw_jsonl(source)
@@ -101,15 +104,18 @@ def read_records(
     questions: Mapping[str, Any] | None = None,
     limit: int | None = None,
     struct_nulls: StructNulls = StructNulls.refuse,
+    columns: ColumnMapping | None = None,
 ) -> Iterator[Record | InvalidRecord]:
     """Stream records from every input in order; `index` counts across all inputs from 0.
-    `struct_nulls` says what a null inside a Parquet struct column means (see parquet_rows)."""
-    builder = RecordBuilder(default_questions=questions)
+    `struct_nulls` says what a null inside a Parquet struct column means (see parquet_rows);
+    `columns`, which input columns the fields come from (inputs/columns.py)."""
+    builder = RecordBuilder(default_questions=questions, columns=columns)
+    nested = columns.nested_columns if columns is not None else RECORD_COLUMNS
     index = 0
     for source in expand_inputs(paths):
         base_dir = source.base_dir
         json_text = source.is_parquet
-        for raw, problem in raw_rows(source, struct_nulls):
+        for raw, problem in raw_rows(source, struct_nulls, nested):
             if limit is not None and index >= limit:
                 return
             if problem is not None:
