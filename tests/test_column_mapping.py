@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.encoding.media_limits import MediaLimits
 from clef_cli.errors import UsageError
-from clef_cli.inputs.columns import ColumnMapping, parse_columns
+from clef_cli.inputs.columns import parse_columns
 from clef_cli.inputs.media_cells import InlineBytes, InlineSamples, media_entries
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord, Record
@@ -74,8 +74,8 @@ def test_parquet_columns_map_state_questions_and_media(tmp_path):
 
 def test_a_missing_state_column_in_one_jsonl_record_is_its_error(tmp_path):
     rows = [TICKETS[0] | {"questions": QUESTIONS}, {"ticket_id": "T-9", "body": "no subject", "questions": QUESTIONS}]
-    records = list(read_records([write_jsonl(tmp_path / "t.jsonl", rows)], columns=parse_columns("id=ticket_id",
-                                                                                                "subject,body")))  # fmt: skip
+    mapping = parse_columns("id=ticket_id", "subject,body")
+    records = list(read_records([write_jsonl(tmp_path / "t.jsonl", rows)], columns=mapping))
     assert isinstance(records[0], Record)
     assert isinstance(records[1], InvalidRecord) and records[1].id == "T-9" and "'subject'" in records[1].error
 

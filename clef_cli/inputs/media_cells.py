@@ -107,7 +107,8 @@ def _entry(item: Any, name: str, where: str, record_id: str) -> MediaEntry:
         raise RecordError(record_id, where, "a media struct with neither bytes nor a path")
     if item is None:
         raise RecordError(record_id, where, "a null media entry (give a path or bytes, or leave it out)")
-    raise RecordError(record_id, where, f"media entries must be strings, bytes or media structs, got {kind_of(item)}")
+    message = f"media entries must be strings, got {kind_of(item)} (or bytes, or {{bytes, path}} structs)"
+    raise RecordError(record_id, where, message)
 
 
 def _inline(data: bytes, where: str, record_id: str) -> InlineBytes:
