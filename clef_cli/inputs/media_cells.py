@@ -62,6 +62,11 @@ MEDIA_STRUCT_KEYS = frozenset({"bytes", "path"})
 SAMPLES_KEYS = frozenset({"array", "sampling_rate"})
 
 
+def inline_size(*fields: tuple[MediaEntry, ...]) -> int:
+    """Bytes of media a record carries itself (what holding it costs; a location costs nothing)."""
+    return sum(len(entry.data) for entries in fields for entry in entries if not isinstance(entry, str))
+
+
 def media_entries(value: Any, name: str, record_id: str) -> tuple[MediaEntry, ...]:
     """The entries of one media field's cell (None: no media), or the record's error naming the
     entry. A list cell holds one entry per item; any other cell but a string is one entry."""
