@@ -91,6 +91,14 @@ class ColumnMapping:
         return json.dumps({"fields": dict(self.fields), "state_columns": list(self.state_columns)}, ensure_ascii=False)
 
 
+def mapping_from_metadata(text: str | None) -> ColumnMapping | None:
+    """The mapping an output's `clef.columns` records (None: the run had none)."""
+    if not text:
+        return None
+    found = json.loads(text)
+    return ColumnMapping(tuple(found.get("fields", {}).items()), tuple(found.get("state_columns", ())))
+
+
 def _row_id(row: Mapping[str, Any], index: int) -> str:
     """The id an error names (records.record_id_of checks it properly later)."""
     value = row.get("id")
