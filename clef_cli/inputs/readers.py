@@ -80,21 +80,27 @@ def _raw_parquet(
         parquet = source.parquet()
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
-    for batch in parquet.iter_batches(batch_size=batch_rows(parquet.metadata, batch_size)):
+    for batch in parquet.iter_batches(batch_size=batch_rows(parquet, batch_size)):
         rows = batch.to_pylist() if struct_nulls is None else parquet_rows(batch, struct_nulls, nested)
         for row in rows:
             yield row, None
 
 
 BATCH_BYTES = 16 << 20
-"""About the bytes of one Parquet batch read for records: a table of inline images (100 KiB a
-row) is read a hundred-odd rows at a time, not 1024 (100 MiB, then as many again as rows)."""
+"""About the bytes of one Parquet batch read for records (its rows' uncompressed size)."""
+BINARY_BATCH_ROWS = 64
+"""Rows per batch of a table with binary columns (inline media): their size cannot be known
+before reading (a dictionary-encoded column of repeated images is small on disk), and 1024 rows
+of 100 KiB images would be 100 MiB read at once, twice over as Python values."""
 
 
-def batch_rows(metadata: Any, most: int) -> int:
-    """Rows per batch: `most`, fewer where the file's rows are large (its uncompressed size)."""
+def batch_rows(parquet: Any, most: int) -> int:
+    """Rows per batch: `most`, fewer where the file's rows are large or hold binary cells."""
+    metadata = parquet.metadata
     rows = metadata.num_rows
     size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    if "binary" in str(parquet.schema_arrow):  # a binary column, or one nested in a struct or list
+        most = min(most, BINARY_BATCH_ROWS)
     return most if rows == 0 or size <= 0 else max(1, min(most, BATCH_BYTES * rows // size))
 
 

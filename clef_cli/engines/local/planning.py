@@ -14,7 +14,7 @@ from typing import Any
 from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
 from clef_cli.engines.local.workers import EncoderSpec, Planned, within_budget
-from clef_cli.inputs.media_cells import inline_size
+from clef_cli.inputs.record_chunks import record_chunks
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.job import job_records
 from clef_cli.model.dtypes import ITEM_SIZES
@@ -82,32 +82,11 @@ window of 8192 videos would keep a GPU idle for most of an hour); each next wind
 to `--window`. Results do not depend on it: a record's scores never depend on its batch."""
 
 
-WINDOW_INLINE_BYTES = 64 << 20
-"""Media bytes records may carry inside one window (a `datasets` table's images): a window ends
-early at this, so a job holds about two windows of inline media however large the table (and
-an 8192-record window of 100 KiB images would hold 800 MiB)."""
-
-
 def window_sizes(window: int) -> Iterator[int]:
     size = min(FIRST_WINDOW, window)
     while True:
         yield size
         size = min(window, size * 2)
-
-
-def _chunks(items: Iterable[Any], sizes: Iterator[int], max_inline: int = WINDOW_INLINE_BYTES) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    size = next(sizes)
-    carried = 0
-    for item in items:
-        chunk.append(item)
-        if isinstance(item, Record):
-            carried += inline_size(item.images, item.audio, item.videos)
-        if len(chunk) >= size or carried >= max_inline:
-            yield chunk
-            chunk, size, carried = [], next(sizes), 0
-    if chunk:
-        yield chunk
 
 
 def planned_windows(
@@ -127,7 +106,7 @@ def planned_windows(
         return failures, futures
 
     pending = (record for record in records if record.index not in skip)
-    chunks = _chunks(pending, window_sizes(window))
+    chunks = record_chunks(pending, window_sizes(window))  # also ended by inline media bytes
     current = next((submit(chunk) for chunk in chunks), None)
     while current is not None:
         upcoming = next((submit(chunk) for chunk in chunks), None)
