@@ -45,7 +45,13 @@ REMOTE_SPOOL = "remote-media"
 def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
     """The job's records in input order (with the `--questions` schema for those without one)."""
     schema = load_questions_file(settings.questions) if settings.questions else None
-    return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
+    return read_records(
+        settings.inputs,
+        questions=schema,
+        limit=settings.limit,
+        struct_nulls=settings.struct_nulls,
+        columns=settings.columns,
+    )
 
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:
@@ -158,6 +164,7 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **questions_metadata(settings),
         **key_metadata(settings, release),
+        **({"clef.columns": settings.columns.as_metadata()} if settings.columns else {}),
     }
 
 

@@ -21,6 +21,7 @@ from clef_cli.choices import (
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
+from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.sources import local_path, unfound_local
 from clef_cli.release import DEFAULT_MODEL, Release
@@ -89,6 +90,8 @@ class ScoreSettings:
     dtype: str | None = None
     layout: str = "wide"
     keep_columns: tuple[str, ...] = ()
+    columns: ColumnMapping | None = None
+    """`--columns` / `--state-columns`: the input columns the record fields come from."""
     limit: int | None = None
     workers: int | None = None
     """Background encoding processes; None: none on the CPU (the model already uses every core);
@@ -179,6 +182,10 @@ class ScoreSettings:
                 raise UsageError(f"input not found: {location}")
         if self.output.resolve() in {path.resolve() for _, path in local_inputs if path is not None}:
             raise UsageError("the output would overwrite an input")
+        if self.columns:
+            from clef_cli.inputs.table_shape import check_columns
+
+            check_columns(self.columns, self.inputs)  # a column no input has: refused before anything is made
 
     def _validate_checkpoint(self) -> None:
         """The store's folder through the checks an output folder gets (`atomic`), before it is

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from clef_cli.engines.local.planning import FIRST_WINDOW, _chunks, window_sizes
+from clef_cli.engines.local.planning import FIRST_WINDOW, window_sizes
+from clef_cli.inputs.record_chunks import record_chunks as _chunks
 
 
 def test_window_sizes_start_small_and_double_up_to_the_window():

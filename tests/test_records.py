@@ -183,7 +183,7 @@ def test_unknown_input_type_and_missing_input_are_usage_errors(tmp_path):
         ),
         (
             {"id": "r", "state": "s", "questions": NOUL, "audio": 7},
-            "record 'r', field 'audio': must be a list of strings, got a number",
+            "record 'r', field 'audio': must be a list of media entries, got a number",
         ),
     ],
 )

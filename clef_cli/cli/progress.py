@@ -169,6 +169,8 @@ def print_failures(summary: Any) -> None:
 
 def print_dry_run(report: Any, settings: Any) -> None:
     failing = ", ".join(f"{count} {kind}" for kind, count in sorted(report.failed_by_kind.items())) or "0 invalid"
+    for line in report.field_sources:  # how each record field is read, per input
+        stdout.print(line, markup=False)
     stdout.print(f"records: {report.records} ({report.valid} valid, {failing})", markup=False)
     if report.already_done:
         stdout.print(f"already in the checkpoint: {report.already_done} (not planned again)")

@@ -63,6 +63,23 @@ KeepColumnsOption = Annotated[
         "--keep-columns", rich_help_panel=PANEL_OUTPUT, help="Input columns to pass through, comma-separated."
     ),
 ]
+ColumnsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--columns",
+        rich_help_panel=PANEL_INPUTS,
+        help="FIELD=COLUMN[,...]: the input columns (Parquet columns, JSONL keys) the record fields "
+        "id, state, questions, images, audio, videos come from.",
+    ),
+]
+StateColumnsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--state-columns",
+        rich_help_panel=PANEL_INPUTS,
+        help="COL[,...]: the state is a JSON object of these input columns, keyed by column name.",
+    ),
+]
 LimitOption = Annotated[
     int | None, typer.Option("--limit", min=1, rich_help_panel=PANEL_INPUTS, help="Score only the first N records.")
 ]
@@ -317,6 +334,8 @@ RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "
 
 def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> ScoreSettings:
     """The library's settings from the parsed options (Typer's `ctx.params`)."""
+    from clef_cli.inputs.columns import parse_columns
+
     columns = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
     same = ("inputs", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
     same += ("max_batch_tokens",)
@@ -335,6 +354,7 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
         dtype=None if options["dtype"] is Dtype.auto else options["dtype"].value,
         layout=options["layout"].value,
         keep_columns=columns,
+        columns=parse_columns(options["columns"], options["state_columns"]),
         hidden_states=options["hidden_states"].value,
         keep_below=options["keep_below"],
         keep_sample=options["keep_sample"],

@@ -8,7 +8,10 @@ plus the soundtrack when there is one.
 Where the bytes come from (`open_source`): a local path (fenced by `media_root` under
 --media-root), a data: URL, an http(s) URL through the one checked fetcher (`remote_fetch`), or
 an object in a store (`remote_objects`, confined to the input's folder and --media-root URIs),
-the remote ones read from the job's copy (`remote_spool`) when it has one.
+the remote ones read from the job's copy (`remote_spool`) when it has one; or the record itself,
+which may carry the bytes (`InlineBytes`: decoded as the same bytes in a file, under the same
+limits) or 16 kHz mono samples (`InlineSamples`, taken as they are, as the reference takes raw
+samples).
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
+from clef_cli.encoding.inline_media import inline_samples, not_samples, open_inline
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
 from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_objects import object_bytes
 from clef_cli.encoding.remote_spool import RemoteSpool
+from clef_cli.inputs.media_cells import InlineSamples, MediaEntry
 from clef_cli.inputs.sources import MediaBase, names_object
 
 AUDIO_SAMPLE_RATE = 16000
@@ -55,14 +60,17 @@ DATA_URL_TYPES = {"images": ("image/",), "audio": ("audio/", "video/"), "videos"
 no type, or application/octet-stream, leaves it to the content."""
 
 
-Source = str | io.BytesIO | BinaryIO
-"""What a decoder reads: a path, fetched or decoded bytes, or a file opened inside a media root."""
+Source = str | io.BytesIO | BinaryIO | InlineSamples
+"""What a decoder reads: a path, fetched, decoded or inline bytes, a file opened inside a media
+root, or pre-decoded audio samples (only `decode_audio` takes those)."""
 
 
-def open_source(entry: str, base_dir: MediaBase, limits: MediaLimits, field: str | None = None) -> Source:
+def open_source(entry: MediaEntry, base_dir: MediaBase, limits: MediaLimits, field: str | None = None) -> Source:
     """A local path (checked; an open file under --media-root) or the bytes of a data: / http(s)
-    URL or of an object in a store (`remote_objects`), within the byte limit. The caller closes
-    it (`close_source`)."""
+    URL, of an object in a store (`remote_objects`) or of the record's own cell, within the byte
+    limit. The caller closes it (`close_source`)."""
+    if not isinstance(entry, str):
+        return open_inline(entry, limits)
     if entry.startswith("data:"):
         _check_data_url_type(entry, field)
         return io.BytesIO(_data_url_bytes(entry, limits))
@@ -93,7 +101,7 @@ def open_source(entry: str, base_dir: MediaBase, limits: MediaLimits, field: str
 
 
 def close_source(source: Source) -> None:
-    if not isinstance(source, str):
+    if not isinstance(source, (str, InlineSamples)):
         source.close()
 
 
@@ -150,7 +158,7 @@ def _with_image(source: Source, limits: MediaLimits, use: Callable[[Any], T]) ->
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(source) as image:
+        with Image.open(not_samples(source, "an image")) as image:
             width, height = image.size
             if width * height > limits.max_image_pixels:
                 raise MediaError(
@@ -229,7 +237,9 @@ def _decode_audio_stream(container: Any, max_seconds: float) -> np.ndarray:
 
 
 def decode_audio(source: Source, limits: MediaLimits) -> np.ndarray:
-    """16 kHz mono float32 samples of the first audio stream."""
+    """16 kHz mono float32 samples of the first audio stream (or the record's own samples)."""
+    if isinstance(source, InlineSamples):
+        return inline_samples(source, limits)
     with _open_container(source) as container:
         if not container.streams.audio:
             raise MediaError("no audio stream")
@@ -317,7 +327,7 @@ def decode_video(source: Source, limits: MediaLimits) -> DecodedVideo:
     open and one demux pass (frame threading when this process may use several cores)."""
     import av
 
-    with _open_container(source) as container:
+    with _open_container(not_samples(source, "a video")) as container:
         if not container.streams.video:
             raise MediaError("no video stream")
         video = container.streams.video[0]

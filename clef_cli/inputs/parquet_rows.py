@@ -59,17 +59,20 @@ class AmbiguousNulls:
         )
 
 
-def parquet_rows(table: pa.Table | pa.RecordBatch, policy: StructNulls) -> list[dict[str, Any]]:
-    """The rows of a Parquet batch as dicts; `state` and `questions` read under `policy`, with
-    map values as objects. Other columns are left exactly as pyarrow gives them."""
+def parquet_rows(
+    table: pa.Table | pa.RecordBatch, policy: StructNulls, nested: tuple[str, ...] = RECORD_COLUMNS
+) -> list[dict[str, Any]]:
+    """The rows of a Parquet batch as dicts; `state` and `questions` (or the columns a mapping
+    takes them from, `nested`: state's, questions', then --state-columns) read under `policy`,
+    with map values as objects. Other columns are left exactly as pyarrow gives them."""
     rows = table.to_pylist()
-    for column in RECORD_COLUMNS:
+    for column in dict.fromkeys(nested):
         if column not in table.schema.names:
             continue
         arrow_type = table.schema.field(column).type
         if not _has_mappings(arrow_type):
             continue
-        levels = QUESTION_LEVELS if column == "questions" else 0
+        levels = QUESTION_LEVELS if column == nested[1] else 0
         for row in rows:
             reader = _NestedReader(policy, levels)
             value = reader.read(arrow_type, row[column], column, 0)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.delimited import raw_csv
 from clef_cli.inputs.json_values import unreadable_json
-from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls, parquet_rows
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
 from clef_cli.inputs.sources import InputFile, expand_inputs
 
@@ -75,25 +76,45 @@ def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:
 
 
 def _raw_parquet(
-    source: InputFile, struct_nulls: StructNulls | None, batch_size: int = 1024
+    source: InputFile, struct_nulls: StructNulls | None, nested: tuple[str, ...], batch_size: int = 1024
 ) -> Iterator[tuple[Any, str | None]]:
     try:
         parquet = source.parquet()
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
-    for batch in parquet.iter_batches(batch_size=batch_size):
-        rows = batch.to_pylist() if struct_nulls is None else parquet_rows(batch, struct_nulls)
+    for batch in parquet.iter_batches(batch_size=batch_rows(parquet, batch_size)):
+        rows = batch.to_pylist() if struct_nulls is None else parquet_rows(batch, struct_nulls, nested)
         for row in rows:
             yield row, None
 
 
-def raw_rows(source: InputFile, struct_nulls: StructNulls | None = None) -> Iterator[tuple[Any, str | None]]:
+BATCH_BYTES = 16 << 20
+"""About the bytes of one Parquet batch read for records (its rows' uncompressed size)."""
+BINARY_BATCH_ROWS = 64
+"""Rows per batch of a table with binary columns (inline media): their size cannot be known
+before reading (a dictionary-encoded column of repeated images is small on disk), and 1024 rows
+of 100 KiB images would be 100 MiB read at once, twice over as Python values."""
+
+
+def batch_rows(parquet: Any, most: int) -> int:
+    """Rows per batch: `most`, fewer where the file's rows are large or hold binary cells."""
+    metadata = parquet.metadata
+    rows = metadata.num_rows
+    size = sum(metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups))
+    if "binary" in str(parquet.schema_arrow):  # a binary column, or one nested in a struct or list
+        most = min(most, BINARY_BATCH_ROWS)
+    return most if rows == 0 or size <= 0 else max(1, min(most, BATCH_BYTES * rows // size))
+
+
+def raw_rows(
+    source: InputFile, struct_nulls: StructNulls | None = None, nested: tuple[str, ...] = RECORD_COLUMNS
+) -> Iterator[tuple[Any, str | None]]:
     """(raw record, None) or (None, problem) for every record of one input, in order. Parquet
-    rows are read for records under `struct_nulls`, or exactly as stored when it is None
-    (pass-through columns)."""
+    rows are read for records under `struct_nulls` (the `nested` columns: a mapping's), or
+    exactly as stored when it is None (pass-through columns)."""
     kind = source.format.kind
     if kind == "parquet":
-        rows = _raw_parquet(source, struct_nulls)
+        rows = _raw_parquet(source, struct_nulls, nested)
     elif kind in ("csv", "tsv"):
         rows = raw_csv(source)
     elif kind == "json":
@@ -118,15 +139,18 @@ def read_records(
     questions: Mapping[str, Any] | None = None,
     limit: int | None = None,
     struct_nulls: StructNulls = StructNulls.refuse,
+    columns: ColumnMapping | None = None,
 ) -> Iterator[Record | InvalidRecord]:
     """Stream records from every input in order; `index` counts across all inputs from 0.
-    `struct_nulls` says what a null inside a Parquet struct column means (see parquet_rows)."""
-    builder = RecordBuilder(default_questions=questions)
+    `struct_nulls` says what a null inside a Parquet struct column means (see parquet_rows);
+    `columns`, which input columns the fields come from (inputs/columns.py)."""
+    builder = RecordBuilder(default_questions=questions, columns=columns)
+    nested = columns.nested_columns if columns is not None else RECORD_COLUMNS
     index = 0
     for source in expand_inputs(paths):
         base_dir = source.base_dir
         json_text = source.format.text_cells
-        for raw, problem in raw_rows(source, struct_nulls):
+        for raw, problem in raw_rows(source, struct_nulls, nested):
             if limit is not None and index >= limit:
                 return
             if problem is not None:

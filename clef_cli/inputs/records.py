@@ -8,13 +8,15 @@ over millions of records never holds them all. Every problem with one record bec
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, unexpected_error
+from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
+from clef_cli.inputs.media_cells import MediaEntry, media_entries
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
 from clef_cli.inputs.seen_ids import SeenIds
 
@@ -56,15 +58,16 @@ class Question:
 
 @dataclass(frozen=True)
 class Record:
-    """A valid record: state, schema and media references (paths are resolved later)."""
+    """A valid record: state, schema and media entries (locations, resolved later, or inline
+    bytes: inputs/media_cells.py)."""
 
     id: str
     index: int
     state: Any
     questions: tuple[Question, ...]
-    images: tuple[str, ...] = ()
-    audio: tuple[str, ...] = ()
-    videos: tuple[str, ...] = ()
+    images: tuple[MediaEntry, ...] = ()
+    audio: tuple[MediaEntry, ...] = ()
+    videos: tuple[MediaEntry, ...] = ()
     base_dir: Path | None = None
     """Where relative media paths resolve (the input file's folder); None for remote inputs."""
 
@@ -191,23 +194,9 @@ def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
     return tuple(parsed)
 
 
-def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[str, ...]:
-    value = raw.get(name)
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]  # one path, URL or data: URL is a list of one
-    if isinstance(value, Mapping) or (not isinstance(value, Sequence) and not hasattr(value, "tolist")):
-        raise RecordError(record_id, name, f"must be a list of strings, got {kind_of(value)}")
-    entries = list(value)
-    for position, entry in enumerate(entries):
-        if not isinstance(entry, str):
-            raise RecordError(record_id, f"{name}[{position}]", f"media entries must be strings, got {kind_of(entry)}")
-        if not entry:
-            raise RecordError(record_id, f"{name}[{position}]", "empty media entry")
-        if text_problem(entry):
-            raise RecordError(record_id, f"{name}[{position}]", f"a media entry that is {text_problem(entry)}")
-    return tuple(entries)
+def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[MediaEntry, ...]:
+    """The field's entries: locations or inline media (inputs/media_cells.py reads the cell)."""
+    return media_entries(raw.get(name), name, record_id)
 
 
 def _decode_json_text(value: Any, record_id: str, name: str) -> Any:
@@ -232,6 +221,8 @@ class RecordBuilder:
     default_questions: Mapping[str, Any] | None = None
     check_duplicates: bool = True
     """Off where records are built in parallel; the caller then checks ids across all records."""
+    columns: ColumnMapping | None = None
+    """`--columns` / `--state-columns`: which input columns the record's fields come from."""
     _seen_ids: SeenIds = field(default_factory=SeenIds)
     """Bounded in memory (a job of millions of ids spills them to a temporary file)."""
 
@@ -241,6 +232,8 @@ class RecordBuilder:
             return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
         record_id = str(index)
         try:
+            if self.columns is not None:
+                raw = self.columns.apply(raw, index)
             record_id = record_id_of(raw, index)
             if self.check_duplicates:
                 first = self._seen_ids.first_use(record_id, index)
@@ -248,7 +241,7 @@ class RecordBuilder:
                     raise RecordError(record_id, "id", f"duplicate record id (first used by record {first})")
             return self._validate(raw, record_id, index, base_dir, json_text)
         except RecordError as error:
-            return InvalidRecord(record_id, index, str(error))
+            return InvalidRecord(error.record_id if record_id == str(index) else record_id, index, str(error))
         except Exception as error:  # a last guard: a value validation missed is this record's error
             return InvalidRecord(record_id, index, str(unexpected_error(record_id, None, error)))
 

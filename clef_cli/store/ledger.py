@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
+from itertools import repeat
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from clef_cli.errors import ClefError
+from clef_cli.inputs.record_chunks import record_chunks
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.results import RESULT_SCHEMA, FailedRecord, RunCounts, results_table
 from clef_cli.store.key_index import LOOKUP_CHUNK, KeyIndex
@@ -90,9 +91,8 @@ class Ledger:
         self, records: Iterable[Record | InvalidRecord], prompt: PromptShape, media: MediaHasher, needs_hidden: bool
     ) -> Ledger:
         """Key every record (no media decoded; remote media fetched), then decide what runs."""
-        iterator = iter(records)
         flags = bytearray()  # a byte per record: INVALID for those without a key
-        while chunk := list(islice(iterator, READ_CHUNK)):
+        for chunk in record_chunks(records, repeat(READ_CHUNK)):  # ended early by inline media bytes
             media.prefetch(item for item in chunk if isinstance(item, Record))
             rows = [
                 (item.index, item.id, None, item.error)

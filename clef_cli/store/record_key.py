@@ -21,7 +21,15 @@ Version 1 of the key hashes, in this order, as one canonical JSON document:
   the store's cache, no download). Without --allow-remote-media a URL is keyed by its text (`url:`). An
   entry that cannot be read is keyed by why (`missing:`, `unreadable:`, `oversize:` with the
   path; `refused:` a URL or a path outside --media-root with the reason; `unfetched:` a fetch
-  that may work next time), so the record is tried again once the file exists.
+  that may work next time), so the record is tried again once the file exists. Bytes the
+  record carries itself (a binary cell, a `datasets` `{bytes, path}` struct) are keyed as a
+  file of those bytes is, `sha256:` of them, so a store made from files is reused by the same
+  media given inline; pre-decoded samples by `samples:` and the SHA-256 of their float32 bytes.
+
+The column mapping (`--columns`, `--state-columns`) is not hashed: it decides which columns
+become the state, the questions and the media, and the key hashes those results, so a mapped
+record is keyed by the prompt it makes, the same as a plain record making that prompt (a shape
+is not a meaning: ARCHITECTURE.md).
 
 - `special_tokens`: `"text"`, only for a record whose text (state, question ids, instructions,
   options) holds one of the release's added-token strings, read under `--special-tokens text`.
@@ -55,6 +63,7 @@ from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
+from clef_cli.inputs.media_cells import InlineBytes, MediaEntry
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 from clef_cli.inputs.sources import MediaBase, names_object
 from clef_cli.release import file_sha256
@@ -165,7 +174,7 @@ class MediaHasher:
         if not self.limits.allow_remote:
             return
         entries = (entry for record in records for name in MEDIA_FIELDS for entry in getattr(record, name))
-        remote = (entry for entry in entries if entry.startswith(("http://", "https://")))
+        remote = (entry for entry in entries if isinstance(entry, str) and entry.startswith(("http://", "https://")))
         urls = [url for url in dict.fromkeys(remote) if url not in self._urls]
         if not urls:
             return
@@ -180,7 +189,9 @@ class MediaHasher:
             for record in records
             for name in MEDIA_FIELDS
             for entry in getattr(record, name)
-            if not entry.startswith(("data:", "http://", "https://")) and names_object(entry, record.base_dir)
+            if isinstance(entry, str)  # not the record's own bytes
+            and not entry.startswith(("data:", "http://", "https://"))
+            and names_object(entry, record.base_dir)
         }
         if len(pairs) < 2:
             return
@@ -227,7 +238,9 @@ class MediaHasher:
             cache.popitem(last=False)
         return value
 
-    def entry(self, entry: str, base_dir: MediaBase) -> str:
+    def entry(self, entry: MediaEntry, base_dir: MediaBase) -> str:
+        if not isinstance(entry, str):  # the record's own bytes: keyed as a file of them is
+            return ("sha256:" if isinstance(entry, InlineBytes) else "samples:") + entry.digest
         if entry.startswith("data:"):
             header, _, payload = entry.partition(",")
             declared = header.removeprefix("data:").split(";")[0].strip().lower()  # its MIME type is checked

@@ -69,6 +69,9 @@ class DryRunReport:
     """The engine's own prompt limit, where it has one (vLLM's max_model_len)."""
     over_engine_limit: int = 0
     """Planned prompts longer than `engine_limit`: the run refuses them (`overflow`)."""
+    field_sources: list[str] = field(default_factory=list)
+    """Per record field, the column it comes from and how its cells read (inputs/table_shape.py),
+    for each input whose columns differ from the one before."""
 
     @property
     def invalid(self) -> int:
@@ -97,7 +100,7 @@ def plan_report(
     would, after the same checks as the run (`preflight`: the engine's own)."""
     progress = progress or Progress()
     settings, release = checked_release(settings, preflight, with_weights=False)
-    report = DryRunReport()
+    report = DryRunReport(field_sources=input_fields(settings))
     progress.start(count_records(settings.inputs, settings.limit), 0)
     with tempfile.TemporaryDirectory(prefix="clef-dry-run-") as scratch:
         # remote media fetched once, to key them, then planned from the spool, as a run does
@@ -131,6 +134,21 @@ def _plan(report: DryRunReport, settings: ScoreSettings, release: Release, to_ru
             report.audio_in_video_batches += sum(batch.entries[0].audio_in_video for batch in batches)
             report.padded_tokens += sum(batch.padded_tokens for batch in batches)
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
+
+
+def input_fields(settings: ScoreSettings) -> list[str]:
+    """How each record field is read, per input (the same lines once for inputs alike)."""
+    from clef_cli.inputs.sources import expand_inputs
+    from clef_cli.inputs.table_shape import field_sources, table_shape
+
+    lines: list[str] = []
+    previous: list[str] | None = None
+    for source in expand_inputs(settings.inputs):
+        fields = field_sources(settings.columns, table_shape(source))
+        if fields != previous:
+            lines += [f"{source.name}:", *(f"  {line}" for line in fields)]
+        previous = fields
+    return lines
 
 
 def _unhidden_tokens(settings: ScoreSettings, release: Release, checkpoint: Checkpoint) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
 from clef_cli.engines.local.workers import EncoderSpec, Planned, within_budget
+from clef_cli.inputs.record_chunks import record_chunks
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.job import job_records
 from clef_cli.model.dtypes import ITEM_SIZES
@@ -88,18 +89,6 @@ def window_sizes(window: int) -> Iterator[int]:
         size = min(window, size * 2)
 
 
-def _chunks(items: Iterable[Any], sizes: Iterator[int]) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    size = next(sizes)
-    for item in items:
-        chunk.append(item)
-        if len(chunk) >= size:
-            yield chunk
-            chunk, size = [], next(sizes)
-    if chunk:
-        yield chunk
-
-
 def planned_windows(
     pool: EncodePool,
     records: Iterable[Record | InvalidRecord],
@@ -117,7 +106,7 @@ def planned_windows(
         return failures, futures
 
     pending = (record for record in records if record.index not in skip)
-    chunks = _chunks(pending, window_sizes(window))
+    chunks = record_chunks(pending, window_sizes(window))  # also ended by inline media bytes
     current = next((submit(chunk) for chunk in chunks), None)
     while current is not None:
         upcoming = next((submit(chunk) for chunk in chunks), None)

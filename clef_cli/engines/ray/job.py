@@ -37,6 +37,7 @@ from clef_cli.engines.ray.resources import (
 )
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.errors import ClefError, RecordError
+from clef_cli.inputs.parquet_rows import RECORD_COLUMNS
 from clef_cli.inputs.readers import load_questions_file
 from clef_cli.inputs.seen_ids import SeenIds
 from clef_cli.inputs.sources import expand_inputs
@@ -258,7 +259,12 @@ class RayScoreJob:
             ray.data.from_items([slice.__dict__ for slice in slices])
             .flat_map(
                 read_slice,
-                fn_kwargs={"done": done, "limit": settings.limit, "struct_nulls": settings.struct_nulls},
+                fn_kwargs={
+                    "done": done,
+                    "limit": settings.limit,
+                    "struct_nulls": settings.struct_nulls,
+                    "nested": settings.columns.nested_columns if settings.columns else RECORD_COLUMNS,
+                },
                 num_cpus=DATA_TASK_CPUS,
             )
             .repartition(target_num_rows_per_block=cluster.block_records)  # spread blocks over the actors

@@ -11,7 +11,7 @@ from typing import Any
 
 from clef_cli.errors import RecordError
 from clef_cli.inputs.json_values import MAX_NESTING
-from clef_cli.inputs.parquet_rows import StructNulls, parquet_rows
+from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls, parquet_rows
 from clef_cli.inputs.readers import parse_jsonl_line, raw_rows, with_partitions
 from clef_cli.inputs.sources import InputFile
 
@@ -114,9 +114,14 @@ def _pickled(raw: Any, index: int) -> tuple[bytes | None, str | None]:
 
 
 def read_slice(
-    row: dict[str, Any], done: bytes, limit: int | None, struct_nulls: StructNulls = StructNulls.refuse
+    row: dict[str, Any],
+    done: bytes,
+    limit: int | None,
+    struct_nulls: StructNulls = StructNulls.refuse,
+    nested: tuple[str, ...] = RECORD_COLUMNS,
 ) -> list[dict[str, Any]]:
-    """The records of one slice as rows {record_index, payload, problem, base_dir, parquet}."""
+    """The records of one slice as rows {record_index, payload, problem, base_dir, parquet};
+    `nested`: the columns read under `struct_nulls` (a column mapping's state and questions)."""
     piece = Slice(**row)
     source = piece.source()
     base_dir = str(source.base_dir) if source.base_dir is not None else None
@@ -142,7 +147,7 @@ def read_slice(
 
     index = piece.first_index
     if piece.kind == "parquet":
-        records = parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls)
+        records = parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls, nested)
         for record, _ in with_partitions(((record, None) for record in records), source.partitions):
             add(index, record, None)
             index += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clef_cli.encoding.media_limits import MediaLimits, key_limits
+from clef_cli.inputs.columns import mapping_from_metadata
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
@@ -47,10 +48,12 @@ def check_records(scored: ScoredFile, records: list[Path], wanted: Collection[st
     struct_nulls = StructNulls(metadata.get("clef.struct_nulls", StructNulls.refuse.value))
     scored_key = dict(zip(scored.ids, scored.record_keys, strict=True))
     hasher, found = MediaHasher(limits), Freshness()
-    for record in read_records(records, questions, struct_nulls=struct_nulls):
+    columns = mapping_from_metadata(metadata.get("clef.columns"))  # the --columns the scoring run read them with
+    for record in read_records(records, questions, struct_nulls=struct_nulls, columns=columns):
         if not isinstance(record, Record) or record.id not in wanted or record.id not in scored_key:
             continue
-        if any(entry.startswith(REMOTE) for name in MEDIA_FIELDS for entry in getattr(record, name)):
+        entries = (entry for name in MEDIA_FIELDS for entry in getattr(record, name))
+        if any(isinstance(entry, str) and entry.startswith(REMOTE) for entry in entries):
             found.unchecked += 1
         elif record_key(record, prompt, hasher) != scored_key[record.id]:
             found.edited.append(record.id)

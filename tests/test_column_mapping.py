@@ -1,0 +1,155 @@
+"""`--columns FIELD=COLUMN` and `--state-columns` (issue 47): a table with its own column names
+gives the records a table with the record's names gives, with the same keys (the mapping is
+not hashed: the prompt it makes is), and every mapping mistake is a refusal naming the column."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from clef_cli.cli import app
+from clef_cli.encoding.media_limits import MediaLimits
+from clef_cli.errors import UsageError
+from clef_cli.inputs.columns import parse_columns
+from clef_cli.inputs.media_cells import InlineBytes, InlineSamples, media_entries
+from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.store.record_key import MediaHasher
+
+from .helpers import MEDIA, TINY_MODEL, write_jsonl
+
+runner = CliRunner()
+QUESTIONS = {"urgent": {"type": "noul", "instructions": "Urgent?"}}
+TICKETS = [
+    {"ticket_id": "T-1", "subject": "Refund", "body": "Where is my money?", "customer_tier": "gold", "n": 3},
+    {"ticket_id": "T-2", "subject": "Login", "body": "Cannot sign in", "customer_tier": None, "n": 1},
+]
+
+
+def score(*args: str):
+    return runner.invoke(app, ["score", *args, "--model", str(TINY_MODEL), "--workers", "0", "--quiet"])
+
+
+def plain_twins() -> list[dict]:
+    """The tickets as records with the record's own field names (the state as --state-columns builds it)."""
+    return [
+        {"id": t["ticket_id"], "state": {"body": t["body"], "customer_tier": t["customer_tier"],
+                                         "subject": t["subject"]}, "questions": QUESTIONS}
+        for t in TICKETS
+    ]  # fmt: skip
+
+
+def test_state_columns_and_ids_read_as_the_plain_records(tmp_path):
+    exported = write_jsonl(tmp_path / "tickets.jsonl", [t | {"questions": QUESTIONS} for t in TICKETS])
+    mapping = parse_columns("id=ticket_id", "subject,body,customer_tier")
+    mapped = list(read_records([exported], columns=mapping))
+    plain = list(read_records([write_jsonl(tmp_path / "plain.jsonl", plain_twins())]))
+    assert all(isinstance(record, Record) for record in mapped)
+    assert [(r.id, r.state, r.questions) for r in mapped] == [(r.id, r.state, r.questions) for r in plain]
+    assert list(mapped[0].state) == ["subject", "body", "customer_tier"]  # rendered with sorted keys anyway
+
+
+def test_parquet_columns_map_state_questions_and_media(tmp_path):
+    """Parquet columns under other names: questions as JSON text, an image list, a struct state
+    read under --struct-nulls as a `state` column would be."""
+    path = tmp_path / "t.parquet"
+    image = (MEDIA / "image_a.png").read_bytes()
+    table = pa.table({
+        "key": ["a", "b"],
+        "ctx": [{"text": "x", "n": 1}, {"text": "y", "n": None}],
+        "schema": [json.dumps(QUESTIONS)] * 2,
+        "photos": pa.array([[image], [image]], pa.list_(pa.binary())),
+    })  # fmt: skip
+    pq.write_table(table, path)
+    mapping = parse_columns("id=key,state=ctx,questions=schema,images=photos", None)
+    records = list(read_records([path], columns=mapping))
+    assert isinstance(records[0], Record) and records[0].state == {"text": "x", "n": 1}
+    assert records[0].images == (InlineBytes(image),)
+    assert isinstance(records[1], InvalidRecord) and "struct column 'ctx'" in records[1].error
+
+
+def test_a_missing_state_column_in_one_jsonl_record_is_its_error(tmp_path):
+    rows = [TICKETS[0] | {"questions": QUESTIONS}, {"ticket_id": "T-9", "body": "no subject", "questions": QUESTIONS}]
+    mapping = parse_columns("id=ticket_id", "subject,body")
+    records = list(read_records([write_jsonl(tmp_path / "t.jsonl", rows)], columns=mapping))
+    assert isinstance(records[0], Record)
+    assert isinstance(records[1], InvalidRecord) and records[1].id == "T-9" and "'subject'" in records[1].error
+
+
+@pytest.mark.parametrize(
+    ("columns", "state_columns", "expected"),
+    [
+        ("images=photo,images=pics", None, "mapped twice"),
+        ("state=body", "subject", "does not go with --columns state="),
+        ("picture=photo", None, "unknown field 'picture'"),
+        ("images", None, "is not FIELD=COLUMN"),
+        (None, "body,body", "named twice"),
+    ],
+)
+def test_malformed_mappings_are_refused(columns, state_columns, expected):
+    with pytest.raises(UsageError, match=expected):
+        parse_columns(columns, state_columns)
+
+
+def test_cli_refuses_a_mapping_the_input_cannot_meet_and_writes_nothing(tmp_path):
+    exported = write_jsonl(tmp_path / "tickets.jsonl", [t | {"questions": QUESTIONS} for t in TICKETS])
+    out = tmp_path / "out.parquet"
+    missing = score(str(exported), "-o", str(out), "--columns", "id=ticket,state=body")
+    assert missing.exit_code == 2, missing.output
+    assert "no column 'ticket'" in missing.output and "ticket_id, subject, body" in missing.output
+    twice = score(str(exported), "-o", str(out), "--columns", "state=body,state=subject")
+    assert twice.exit_code == 2 and "mapped twice" in twice.output
+    both = score(str(exported), "-o", str(out), "--columns", "state=body", "--state-columns", "subject")
+    assert both.exit_code == 2 and "--state-columns" in both.output
+    assert not out.exists() and not (tmp_path / "out.parquet.ckpt").exists()
+
+
+def test_cli_refuses_a_datasets_image_column_mapped_to_audio(tmp_path):
+    path = tmp_path / "t.parquet"
+    metadata = {b"huggingface": json.dumps({"info": {"features": {"photo": {"_type": "Image"}}}}).encode()}
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("state", pa.string()), ("photo", kind)], metadata=metadata)
+    pq.write_table(pa.Table.from_pylist([{"state": "s", "photo": None}], schema=schema), path)
+    result = score(str(path), "-o", str(tmp_path / "out.parquet"), "--columns", "audio=photo")
+    assert result.exit_code == 2 and "datasets Image features, not audio" in result.output
+
+
+def test_mapped_records_reuse_the_plain_records_store(tmp_path):
+    """The key hashes the prompt, not the mapping: the export, mapped, reuses what its plain twin
+    stored; --dry-run says where each field comes from."""
+    plain = write_jsonl(tmp_path / "plain.jsonl", plain_twins())
+    exported = write_jsonl(tmp_path / "tickets.jsonl", [t | {"questions": QUESTIONS} for t in TICKETS])
+    store = str(tmp_path / "store.ckpt")
+    first = score(str(plain), "-o", str(tmp_path / "plain.parquet"), "--checkpoint", store, "--hidden-states", "drop")
+    assert first.exit_code == 0, first.output
+    mapping = ["--columns", "id=ticket_id", "--state-columns", "subject,body,customer_tier"]
+    dry = runner.invoke(app, ["score", str(exported), "-o", str(tmp_path / "m.parquet"), "--model", str(TINY_MODEL),
+                              "--workers", "0", "--dry-run", *mapping])  # fmt: skip
+    assert dry.exit_code == 0, dry.output
+    assert "id <- ticket_id: text" in dry.output
+    assert "state <- subject, body, customer_tier: a JSON object keyed by column name" in dry.output
+    mapped = score(str(exported), "-o", str(tmp_path / "m.parquet"), "--checkpoint", store, "--hidden-states", "drop",
+                   *mapping)  # fmt: skip
+    assert mapped.exit_code == 0, mapped.output
+    got, want = pq.read_table(tmp_path / "m.parquet"), pq.read_table(tmp_path / "plain.parquet")
+    assert got.column("id").to_pylist() == ["T-1", "T-2"]
+    assert got.column("answers").to_pylist() == want.column("answers").to_pylist()
+    assert got.schema.metadata[b"clef.records_reused"] == b"2" and got.schema.metadata[b"clef.records_run"] == b"0"
+    assert json.loads(got.schema.metadata[b"clef.columns"])["state_columns"] == ["subject", "body", "customer_tier"]
+
+
+def test_inline_bytes_key_as_the_file_of_those_bytes(tmp_path):
+    hasher = MediaHasher(MediaLimits())
+    image = MEDIA / "image_a.png"
+    assert hasher.entry(InlineBytes(image.read_bytes()), None) == hasher.entry(str(image), None)
+    (entry,) = media_entries([{"bytes": None, "path": "image_a.png"}], "images", "r")
+    assert entry == "image_a.png"  # a path alone is a location, resolved as any path is
+    with pytest.raises(Exception, match="shape"):
+        media_entries({"array": [[0.0, 0.1], [0.2, 0.3]], "sampling_rate": 16000}, "audio", "r")
+    samples = media_entries({"array": [0.0, 0.5], "sampling_rate": 16000}, "audio", "r")
+    assert isinstance(samples[0], InlineSamples)
+    assert hasher.entry(samples[0], None).startswith("samples:")
