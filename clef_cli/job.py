@@ -19,6 +19,7 @@ import pyarrow as pa
 from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.errors import UsageError
+from clef_cli.inputs.first_window import check_first_window
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.output import OutputSpec, write_output
@@ -41,7 +42,16 @@ REMOTE_SPOOL = "remote-media"
 def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
     """The job's records in input order (with the `--questions` schema for those without one)."""
     schema = load_questions_file(settings.questions) if settings.questions else None
-    return read_records(settings.inputs, questions=schema, limit=settings.limit, struct_nulls=settings.struct_nulls)
+    return read_records(settings.inputs, schema, settings.limit, settings.struct_nulls, claimed=settings.keep_columns)
+
+
+def check_job_records(settings: ScoreSettings, progress: Progress) -> None:
+    """The job's first records, for the mistakes of the whole job (inputs/first_window.py):
+    refused here, before the store is opened, they leave nothing behind."""
+    given = settings.questions is not None
+    claimed, nulls = settings.keep_columns, settings.struct_nulls
+    for warning in check_first_window(settings.inputs, given, claimed, nulls, settings.limit):
+        progress.warn(warning)
 
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:
@@ -231,12 +241,16 @@ Preflight = Callable[[ScoreSettings, Release], None]
 
 
 def checked_release(
-    settings: ScoreSettings, preflight: Preflight | None = None, with_weights: bool = True
+    settings: ScoreSettings,
+    preflight: Preflight | None = None,
+    with_weights: bool = True,
+    progress: Progress | None = None,
 ) -> tuple[ScoreSettings, Release]:
-    """Everything a run can check before it touches the disk: the settings, the release and the
-    engine's own checks (`preflight`). A run refused here leaves the filesystem as it was; the
-    dry run calls the same, so it refuses what the run would."""
+    """Everything a run can check before it touches the disk: the settings, the job's first
+    records, the release and the engine's own checks (`preflight`). A run refused here leaves the
+    filesystem as it was; the dry run calls the same, so it refuses what the run would."""
     settings.validate()
+    check_job_records(settings, progress or Progress())
     release = resolve_release(settings.model, revision=settings.revision, with_weights=with_weights)
     settings = settings.for_release(release)
     if preflight is not None:
@@ -257,7 +271,7 @@ def open_job(
     checkpoint (`existing`: one that must exist, to read; else made or reused) and key the
     job's records against it."""
     started = time.monotonic()
-    settings, release = checked_release(settings, preflight)
+    settings, release = checked_release(settings, preflight, progress=progress)
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
     path = settings.checkpoint_path
     with job_locks(settings.output, path) as lock:

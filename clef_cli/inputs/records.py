@@ -8,7 +8,7 @@ over millions of records never holds them all. Every problem with one record bec
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,9 @@ NOUL_DEFAULTS: dict[str, str | None] = {
     "false": "The proposition is false or the answer is no.",
 }
 MEDIA_FIELDS = ("images", "audio", "videos")
+RECORD_FIELDS = ("id", "state", "questions", *MEDIA_FIELDS)
+_LOOKALIKES = {form: name for name in RECORD_FIELDS for form in (name.removesuffix("s"), name.removesuffix("s") + "s")}
+"""Each record field's singular and plural, lower case: `image`, `Images`, `ID`, `question` resemble one."""
 NO_QUESTIONS = "no questions (give them in the record or with --questions)"
 """A record's error when it carries no questions and the job has no --questions file."""
 
@@ -83,6 +86,22 @@ class InvalidRecord:
 
 
 # --------------------------------------------------------------------------- schema validation
+
+
+def near_miss(names: Iterable[Any], claimed: Collection[str] = ()) -> tuple[str, str] | None:
+    """The first name that looks like a record field but is not one (`image`, `ID`, `Video`), with
+    the field it resembles. Left alone, such a field is dropped and the record scored is not the
+    one the user meant. A name the user claimed (`--keep-columns`) is theirs, not a near miss."""
+    for name in names:
+        if isinstance(name, str) and name not in RECORD_FIELDS and name not in claimed:
+            resembled = _LOOKALIKES.get(name.casefold())
+            if resembled is not None:
+                return name, resembled
+    return None
+
+
+def near_miss_message(name: str, resembled: str) -> str:
+    return f"unknown field {name!r} (did you mean {resembled!r}?)"
 
 
 def noul_descriptions(criteria: Any, record_id: str, where: str) -> dict[Any, Any]:
@@ -197,7 +216,8 @@ def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[str,
         return ()
     if isinstance(value, str):
         raise RecordError(record_id, name, "must be a list of strings (paths, data: URLs or http(s) URLs)")
-    if isinstance(value, Mapping) or (not isinstance(value, Sequence) and not hasattr(value, "tolist")):
+    listed = isinstance(value, Sequence) or hasattr(value, "tolist")
+    if isinstance(value, (Mapping, bytes, bytearray)) or not listed:  # bytes: a Parquet binary cell
         raise RecordError(record_id, name, f"must be a list of strings, got {kind_of(value)}")
     entries = list(value)
     for position, entry in enumerate(entries):
@@ -232,6 +252,8 @@ class RecordBuilder:
     default_questions: Mapping[str, Any] | None = None
     check_duplicates: bool = True
     """Off where records are built in parallel; the caller then checks ids across all records."""
+    claimed: frozenset[str] = frozenset()
+    """Field names the user gave a use (`--keep-columns`): never near misses (`near_miss`)."""
     _seen_ids: SeenIds = field(default_factory=SeenIds)
     """Bounded in memory (a job of millions of ids spills them to a temporary file)."""
 
@@ -263,6 +285,9 @@ class RecordBuilder:
         for name in ("state", "questions"):
             if isinstance(raw.get(name), AmbiguousNulls):
                 raise raw[name].error(record_id)
+        missed = near_miss((key for key, value in raw.items() if value is not None), self.claimed)
+        if missed is not None:
+            raise RecordError(record_id, None, near_miss_message(*missed))
         if "state" not in raw or raw["state"] is None:
             raise RecordError(record_id, "state", "missing state")
         state = raw["state"]
