@@ -76,7 +76,8 @@ def command(
     from clef_cli.quality.review.job import ReviewSettings, run_review
 
     settings = ReviewSettings(
-        scored=scored, output=output, format=format.value if format else None, limit=limit, order=order.value, exclude=exclude,
+        scored=scored, output=output, format=format.value if format else None, limit=limit, order=order.value,
+        exclude=exclude,
         questions=[q.strip() for q in questions.split(",") if q.strip()] if questions else None,
         gold_format=gold_format.value, seed=seed, records=records, media_root=media_root,
         media_url_prefix=media_url_prefix, config_out=config_out,

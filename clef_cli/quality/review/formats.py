@@ -41,7 +41,7 @@ def format_for(output: Path, given: str | None) -> str:
         wants = next(ext for ext, names in EXTENSIONS.items() if given in names)
         raise UsageError(
             f"--format {given} writes a {wants} file, but -o {output.name} says {' or '.join(fits)}: "
-            f"name the file ...{wants}, or leave --format out"
+            f"end its name in {wants}, or leave --format out"
         )
     return given
 
