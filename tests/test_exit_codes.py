@@ -226,6 +226,7 @@ def whole_job_inputs(folder: Path) -> dict[str, Path]:
     pq.write_table(pa.Table.from_pylist([row | {"questions": questions} for row in rows]), folder / "struct.parquet")
     return {
         "noq": write_jsonl(folder / "noq.jsonl", [{"id": "a", "state": "s"}, {"id": "b", "state": "t"}]),
+        "nearq": write_jsonl(folder / "nearq.jsonl", [{"id": "a", "state": "s", "question": {"q": {"type": "noul"}}}]),
         "nostate": folder / "ns.parquet",
         "image": folder / "img.parquet",
         "struct": folder / "struct.parquet",
@@ -236,6 +237,8 @@ WHOLE_JOB = [
     ("noq", [], "error: no questions: no 'questions' field in the first 2 records; give them in the records, "
      "or one schema for all with --questions FILE"),
     ("noq", ["--dry-run"], "error: no questions: no 'questions' field in the first 2 records"),
+    ("nearq", [], "error: no questions: no 'questions' field in the first record (but 'question': did you mean "
+     "'questions'?)"),
     ("nostate", [], "ns.parquet has no 'state' column (its columns: id, text, questions)"),
     ("image", [], "img.parquet: column 'image' is not a record field (did you mean 'images'?); rename it, or "
      "name it in --keep-columns"),
