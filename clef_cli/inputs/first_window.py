@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.fields import near_miss
 from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, AmbiguousNulls, StructNulls
 from clef_cli.inputs.readers import raw_rows
-from clef_cli.inputs.records import near_miss
 from clef_cli.inputs.sources import InputFile, expand_inputs
 
 FIRST_WINDOW = 64

@@ -8,12 +8,14 @@ over millions of records never holds them all. Every problem with one record bec
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, unexpected_error
+from clef_cli.inputs.fields import MEDIA_FIELDS as MEDIA_FIELDS  # the field names live in fields.py
+from clef_cli.inputs.fields import near_miss, near_miss_message
 from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
 from clef_cli.inputs.seen_ids import SeenIds
@@ -27,10 +29,6 @@ NOUL_DEFAULTS: dict[str, str | None] = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
 }
-MEDIA_FIELDS = ("images", "audio", "videos")
-RECORD_FIELDS = ("id", "state", "questions", *MEDIA_FIELDS)
-_LOOKALIKES = {form: name for name in RECORD_FIELDS for form in (name.removesuffix("s"), name.removesuffix("s") + "s")}
-"""Each record field's singular and plural, lower case: `image`, `Images`, `ID`, `question` resemble one."""
 NO_QUESTIONS = "no questions (give them in the record or with --questions)"
 """A record's error when it carries no questions and the job has no --questions file."""
 
@@ -86,22 +84,6 @@ class InvalidRecord:
 
 
 # --------------------------------------------------------------------------- schema validation
-
-
-def near_miss(names: Iterable[Any], claimed: Collection[str] = ()) -> tuple[str, str] | None:
-    """The first name that looks like a record field but is not one (`image`, `ID`, `Video`), with
-    the field it resembles. Left alone, such a field is dropped and the record scored is not the
-    one the user meant. A name the user claimed (`--keep-columns`) is theirs, not a near miss."""
-    for name in names:
-        if isinstance(name, str) and name not in RECORD_FIELDS and name not in claimed:
-            resembled = _LOOKALIKES.get(name.casefold())
-            if resembled is not None:
-                return name, resembled
-    return None
-
-
-def near_miss_message(name: str, resembled: str) -> str:
-    return f"unknown field {name!r} (did you mean {resembled!r}?)"
 
 
 def noul_descriptions(criteria: Any, record_id: str, where: str) -> dict[Any, Any]:
