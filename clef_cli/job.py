@@ -20,6 +20,7 @@ import pyarrow as pa
 from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.errors import JobStopped, UsageError
+from clef_cli.inputs.first_window import check_first_window
 from clef_cli.inputs.object_store import forget as forget_objects
 from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.inputs.readers import load_questions_file, read_records
@@ -51,7 +52,17 @@ def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
         limit=settings.limit,
         struct_nulls=settings.struct_nulls,
         columns=settings.columns,
+        claimed=settings.keep_columns,
     )
+
+
+def check_job_records(settings: ScoreSettings, progress: Progress) -> None:
+    """The job's first records, for the mistakes of the whole job (inputs/first_window.py):
+    refused here, before the store is opened, they leave nothing behind."""
+    given = settings.questions is not None
+    claimed, nulls = settings.keep_columns, settings.struct_nulls
+    for warning in check_first_window(settings.inputs, given, claimed, nulls, settings.limit, settings.columns):
+        progress.warn(warning)
 
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:
@@ -278,12 +289,16 @@ Preflight = Callable[[ScoreSettings, Release], None]
 
 
 def checked_release(
-    settings: ScoreSettings, preflight: Preflight | None = None, with_weights: bool = True
+    settings: ScoreSettings,
+    preflight: Preflight | None = None,
+    with_weights: bool = True,
+    progress: Progress | None = None,
 ) -> tuple[ScoreSettings, Release]:
-    """Everything a run can check before it touches the disk: the settings, the release and the
-    engine's own checks (`preflight`). A run refused here leaves the filesystem as it was; the
-    dry run calls the same, so it refuses what the run would."""
+    """Everything a run can check before it touches the disk: the settings, the job's first
+    records, the release and the engine's own checks (`preflight`). A run refused here leaves the
+    filesystem as it was; the dry run calls the same, so it refuses what the run would."""
     settings.validate()
+    check_job_records(settings, progress or Progress())
     release = resolve_release(settings.model, revision=settings.revision, with_weights=with_weights)
     settings = settings.for_release(release)
     if preflight is not None:
@@ -305,7 +320,7 @@ def open_job(
     checkpoint (`existing`: one that must exist, to read; else made or reused) and key the
     job's records against it. `stop`: the job's stop requests (cli/stopping.py)."""
     started = time.monotonic()
-    settings, release = checked_release(settings, preflight)
+    settings, release = checked_release(settings, preflight, progress=progress)
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
     path = settings.checkpoint_path
     with job_locks(settings.output, path) as lock:

@@ -17,5 +17,8 @@ class Progress:
     def note(self, message: str) -> None:
         """A one-line message worth showing (model loading, lock taken over, damaged shard)."""
 
+    def warn(self, message: str) -> None:
+        """A line the user must see even without a progress display (a job-level warning)."""
+
     def stop(self) -> None:
         """The job is over: put the display away."""

@@ -371,7 +371,7 @@ def _parquet_cases(folder: Path, corpus: Corpus) -> None:
         corpus,
         "bytes_state.parquet",
         {"id": ["p-bytes"], "state": pa.array([b"\x00\x01"], pa.binary()), "questions": [questions]},
-        [("p-bytes", "record 'p-bytes', field 'state': a value of type bytes (not JSON)")],
+        [("p-bytes", "record 'p-bytes', field 'state': binary data where JSON was expected")],
     )
     _parquet(
         folder,

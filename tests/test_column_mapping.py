@@ -153,3 +153,29 @@ def test_inline_bytes_key_as_the_file_of_those_bytes(tmp_path):
     samples = media_entries({"array": [0.0, 0.5], "sampling_rate": 16000}, "audio", "r")
     assert isinstance(samples[0], InlineSamples)
     assert hasher.entry(samples[0], None).startswith("samples:")
+
+
+def test_a_mapped_look_alike_column_is_claimed_and_a_mapped_state_column_counts(tmp_path):
+    """Issue 45's near-miss rule meets the mapping: `image` mapped to `images` is the user's column,
+    not a near miss; a table whose state column is mapped (`state=body`) has a state column. Without
+    the mapping both are whole-job refusals (the first window) or each record's error."""
+    from clef_cli.inputs.first_window import check_first_window
+
+    cells = [[str(MEDIA / "image_a.png")]]
+    questions = [json.dumps(QUESTIONS)]
+    table = pa.table({"ticket_id": ["T-1"], "body": ["Refund please"], "image": cells, "questions": questions})
+    path = tmp_path / "tickets.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(UsageError, match="no 'state' column"):
+        check_first_window([path], questions_given=False, claimed=("image",))
+    near = r"column 'image' is not a record field \(did you mean 'images'\?\); rename it, map it "
+    near += r"\(--columns images=image\)"
+    with pytest.raises(UsageError, match=near):
+        check_first_window([path], questions_given=False, columns=parse_columns("state=body", None))
+    mapping = parse_columns("id=ticket_id,state=body,images=image", None)
+    assert check_first_window([path], questions_given=False, columns=mapping) == []
+    [record] = read_records([path], columns=mapping)
+    assert isinstance(record, Record), record
+    assert (record.id, record.state, record.images) == ("T-1", "Refund please", tuple(cells[0]))
+    [unmapped] = read_records([path], columns=parse_columns("id=ticket_id,state=body", None))
+    assert isinstance(unmapped, InvalidRecord) and "did you mean 'images'" in unmapped.error

@@ -144,3 +144,37 @@ def test_keep_columns_pass_native_parquet_columns_through_exactly(tmp_path):
         assert written.schema.field(name).type == table.schema.field(name).type, name
         assert written.column(name).to_pylist() == table.column(name).to_pylist(), name
     assert [row["error"] for row in written.to_pylist()] == [None, None]
+
+
+def test_a_near_miss_field_fails_its_record_unless_keep_columns_claims_it(tmp_path):
+    """`"image": [...]` was scored as text only, exit 0. Now it is that record's error (the others
+    are scored); named in --keep-columns it is the user's column, passed through, not media."""
+    records = [
+        {"id": "typo", "state": "look", "questions": NOUL, "image": ["a.png"]},
+        {"id": "fine", "state": "look", "questions": NOUL},
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", records)
+    result = score(str(path), "-o", str(tmp_path / "o.parquet"))
+    assert result.exit_code == 3, result.output
+    rows = {row["id"]: row for row in pq.read_table(tmp_path / "o.parquet").to_pylist()}
+    assert rows["typo"]["error"] == "record 'typo': unknown field 'image' (did you mean 'images'?)"
+    assert rows["fine"]["error"] is None
+    kept = score(str(path), "-o", str(tmp_path / "k.parquet"), "--keep-columns", "image")
+    assert kept.exit_code == 0, kept.output
+    rows = {row["id"]: row for row in pq.read_table(tmp_path / "k.parquet").to_pylist()}
+    assert rows["typo"]["image"] == json.dumps(["a.png"]) and rows["fine"]["image"] is None  # JSON text, as kept
+    assert rows["typo"]["record_key"] == rows["fine"]["record_key"]  # the same prompt: no media in it
+
+
+def test_questions_that_no_record_uses_warn_and_a_bom_keeps_the_first_record(tmp_path):
+    """--questions while every record has its own was silently ignored: now a warning line. The
+    file starts with a UTF-8 byte order mark, which cost its first record ("invalid JSON")."""
+    lines = [json.dumps({"id": name, "state": "s", "questions": NOUL}) + "\n" for name in ("a", "b")]
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(lines).encode())
+    (tmp_path / "q.json").write_text(json.dumps({"other": {"type": "noul"}}))
+    result = score(str(path), "-o", str(tmp_path / "o.parquet"), "--questions", str(tmp_path / "q.json"))
+    assert result.exit_code == 0, result.output
+    assert "warning: --questions changes nothing for the first 2 records: each has its own questions" in result.stderr
+    rows = pq.read_table(tmp_path / "o.parquet").to_pylist()
+    assert [(row["id"], row["error"]) for row in rows] == [("a", None), ("b", None)]

@@ -354,3 +354,67 @@ def test_a_refusal_that_needs_the_open_store_removes_the_store_it_made(tmp_path)
     with pytest.raises(UsageError), open_job(settings, Progress(), "float32"):
         raise UsageError("the cluster cannot place this plan")
     assert settings.checkpoint_path.is_dir()
+
+
+# ----------------------------------------------------------------------------- mistakes of the whole job
+# (issue 45: caught once from the first records, before the output or the store is made)
+
+
+def whole_job_inputs(folder: Path) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    questions = json.dumps({"q": {"type": "noul"}})
+    no_state = pa.table({"id": ["a", "b"], "text": ["s", "t"], "questions": [questions] * 2})
+    pq.write_table(no_state, folder / "ns.parquet")
+    pq.write_table(
+        pa.table({"id": ["a"], "state": ["s"], "questions": [questions], "image": [["x.png"]]}), folder / "img.parquet"
+    )
+    rows = [{"id": "a", "state": {"text": "s"}}, {"id": "b", "state": {"n": 1}}]  # every row misses a key
+    pq.write_table(pa.Table.from_pylist([row | {"questions": questions} for row in rows]), folder / "struct.parquet")
+    return {
+        "noq": write_jsonl(folder / "noq.jsonl", [{"id": "a", "state": "s"}, {"id": "b", "state": "t"}]),
+        "nearq": write_jsonl(folder / "nearq.jsonl", [{"id": "a", "state": "s", "question": {"q": {"type": "noul"}}}]),
+        "nostate": folder / "ns.parquet",
+        "image": folder / "img.parquet",
+        "struct": folder / "struct.parquet",
+    }  # fmt: skip
+
+
+WHOLE_JOB = [
+    ("noq", [], "error: no questions: no 'questions' field in the first 2 records; give them in the records, "
+     "or one schema for all with --questions FILE"),
+    ("noq", ["--dry-run"], "error: no questions: no 'questions' field in the first 2 records"),
+    ("nearq", [], "error: no questions: no 'questions' field in the first record (but 'question': did you mean "
+     "'questions'?)"),
+    ("nostate", [], "ns.parquet has no 'state' column (its columns: id, text, questions)"),
+    ("image", [], "img.parquet: column 'image' is not a record field (did you mean 'images'?); rename it, map it "
+     "(--columns images=image), or name it in --keep-columns"),
+    ("struct", [], "struct.parquet: the Parquet struct column 'state' has nulls in the first 2 records (first "
+     "state.n): a struct column gives every row the keys of every record"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "extra", "message"), WHOLE_JOB, ids=[f"{c[0]}{' '.join(c[1])}" for c in WHOLE_JOB])
+def test_a_mistake_of_the_whole_job_is_refused_once_before_anything_is_written(tmp_path, name, extra, message):
+    """Each of these failed every record with the same message (or a 4-line one per row), after
+    the output and the store were made; now: exit 2, one line, nothing written."""
+    inputs = whole_job_inputs(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    result = runner.invoke(app, ["score", str(inputs[name]), "-o", str(run / "o.parquet"), "--model", MODEL,
+                                 "--workers", "0", "--hidden-states", "drop", *extra])  # fmt: skip
+    assert result.exit_code == CODES["usage"], result.output
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert message in result.stderr
+    assert list(run.iterdir()) == []
+
+
+def test_review_refuses_a_format_its_file_name_contradicts(files, tmp_path):
+    """`clef review -o x.csv` wrote Label Studio JSON into x.csv; --format csv -o x.json the reverse."""
+    for out, form in (("x.csv", "label-studio"), ("x.json", "csv"), ("x.jsonl", "argilla")):
+        result = runner.invoke(app, ["review", str(files["old"]), "-o", str(tmp_path / out), "--format", form])
+        assert result.exit_code == CODES["usage"], result.output
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert f"--format {form} writes a" in result.stderr and out in result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -149,7 +149,7 @@ def test_parquet_values_that_are_not_json_are_the_records_error(tmp_path):
         },
     )
     assert errors == [
-        f"record '{name}', field 'state': a value of type bytes (not JSON) where JSON was expected" for name in "abc"
+        f"record '{name}', field 'state': binary data where JSON was expected" for name in "abc"
     ]
     when = datetime.datetime(2026, 1, 1)
     errors = parquet_errors(tmp_path, {"id": pa.array(["a"]), "state": pa.array([{"at": when, "n": 1}])})

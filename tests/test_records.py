@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -207,3 +208,72 @@ def test_broken_json_line_is_one_bad_record(tmp_path):
     assert broken.error.startswith("r.jsonl line 2: invalid JSON")
     assert not_object.error == "record 2: a record must be a JSON object"
     assert [r.index for r in (good, broken, not_object)] == [0, 1, 2]
+
+
+NEAR_MISSES = [
+    ("image", "images"), ("Images", "images"), ("IMAGE", "images"), ("video", "videos"), ("Video", "videos"),
+    ("Audios", "audio"), ("audios", "audio"), ("ID", "id"), ("ids", "id"), ("States", "state"),
+    ("question", "questions"), ("Questions", "questions"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "field"), NEAR_MISSES)
+def test_a_field_that_looks_like_a_record_field_is_the_records_error(tmp_path, name, field):
+    """`"image": [...]` was dropped without a word: the record was scored as text only."""
+    record = {"id": "r", "state": "s", "questions": NOUL, name: ["a.png"]}
+    assert error_of(tmp_path, record) == f"record 'r': unknown field {name!r} (did you mean {field!r}?)"
+
+
+def test_a_near_miss_the_user_claims_or_leaves_null_and_other_fields_are_allowed(tmp_path):
+    records = [
+        {"id": "kept", "state": "s", "questions": NOUL, "image": ["a.png"]},
+        {"id": "null", "state": "s", "questions": NOUL, "Video": None},  # nothing is lost
+        {"id": "other", "state": "s", "questions": NOUL, "note": "x", "imagery": ["a.png"], "_id": 3},
+    ]
+    path = write_jsonl(tmp_path / "r.jsonl", records)
+    claimed = list(read_records([path], claimed=["image"]))
+    assert all(isinstance(record, Record) for record in claimed), claimed
+    assert claimed[0].images == ()  # a kept column is the user's, never a media field
+    unclaimed = list(read_records([path]))
+    assert isinstance(unclaimed[0], InvalidRecord) and isinstance(unclaimed[1], Record)
+
+
+def test_a_parquet_near_miss_column_is_each_records_error_when_read_as_a_library(tmp_path):
+    pq.write_table(pa.table({"id": ["a", "b"], "state": ["s", "t"], "questions": [json.dumps(NOUL)] * 2,
+                             "Images": [["a.png"], None]}), tmp_path / "r.parquet")  # fmt: skip
+    first, second = read_records([tmp_path / "r.parquet"])
+    assert first.error == "record 'a': unknown field 'Images' (did you mean 'images'?)"
+    assert isinstance(second, Record)
+
+
+def test_a_byte_order_mark_does_not_cost_the_first_record(tmp_path):
+    """Windows tools write a UTF-8 BOM; gold files read past it, and so do records (JSONL, JSON)."""
+    record = {"id": "first", "state": "s", "questions": NOUL}
+    plain = only(list(read_records([write_jsonl(tmp_path / "plain.jsonl", [record])])))
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + (json.dumps(record) + "\n").encode() * 2)
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps([record]).encode())
+    with_bom = list(read_records([tmp_path / "bom.jsonl"]))
+    assert isinstance(with_bom[0], Record), with_bom[0]
+    assert with_bom[0].state == plain.state and with_bom[0].questions == plain.questions
+    assert isinstance(with_bom[1], InvalidRecord) and "duplicate record id" in with_bom[1].error
+    assert only(list(read_records([tmp_path / "bom.json"]))) == plain
+    (tmp_path / "q.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(NOUL).encode())
+    assert load_questions_file(tmp_path / "q.json") == NOUL
+
+
+def test_binary_media_cells_are_the_media_they_hold(tmp_path):
+    """A Parquet binary column (or list of binary) in a media field was "got a number": it is the
+    medium itself (inputs/media_cells.py), the bytes the record carries, never a number or text."""
+    from clef_cli.inputs.media_cells import InlineBytes
+
+    questions = json.dumps(NOUL)
+    common = {"state": ["s"], "questions": [questions]}
+    whole_cell = pa.array([b"\x89PNG"], pa.binary())
+    pq.write_table(pa.table({"id": ["a"], **common, "images": whole_cell}), tmp_path / "bin.parquet")
+    entry_cells = pa.array([[b"RIFF"]], pa.list_(pa.binary()))
+    pq.write_table(pa.table({"id": ["b"], **common, "audio": entry_cells}), tmp_path / "list.parquet")
+    whole, inner = read_records([tmp_path / "bin.parquet", tmp_path / "list.parquet"])
+    [image] = whole.images
+    [clip] = inner.audio
+    assert isinstance(image, InlineBytes) and isinstance(clip, InlineBytes)
+    assert (image.digest, clip.digest) == (hashlib.sha256(b"\x89PNG").hexdigest(), hashlib.sha256(b"RIFF").hexdigest())

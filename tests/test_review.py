@@ -168,7 +168,7 @@ def test_usage_errors(scored, tmp_path):
     cases = [
         (["--questions", "nope"], "'nope' is not a question of the scored file"),
         (["--order", "sideways"], "--order"),
-        (["--format", "csv", "--config-out", str(tmp_path / "c.xml")], "--config-out goes with"),
+        (["--format", "argilla", "--config-out", str(tmp_path / "c.xml")], "--config-out goes with"),
         (["--limit", "0"], "--limit"),
     ]
     for args, needle in cases:
@@ -507,3 +507,26 @@ def test_a_remote_media_record_stays_in_the_queue_unchecked_and_nothing_is_fetch
     assert set(shown) == {"text", "remote"} and shown["remote"]["image_0"] == server.url("/a.png")
     assert "1 record(s) with remote media shown unchecked against their record_key" in result.stderr
     assert "changed since they were scored" not in result.stderr
+
+
+def test_the_output_extension_chooses_the_format(scored, tmp_path):
+    """`clef review -o x.csv` wrote Label Studio JSON into x.csv: the extension now chooses the
+    format (.csv, .jsonl, .json Label Studio), and a --format it contradicts is refused."""
+    made = {}
+    for name in ("x.csv", "x.jsonl", "x.json", "argilla.json"):
+        extra = ["--format", "argilla"] if name == "argilla.json" else []
+        result = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / name), "--limit", "5", *extra])
+        assert result.exit_code == 0, result.output
+        made[name] = (tmp_path / name).read_text()
+    for name, form in (("x.csv", "csv"), ("x.jsonl", "jsonl"), ("x.json", "label-studio"), ("argilla.json", "argilla")):
+        out = tmp_path / f"given.{name}"
+        given = runner.invoke(app, ["review", str(scored), "-o", str(out), "--limit", "5", "--format", form])
+        assert given.exit_code == 0, given.output
+        assert out.read_text() == made[name], name
+    assert next(csv.reader(made["x.csv"].splitlines()))[:3] == ["id", "record_index", "confidence"]
+    refused = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "r.csv"), "--format", "label-studio"])
+    assert refused.exit_code == 2 and not (tmp_path / "r.csv").exists()
+    assert refused.stderr.strip() == (
+        "error: --format label-studio writes a .json file, but -o r.csv says csv: end its name in .json, or leave "
+        "--format out"
+    )

@@ -63,6 +63,9 @@ class RichProgress(Progress):
         if self.enabled:
             self._progress.console.print(message, markup=False, style="dim")
 
+    def warn(self, message: str) -> None:
+        self._progress.console.print(f"warning: {message}", markup=False)  # shown with or without the bar
+
     def stop(self) -> None:
         self._progress.stop()
 

@@ -27,8 +27,13 @@ def command(
         ),
     ],
     format: Annotated[
-        ReviewFormat, typer.Option("--format", help="label-studio tasks (JSON), an argilla document, jsonl or csv.")
-    ] = ReviewFormat.label_studio,
+        ReviewFormat | None,
+        typer.Option(
+            "--format",
+            help="label-studio tasks (JSON), an argilla document, jsonl or csv (default: from -o's extension, "
+            ".json being label-studio).",
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many records.")] = None,
     questions: Annotated[
         str | None, typer.Option("--questions", help="Comma-separated question ids to review (default: all).")
@@ -84,7 +89,8 @@ def command(
     from clef_cli.quality.review.job import ReviewSettings, run_review
 
     settings = ReviewSettings(
-        scored=scored, output=output, format=format.value, limit=limit, order=order.value, exclude=exclude,
+        scored=scored, output=output, format=format.value if format else None, limit=limit, order=order.value,
+        exclude=exclude,
         questions=[q.strip() for q in questions.split(",") if q.strip()] if questions else None,
         gold_format=gold_format.value, seed=seed, records=records, media_root=media_root,
         media_url_prefix=media_url_prefix, config_out=config_out,

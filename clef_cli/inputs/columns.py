@@ -21,10 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
+from clef_cli.inputs.fields import RECORD_FIELDS
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
-
-RECORD_FIELDS = ("id", "state", "questions", "images", "audio", "videos")
-"""The fields a column may be mapped to."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ def kind_of(value: Any) -> str:
         return "an object"
     if isinstance(value, (list, tuple)):
         return "an array"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "binary data"  # a Parquet binary column
     return f"a value of type {type(value).__name__} (not JSON)"
 
 

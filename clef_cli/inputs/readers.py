@@ -18,12 +18,15 @@ from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls, parquet_ro
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
 from clef_cli.inputs.sources import InputFile, expand_inputs
 
+TEXT_ENCODING = "utf-8-sig"
+"""UTF-8, with a byte order mark (as Windows tools write one) read past, as gold files are read."""
+
 
 def load_questions_file(path: str | Path) -> dict[str, Any]:
     """`--questions FILE`: one question schema, as `{id: question}` or `{"questions": {...}}`."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding=TEXT_ENCODING))
     except FileNotFoundError:
         raise UsageError(f"questions file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -46,7 +49,7 @@ def load_questions_file(path: str | Path) -> dict[str, Any]:
 def parse_jsonl_line(line: bytes, file_name: str, line_number: int) -> tuple[Any, str | None]:
     """One JSONL line: (value, None), or (None, what is wrong with it)."""
     try:
-        return json.loads(line.decode("utf-8")), None
+        return json.loads(line.decode(TEXT_ENCODING)), None
     except UnicodeDecodeError as error:
         return None, f"{file_name} line {line_number}: not UTF-8 text ({error.reason})"
     except json.JSONDecodeError as error:
@@ -65,7 +68,7 @@ def _raw_jsonl(source: InputFile) -> Iterator[tuple[Any, str | None]]:
 def _raw_json(source: InputFile) -> Iterator[tuple[Any, str | None]]:
     try:
         with source.open_binary() as handle:
-            data = json.loads(handle.read().decode("utf-8"))
+            data = json.loads(handle.read().decode(TEXT_ENCODING))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UsageError(f"{source.location} is not a valid JSON file: {error}") from None
     except (RecursionError, ValueError) as error:
@@ -140,11 +143,13 @@ def read_records(
     limit: int | None = None,
     struct_nulls: StructNulls = StructNulls.refuse,
     columns: ColumnMapping | None = None,
+    claimed: Iterable[str] = (),
 ) -> Iterator[Record | InvalidRecord]:
     """Stream records from every input in order; `index` counts across all inputs from 0.
     `struct_nulls` says what a null inside a Parquet struct column means (see parquet_rows);
-    `columns`, which input columns the fields come from (inputs/columns.py)."""
-    builder = RecordBuilder(default_questions=questions, columns=columns)
+    `columns`, which input columns the fields come from (inputs/columns.py); `claimed` names
+    fields the user gave a use (`--keep-columns`), so they are no near misses."""
+    builder = RecordBuilder(default_questions=questions, columns=columns, claimed=frozenset(claimed))
     nested = columns.nested_columns if columns is not None else RECORD_COLUMNS
     index = 0
     for source in expand_inputs(paths):

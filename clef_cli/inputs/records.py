@@ -15,6 +15,8 @@ from typing import Any
 
 from clef_cli.errors import RecordError, unexpected_error
 from clef_cli.inputs.columns import ColumnMapping
+from clef_cli.inputs.fields import MEDIA_FIELDS as MEDIA_FIELDS  # the field names live in fields.py
+from clef_cli.inputs.fields import near_miss, near_miss_message
 from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
 from clef_cli.inputs.media_cells import MediaEntry, media_entries
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
@@ -29,7 +31,6 @@ NOUL_DEFAULTS: dict[str, str | None] = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
 }
-MEDIA_FIELDS = ("images", "audio", "videos")
 NO_QUESTIONS = "no questions (give them in the record or with --questions)"
 """A record's error when it carries no questions and the job has no --questions file."""
 
@@ -223,8 +224,15 @@ class RecordBuilder:
     """Off where records are built in parallel; the caller then checks ids across all records."""
     columns: ColumnMapping | None = None
     """`--columns` / `--state-columns`: which input columns the record's fields come from."""
+    claimed: frozenset[str] = frozenset()
+    """Field names the user gave a use (`--keep-columns`; the columns a mapping reads join them):
+    never near misses (`near_miss`)."""
     _seen_ids: SeenIds = field(default_factory=SeenIds)
     """Bounded in memory (a job of millions of ids spills them to a temporary file)."""
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:  # a column the mapping reads has its use: no near miss
+            self.claimed = self.claimed | frozenset(self.columns.columns)
 
     def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
         """The record, or its error; never raises for what a record holds."""
@@ -256,6 +264,9 @@ class RecordBuilder:
         for name in ("state", "questions"):
             if isinstance(raw.get(name), AmbiguousNulls):
                 raise raw[name].error(record_id)
+        missed = near_miss((key for key, value in raw.items() if value is not None), self.claimed)
+        if missed is not None:
+            raise RecordError(record_id, None, near_miss_message(*missed))
         if "state" not in raw or raw["state"] is None:
             raise RecordError(record_id, "state", "missing state")
         state = raw["state"]

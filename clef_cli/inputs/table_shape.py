@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.columns import RECORD_FIELDS, ColumnMapping
+from clef_cli.inputs.columns import ColumnMapping
+from clef_cli.inputs.fields import RECORD_FIELDS
 from clef_cli.inputs.readers import raw_rows
 from clef_cli.inputs.sources import InputFile, expand_inputs
 

@@ -99,7 +99,7 @@ def plan_report(
     """Every record encoded (media decoded, prompt built) and planned into batches, as a run
     would, after the same checks as the run (`preflight`: the engine's own)."""
     progress = progress or Progress()
-    settings, release = checked_release(settings, preflight, with_weights=False)
+    settings, release = checked_release(settings, preflight, with_weights=False, progress=progress)
     report = DryRunReport(field_sources=input_fields(settings))
     progress.start(count_records(settings.inputs, settings.limit), 0)
     with tempfile.TemporaryDirectory(prefix="clef-dry-run-") as scratch:

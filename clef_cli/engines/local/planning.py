@@ -14,6 +14,7 @@ from typing import Any
 from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
 from clef_cli.engines.local.workers import EncoderSpec, Planned, within_budget
+from clef_cli.inputs.first_window import FIRST_WINDOW
 from clef_cli.inputs.record_chunks import record_chunks
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.job import job_records
@@ -76,10 +77,10 @@ class Window:
     failures: list[FailedRecord]
 
 
-FIRST_WINDOW = 64
-"""Records in the first window: the model starts after it is planned, so it is kept small (a
-window of 8192 videos would keep a GPU idle for most of an hour); each next window doubles, up
-to `--window`. Results do not depend on it: a record's scores never depend on its batch."""
+# The first window (FIRST_WINDOW records, also the records the job checks before it starts): the
+# model starts after it is planned, so it is kept small (a window of 8192 videos would keep a GPU
+# idle for most of an hour); each next window doubles, up to `--window`. Results do not depend on
+# it: a record's scores never depend on its batch.
 
 
 def window_sizes(window: int) -> Iterator[int]:

@@ -86,7 +86,10 @@ class ScoreActor:
         scorer = self.engine.start_scorer(release, settings, _log_folder(log_dir))
         self.runner = BatchRunner(scorer, settings.max_batch_tokens)
         self.version = getattr(self.engine, "version", "")
-        self.builder = RecordBuilder(default_questions=questions, check_duplicates=False, columns=settings.columns)
+        claimed = frozenset(settings.keep_columns)  # as the driver's ledger built them (job.job_records)
+        self.builder = RecordBuilder(
+            default_questions=questions, check_duplicates=False, columns=settings.columns, claimed=claimed
+        )
         self.max_batch_size = settings.max_batch_size
         self.hidden_dir = Path(hidden_dir) if hidden_dir else None
         self.keep = (keep or KeepPolicy()) if self.hidden_dir is not None else KeepPolicy(DROP)

@@ -26,6 +26,24 @@ RATING_MAX_LEVELS = 11
 FORMATS = ("label-studio", "argilla", "jsonl", "csv")
 SHOWS_RECORDS = ("label-studio", "argilla")
 """The formats whose files show the record (state, media) and the questions' texts to a reviewer."""
+EXTENSIONS = {".json": ("label-studio", "argilla"), ".jsonl": ("jsonl",), ".ndjson": ("jsonl",), ".csv": ("csv",)}
+"""The formats a review file's extension says it holds (the first one when --format is not given)."""
+
+
+def format_for(output: Path, given: str | None) -> str:
+    """The review file's format: `--format`, else its extension's (.json: Label Studio tasks);
+    a `--format` its extension contradicts is refused, so `-o review.csv` never holds JSON."""
+    suffix = output.suffix.lower()
+    fits = EXTENSIONS.get(suffix) if str(output) != "-" else None
+    if given is None:
+        return fits[0] if fits else FORMATS[0]
+    if fits is not None and given not in fits:
+        wants = next(ext for ext, names in EXTENSIONS.items() if given in names)
+        raise UsageError(
+            f"--format {given} writes a {wants} file, but -o {output.name} says {' or '.join(fits)}: "
+            f"end its name in {wants}, or leave --format out"
+        )
+    return given
 
 
 @dataclass(frozen=True)

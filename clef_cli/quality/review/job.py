@@ -14,7 +14,8 @@ from clef_cli.quality.labels.scored import read_scored
 class ReviewSettings:
     scored: Path
     output: Path
-    format: str = "label-studio"
+    format: str | None = None
+    """One of formats.FORMATS; None: the output's extension says (formats.format_for)."""
     limit: int | None = None
     questions: list[str] | None = None
     order: str = "uncertainty"
@@ -43,7 +44,8 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
 
     if settings.limit is not None and settings.limit < 1:
         raise UsageError("--limit must be at least 1")
-    if settings.config_out is not None and settings.format != "label-studio":
+    format = formats.format_for(settings.output, settings.format)
+    if settings.config_out is not None and format != "label-studio":
         raise UsageError("--config-out goes with --format label-studio")
     scored = read_scored(settings.scored)
     exclude = labelled_ids(settings.exclude, settings.gold_format) if settings.exclude else set()
@@ -52,12 +54,12 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
     )
     picked = chosen if settings.limit is None else chosen[: settings.limit]
     shown = content.Shown({}, {}, [])
-    if settings.format in formats.SHOWS_RECORDS:
+    if format in formats.SHOWS_RECORDS:
         urls = content.MediaUrls(settings.media_root, settings.media_url_prefix)
         shown = content.load_content(scored, dict.fromkeys(r.id for r in picked), urls, settings.records)
         picked = [record for record in picked if record.id not in set(shown.edited)]
     text, config = formats.render(
-        settings.format, picked, shown.content, questions, formats.model_version(scored.metadata), shown.texts
+        format, picked, shown.content, questions, formats.model_version(scored.metadata), shown.texts
     )
     write_text(settings.output, text)
     if settings.config_out is not None and config is not None:
