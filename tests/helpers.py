@@ -136,3 +136,18 @@ def settings_for(folder: Path, inputs: list | None = None, name: str = "out.parq
     )
     values.update(overrides)
     return ScoreSettings(**values)
+
+
+def one_ctrl_c():
+    """A callable that sends this process one SIGINT the first time it is called (a user's first
+    Ctrl-C at that moment, taken by the CLI's own handler, cli/stopping.py); later calls do nothing."""
+    import signal
+
+    sent: list[bool] = []
+
+    def send() -> None:
+        if not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    return send

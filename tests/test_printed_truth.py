@@ -6,9 +6,7 @@ run stopped on request (exit 130) from one that crashed."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +15,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .helpers import SAMPLE_DATA, TINY_MODEL, one_ctrl_c, write_jsonl
 
 POSTS = SAMPLE_DATA / "posts.jsonl"
 QUESTIONS = ("--questions", str(SAMPLE_DATA / "questions.json"))
@@ -89,14 +87,7 @@ def test_checkpoint_info_shows_a_run_stopped_on_request_as_interrupted(tmp_path,
     at the first commit: exit 130."""
     from clef_cli import faults
 
-    sent: list[bool] = []
-
-    def first_ctrl_c() -> None:
-        if not sent:
-            sent.append(True)
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(faults, "after_commit", first_ctrl_c)
+    monkeypatch.setattr(faults, "after_commit", one_ctrl_c())
     out = tmp_path / "out.parquet"
     result = score(POSTS, out, "--max-batch-size", "1")
     assert result.exit_code == 130, result.output

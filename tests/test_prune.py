@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.store.prune import kept_run_seqs
 
-from .helpers import TINY_MODEL, write_jsonl
+from .helpers import TINY_MODEL, one_ctrl_c, write_jsonl
 
 runner = CliRunner()
 
@@ -53,7 +53,8 @@ def test_a_run_over_invalid_records_does_not_count_so_keep_runs_1_keeps_the_stor
     store = tmp_path / "st"
     good = write_jsonl(tmp_path / "good.jsonl", tickets(range(12)))
     assert score(good, tmp_path / "a.parquet", store, "--hidden-states", "drop").exit_code == 0
-    (tmp_path / "bad.jsonl").write_text('garbage\n{"id": "x"}\n')
+    # questions, so the job is no whole-job mistake (refused before it runs), but no state
+    (tmp_path / "bad.jsonl").write_text('garbage\n{"id": "x", "questions": {"urgent": {"type": "noul"}}}\n')
     broken = score(tmp_path / "bad.jsonl", tmp_path / "b.parquet", store)
     assert broken.exit_code == 3, broken.output  # every record invalid
 
@@ -159,12 +160,9 @@ def test_an_interrupted_first_run_does_not_count_so_keep_runs_1_keeps_the_last_r
 def test_keep_runs_1_after_an_interrupted_run_drops_its_keys(tmp_path, monkeypatch):
     """The same through the CLI: run 1 stopped after its first commit (as Ctrl-C stops it), run 2
     over other tickets; `--keep-runs 1` keeps exactly run 2's keys."""
-    import clef_cli.cli.score as score_command
     from clef_cli import faults
 
-    stops = []
-    monkeypatch.setattr(score_command, "install_stop_handlers", stops.append)
-    monkeypatch.setattr(faults, "after_commit", lambda: stops[-1].set())
+    monkeypatch.setattr(faults, "after_commit", one_ctrl_c())  # the first Ctrl-C, at the first commit
     store = tmp_path / "st"
     first = score(write_jsonl(tmp_path / "a.jsonl", tickets(range(6))), tmp_path / "a.parquet", store,
                   "--max-batch-size", "2", "--hidden-states", "drop")  # fmt: skip

@@ -26,7 +26,7 @@ from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.output import passthrough_types
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .helpers import SAMPLE_DATA, TINY_MODEL, require, write_jsonl
 
 runner = CliRunner()
 COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-states", "drop"]
@@ -309,7 +309,7 @@ def test_flat_layout_holds_the_long_layouts_numbers_in_a_row_per_record(folder, 
     mapping = {entry["column"]: entry for entry in json.loads(flat.schema.metadata[b"clef.flat_columns"])}
     assert mapping["a%2Eb.p.50%25"] == {"column": "a%2Eb.p.50%25", "question_id": "a.b", "field": "p", "option": "50%"}
     assert set(mapping) == names - {"id", "error"}
-    pd = pytest.importorskip("pandas")
+    pd = require("pandas")  # a test dependency through `datasets`
     frame = pd.read_parquet(tmp_path / "flat.parquet")
     assert frame.loc[frame["id"] == "quoted", "a%2Eb.p.x%2Ey"].iloc[0] == rows["quoted"]["a%2Eb.p.x%2Ey"]
     assert not any(frame[column].map(lambda v: isinstance(v, (list, dict))).any() for column in frame.columns)

@@ -35,6 +35,8 @@ class TableShape:
     columns: dict[str, str]
     features: dict[str, str]
     """Column -> `datasets` media feature (`Image`, `list of Audio`), from the file's metadata."""
+    first_record_only: bool = False
+    """JSON input: `columns` are its first record's keys, so a key missing there may be in others."""
 
 
 def hf_media_features(metadata: Mapping[bytes, bytes] | None) -> dict[str, str]:
@@ -77,8 +79,8 @@ def table_shape(source: InputFile) -> TableShape:
         return TableShape(source.name, columns, hf_media_features(schema.metadata))
     for raw, problem in raw_rows(source):
         if problem is None and isinstance(raw, Mapping):
-            return TableShape(source.name, {str(key): _json_kind(value) for key, value in raw.items()}, {})
-    return TableShape(source.name, {}, {})
+            return TableShape(source.name, {str(key): _json_kind(value) for key, value in raw.items()}, {}, True)
+    return TableShape(source.name, {}, {}, True)
 
 
 def _json_kind(value: Any) -> str:
@@ -115,6 +117,9 @@ def field_sources(mapping: ColumnMapping | None, shape: TableShape) -> list[str]
             lines.append(f"state <- {', '.join(mapping.state_columns)}: a JSON object keyed by column name")
             continue
         column = mapping.source_of(field)
+        if column not in shape.columns and shape.first_record_only:
+            lines.append(f"{field} <- {column}: not in the first record (read from each record that has it)")
+            continue
         if column not in shape.columns:
             hint = " (the --questions file, if given)" if field == "questions" else ""
             lines.append(f"{field}: no column {column!r}{hint}")

@@ -46,6 +46,15 @@ def stamp_of(info: os.stat_result) -> Stamp:
     return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
+def _open_table(index: KeyIndex, writable: bool, schema: str, table: str) -> bool:
+    """Make the cache's table where the job may write; whether it is there to read."""
+    with index.lock:
+        if writable:
+            index.db.execute(schema)
+        query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+        return index.db.execute(query, (table,)).fetchone() is not None
+
+
 class MediaStats:
     """Lookups and new entries of one job; new entries are written with `flush` (a transaction
     per chunk of records), so keying stays a few microseconds a file."""
@@ -58,11 +67,7 @@ class MediaStats:
         self.trusted = trusted
         self.pending: list[tuple[str, int, int, int, int, int, int, str]] = []
         self.hits = self.misses = 0
-        with index.lock:
-            if writable:
-                index.db.execute(_SCHEMA)
-            query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'media_stats'"
-            self.present = index.db.execute(query).fetchone() is not None
+        self.present = _open_table(index, writable, _SCHEMA, "media_stats")
         self.objects = ObjectStats(index, writable, trusted)
 
     @staticmethod
@@ -125,11 +130,7 @@ class ObjectStats:
         self.trusted = trusted
         self.pending: list[tuple[str, int, int, str, int, str]] = []
         self.hits = self.misses = 0
-        with index.lock:
-            if writable:
-                index.db.execute(_OBJECT_SCHEMA)
-            query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'object_stats'"
-            self.present = index.db.execute(query).fetchone() is not None
+        self.present = _open_table(index, writable, _OBJECT_SCHEMA, "object_stats")
 
     def digest(self, uri: str, size: int, mtime_ns: int) -> str | None:
         """The cached digest of `uri` if its size and last-modified are unchanged and not racy."""

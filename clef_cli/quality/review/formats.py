@@ -9,7 +9,7 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -30,17 +30,18 @@ EXTENSIONS = {".json": ("label-studio", "argilla"), ".jsonl": ("jsonl",), ".ndjs
 """The formats a review file's extension says it holds (the first one when --format is not given)."""
 
 
-def format_for(output: Path, given: str | None) -> str:
+def format_for(output: Path | str, given: str | None) -> str:
     """The review file's format: `--format`, else its extension's (.json: Label Studio tasks);
-    a `--format` its extension contradicts is refused, so `-o review.csv` never holds JSON."""
-    suffix = output.suffix.lower()
-    fits = EXTENSIONS.get(suffix) if str(output) != "-" else None
+    a `--format` its extension contradicts is refused, so `-o review.csv` never holds JSON.
+    `output`: a path, `-` or an object URI (its name is its last segment either way)."""
+    name = PurePosixPath(str(output)).name
+    fits = EXTENSIONS.get(PurePosixPath(name).suffix.lower()) if str(output) != "-" else None
     if given is None:
         return fits[0] if fits else FORMATS[0]
     if fits is not None and given not in fits:
         wants = next(ext for ext, names in EXTENSIONS.items() if given in names)
         raise UsageError(
-            f"--format {given} writes a {wants} file, but -o {output.name} says {' or '.join(fits)}: "
+            f"--format {given} writes a {wants} file, but -o {name} says {' or '.join(fits)}: "
             f"end its name in {wants}, or leave --format out"
         )
     return given
