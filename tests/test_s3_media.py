@@ -317,3 +317,50 @@ def test_the_one_writer_puts_an_object_whole_or_not_at_all(s3, proxy):
     assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'  # untouched
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
     assert [key for key in keys if not key.endswith("/")] == ["out/stats.json"]
+
+
+def test_the_quality_commands_read_their_tables_from_the_store(s3, tmp_path):
+    """eval, calibrate, review and compare take a scored file and a gold file as s3:// URIs and
+    say the same as they say of the local files (only the names they print differ)."""
+    from .helpers import FIXTURES
+
+    scored = FIXTURES / "output_golden"
+    rows = pq.read_table(scored / "wide.parquet").to_pylist()
+    gold = [  # a label of each question's options, in turn, so some agree with the answers and some not
+        {"id": row["id"], "labels": {a["question_id"]: a["labels"][n % len(a["labels"])]["label"] for a in answers}}
+        for n, (row, answers) in enumerate((row, row["answers"]) for row in rows)
+        if answers
+    ]
+    local = {"old.parquet": scored / "wide.parquet", "new.parquet": scored / "wide-kept-calibrated.parquet"}
+    local["gold.jsonl"] = write_jsonl(tmp_path / "gold.jsonl", gold)
+    for name, path in local.items():
+        s3.upload_file(str(path), BUCKET, f"tables/{name}")
+    remote = {name: f"s3://{BUCKET}/tables/{name}" for name in local}
+
+    def run(where, *command):
+        named = {name: str(value) for name, value in where.items()}
+        out = tmp_path / ("s3" if where is remote else "local")
+        out.mkdir(exist_ok=True)
+        argv = [part.format(out=out, **{n.split(".")[0]: v for n, v in named.items()}) for part in command]
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, (argv, result.output)
+        return result.stdout.replace(named["old.parquet"], "OLD").replace(named["new.parquet"], "NEW"), out
+
+    commands = [
+        ["eval", "{old}", "--gold", "{gold}", "--json", "{out}/metrics.json", "--format", "tsv"],
+        ["calibrate", "{old}", "--gold", "{gold}", "-o", "{out}/cal.json", "--method", "global", "--format", "tsv"],
+        ["review", "{new}", "-o", "{out}/review.jsonl", "--format", "jsonl", "--exclude", "{gold}", "--limit", "5"],
+        ["compare", "{old}", "{new}", "--json", "{out}/drift.json"],
+    ]
+    for command in commands:
+        assert run(remote, *command)[0] == run(local, *command)[0], command
+    for name in ("metrics.json", "cal.json", "review.jsonl", "drift.json"):
+        text = {where: (tmp_path / where / name).read_text() for where in ("s3", "local")}
+        for where, named in (("s3", remote), ("local", local)):
+            for key, value in named.items():
+                text[where] = text[where].replace(str(value), key)
+        assert text["s3"] == text["local"], name
+    assert json.loads((tmp_path / "s3" / "drift.json").read_text())["old"]["path"] == remote["old.parquet"]
+    missing = runner.invoke(app, ["eval", f"s3://{BUCKET}/tables/none.parquet", "--gold", remote["gold.jsonl"]])
+    assert missing.exit_code == 2 and "object not found" in missing.stderr, missing.output
+    assert len(missing.stderr.strip().splitlines()) == 1

@@ -29,13 +29,23 @@ from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
 from clef_cli.store.atomic import is_stdout
 
-ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
+ScoredArgument = Annotated[
+    str,
+    typer.Argument(help="Parquet written by `clef score` (wide or long layout); a path or a URI (s3://...)."),
+]
 GoldOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--gold",
+        metavar="<path>",
         help="Gold labels: JSONL, JSON list, CSV or Parquet with `id` plus a `labels` object or wide columns; "
-        "or a Label Studio / Argilla export (recognised from its content).",
+        "or a Label Studio / Argilla export (recognised from its content). A path or a URI (s3://...).",
+    ),
+]
+TrainGoldOption = Annotated[
+    str,
+    typer.Option(
+        "--gold", metavar="<path>", help="Gold labels (JSONL, JSON, CSV or Parquet; a path or a URI; as clef eval)."
     ),
 ]
 GoldFormatOption = Annotated[
@@ -184,7 +194,7 @@ def train_head(
     checkpoint: Annotated[
         Path, typer.Argument(help="Checkpoint of a `clef score` job (the states it lacks need --records).")
     ],
-    gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
+    gold: TrainGoldOption,
     output: Annotated[
         Path,
         typer.Option("--output", "-o", callback=writable_folder, help="Folder for the trained head (release layout)."),
@@ -199,7 +209,7 @@ def train_head(
         Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
     ] = None,
     scored: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--scored",
             help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "

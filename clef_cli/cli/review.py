@@ -15,7 +15,9 @@ from clef_cli.sizes import plural
 
 
 def command(
-    scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
+    scored: Annotated[
+        str, typer.Argument(help="Parquet written by `clef score` (wide or long layout); a path or a URI (s3://...).")
+    ],
     output: Annotated[
         str,
         typer.Option(
@@ -42,7 +44,10 @@ def command(
         ),
     ] = ReviewOrder.uncertainty,
     exclude: Annotated[
-        Path | None, typer.Option("--exclude", help="Leave out records this gold file (or export) already labels.")
+        str | None,
+        typer.Option(
+            "--exclude", metavar="<path>", help="Leave out records this gold file (or export) already labels."
+        ),
     ] = None,
     gold_format: Annotated[
         GoldFormat, typer.Option("--gold-format", help="Read --exclude as this format (default: from its content).")

@@ -12,13 +12,14 @@ from clef_cli.quality.labels.scored import read_scored
 
 @dataclass
 class ReviewSettings:
-    scored: Path
+    scored: Path | str
+    """A local path or a URI (s3://...)."""
     output: Path
     format: str = "label-studio"
     limit: int | None = None
     questions: list[str] | None = None
     order: str = "uncertainty"
-    exclude: Path | None = None
+    exclude: Path | str | None = None
     gold_format: str = "auto"
     seed: int = 0
     records: list[Path] | None = None
