@@ -6,7 +6,8 @@ local path it names, so media paths resolve against its folder exactly as for a 
 A folder (local or remote) stands for its parts, `key=value` subfolders included (Hive
 partitions), and a glob for the files it matches, in name order, so a job's record order is
 stable from one run to the next (listing.py). `-`, `/dev/stdin` and other pipes are read once
-into a spool (streams.py), since a job reads its inputs more than once.
+into a spool (streams.py), since a job reads its inputs more than once. The tables the other
+commands read whole (a scored Parquet, a gold file) are resolved here too (`local_copy`).
 """
 
 from __future__ import annotations
