@@ -268,6 +268,7 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     again = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON])
     assert again.exit_code == 0, again.output
     assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
+    assert again.stderr.splitlines()[0].endswith(f"-> {target}"), again.stderr  # the URI given, not the stage
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
     assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"]  # pyarrow keeps a folder marker
     fs, path = filesystem(target)
