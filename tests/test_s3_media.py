@@ -365,3 +365,48 @@ def test_the_quality_commands_read_their_tables_from_the_store(s3, tmp_path):
     missing = runner.invoke(app, ["eval", f"s3://{BUCKET}/tables/none.parquet", "--gold", remote["gold.jsonl"]])
     assert missing.exit_code == 2 and "object not found" in missing.stderr, missing.output
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def store_env(proxy):
+    """The store's endpoint and credentials in this process's environment before the module's Ray
+    cluster starts (requested before `cluster`): a local cluster's workers inherit them, as a real
+    cluster's nodes have their own."""
+    import os
+
+    values = {
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_ACCESS_KEY_ID": "clef-test",
+        "AWS_SECRET_ACCESS_KEY": "clef-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    yield values
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.mark.slow  # a Ray cluster and two scoring runs (about 40 s on the 2-core machine)
+@pytest.mark.ray
+def test_ray_actors_read_object_media_as_the_local_run_reads_copies(store_env, cluster, s3, tmp_path):
+    from clef_cli.engines.local.pipeline import ScoreJob
+    from clef_cli.engines.ray.job import RayScoreJob, RaySettings
+
+    from .helpers import settings_for
+
+    folder, _ = media_folder(tmp_path)
+    upload(s3, folder, "in")
+    small = {"hidden_states": "drop", "max_length": 8192}
+    local = ScoreJob(settings_for(tmp_path, [folder / "records.jsonl"], "local.parquet", **small)).run()
+    assert local.failed == 0
+    remote = settings_for(tmp_path, [f"s3://{BUCKET}/in/records.jsonl"], "ray.parquet", **small)
+    summary = RayScoreJob(remote, RaySettings(num_workers=1, cpus_per_worker=0.5, block_records=2)).run()
+    assert summary.failed == 0 and summary.forwarded == 3, summary
+    rows = pq.read_table(tmp_path / "ray.parquet").to_pylist()
+    assert_same_rows(rows, pq.read_table(tmp_path / "local.parquet").to_pylist())
+    assert all(row["error"] is None for row in rows)
