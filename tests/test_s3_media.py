@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pyarrow.parquet as pq
 import pytest
@@ -410,3 +411,38 @@ def test_ray_actors_read_object_media_as_the_local_run_reads_copies(store_env, c
     rows = pq.read_table(tmp_path / "ray.parquet").to_pylist()
     assert_same_rows(rows, pq.read_table(tmp_path / "local.parquet").to_pylist())
     assert all(row["error"] is None for row in rows)
+
+
+@pytest.mark.slow  # a real `clef score` process loads the model, then is killed (about 15 s)
+def test_a_remote_output_killed_mid_upload_leaves_no_object_and_the_rerun_uploads(s3, proxy, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    records = write_jsonl(tmp_path / "in" / "records.jsonl", [{"id": "a", "state": "x", "questions": QUESTIONS}])
+    target, store = f"s3://{BUCKET}/out/night.parquet", tmp_path / "store"
+    argv = ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON]
+    # held: the request completing the upload under out/ (the multipart upload's last POST)
+    proxy.hold = lambda method, path: method == "POST" and "/out/" in path and "uploadId=" in path
+    proxy.held, proxy.release = threading.Event(), threading.Event()
+    try:
+        job = subprocess.Popen([sys.executable, "-m", "clef_cli", *argv], env=os.environ.copy(), stderr=subprocess.PIPE)
+        assert proxy.held.wait(180), job.communicate(timeout=5)  # its output is on its way to the store
+        job.send_signal(signal.SIGKILL)
+        assert job.wait(30) == -signal.SIGKILL
+    finally:
+        proxy.release.set()  # the held request goes on to the store now, as a late one would
+        proxy.hold = None
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])]
+    assert "out/night.parquet" not in keys, keys  # no object, whole or partial, at the target
+    assert any(".night.parquet.clef-upload-" in key for key in keys), keys  # the late upload's temporary key
+    proxy.clear()
+    again = runner.invoke(app, argv)
+    assert again.exit_code == 0, again.output
+    assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
+    assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"], keys  # leftovers removed
+    body = s3.get_object(Bucket=BUCKET, Key="out/night.parquet")["Body"].read()
+    assert body == (store / "upload" / "night.parquet").read_bytes()
