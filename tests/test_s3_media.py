@@ -218,7 +218,7 @@ def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monke
     from clef_cli.store import media_stats
 
     monkeypatch.setattr(media_stats, "RACY_NS", 0)  # the store dates objects to the second
-    folder, _ = media_folder(tmp_path)
+    folder, records = media_folder(tmp_path)
     upload(s3, folder, "in")
     inputs, store = [f"s3://{BUCKET}/in/records.jsonl"], ["--checkpoint", str(tmp_path / "store")]
     first, _ = score(inputs, tmp_path / "n1.parquet", *store)
@@ -245,6 +245,15 @@ def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monke
     verified, _ = score(inputs, tmp_path / "n4.parquet", *store, "--verify-media")
     assert verified.exit_code == 0, verified.output
     assert proxy.count("GET", "/in/av/clip.mp4") == 1  # --verify-media downloads and hashes again
+    # every state edited: new keys, the media keyed from the cache; the encoder reads each object
+    # once (then from the job's copy), not once for planning and again for the batch
+    edited = [{**record, "state": record["state"] + " (edited)"} for record in records]
+    s3.put_object(Bucket=BUCKET, Key="in/records.jsonl", Body="".join(json.dumps(r) + "\n" for r in edited))
+    proxy.clear()
+    rescored, _ = score(inputs, tmp_path / "n5.parquet", *store)
+    assert rescored.exit_code == 0 and "3 run through the model" in rescored.stderr, rescored.output
+    for name in ("img/a.png", "img/b.png", "av/tone.wav", "av/clip.mp4"):
+        assert proxy.count("GET", f"/in/{name}") == 1, (name, proxy.requests)
 
 
 @pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)

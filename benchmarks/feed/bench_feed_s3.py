@@ -7,8 +7,11 @@ are served by a local moto S3 server behind the tests' proxy (tests/s3_proxy.py)
 `--delay-ms` to every request (30 ms: the order of a cloud GET). Each record names its media
 relative to its input, `s3://bucket/feed/records-SET.jsonl` + `media/image3.jpg`. The job is
 bench_feed.py's own (`run_job`: the real pipeline around its simulated device at
-`--device-rate`, a fresh checkpoint each run, so every run is a first night), run once over the
-local files and once over the bucket at the default `--workers`, and reported the same way:
+`--device-rate`), run at the default `--workers` over the local files and over the bucket with a
+fresh checkpoint (a first night: keying reads every object, 8 at a time, and keeps it for the
+encoding workers), then once more over the bucket with every record's state edited and the same
+checkpoint (new keys, the media keyed from the store's cache without a GET, so the encoding
+workers read the objects from the store themselves). Each is reported the same way:
 busy, efficiency = busy / min(1, workers x per-core rate / device rate) with the per-core rate
 of the local files, with and without the joint head's CPU time, the start-up (keying, which
 reads each object once, is there), and the requests and bytes the store served.
@@ -97,13 +100,21 @@ def measure(name: str, count: int, files: dict, args: argparse.Namespace, contex
     window = max(math.ceil(count / args.windows), 2 * args.workers)
     feedable = min(1.0, args.workers * per_core / args.device_rate)
     result: dict[str, object] = {"records": count, "workers": args.workers, "encode_tokens_per_s_per_core": per_core}
-    for where, source in (("local", local), ("s3", f"s3://{BUCKET}/{key}")):
-        out = folder / where
-        out.mkdir()
+    edited = [{**record, "state": record["state"] + " (edited)"} for record in records]
+    edited_key = f"feed/records-{name}-edited.jsonl"
+    body = "".join(json.dumps(record) + "\n" for record in remote_records(edited))
+    context["client"].put_object(Bucket=BUCKET, Key=edited_key, Body=body)
+    runs = [("local", local, True), ("s3", f"s3://{BUCKET}/{key}", True)]
+    # night 2, every state edited: new keys, media keyed from the store's cache (no GET while
+    # keying), so the encoding workers read every object from the store themselves
+    runs.append(("s3 night 2 (states edited)", f"s3://{BUCKET}/{edited_key}", False))
+    for where, source, fresh in runs:
+        out = folder / where.split()[0]
+        out.mkdir(exist_ok=True)
         object_store.forget()
         context["proxy"].clear()
         started = time.perf_counter()
-        run = bench_feed.run_job(source, out, args.workers, window, context["scorer"])
+        run = bench_feed.run_job(source, out, args.workers, window, context["scorer"], restart=fresh)
         run["wall_s"] = time.perf_counter() - started  # the job's whole time: keying (the reads) included
         run["efficiency"] = run["busy"] / feedable
         run["efficiency_head_excluded"] = run["busy_head_excluded"] / feedable
@@ -111,7 +122,7 @@ def measure(name: str, count: int, files: dict, args: argparse.Namespace, contex
         run["load_average"] = os.getloadavg()[0]
         result[where] = run
         print(
-            f"{name:<6} {where:<5} {count} records, w{args.workers}: busy {run['busy']:.2f}, efficiency "
+            f"{name:<6} {where} {count} records, w{args.workers}: busy {run['busy']:.2f}, efficiency "
             f"{run['efficiency']:.2f} (head excluded {run['efficiency_head_excluded']:.2f}), start-up "
             f"{run['startup_s']:.1f} s, scoring {run['scoring_s']:.1f} s of {run['wall_s']:.1f} s, "
             f"encode wait {run['encode_wait_s']:.1f} s, failed {run['failed']}; store {run['store']}; "
@@ -137,6 +148,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import boto3
+
+    from clef_cli.store import media_stats
+
+    media_stats.RACY_NS = 0  # the objects were written seconds ago; a real night 2 is a day later
 
     names = [name.strip() for name in args.sets.split(",") if name.strip()]
     files = bench_feed.media_files(args.media_dir, names)
