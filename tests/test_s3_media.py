@@ -444,7 +444,13 @@ def test_a_remote_output_killed_mid_upload_leaves_no_object_and_the_rerun_upload
     finally:
         proxy.release.set()  # the held request goes on to the store now, as a late one would
         proxy.hold = None
-    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])]
+    import time
+
+    for _ in range(100):  # until the released request has reached the store
+        keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])]
+        if keys:
+            break
+        time.sleep(0.1)
     assert "out/night.parquet" not in keys, keys  # no object, whole or partial, at the target
     assert any(".night.parquet.clef-upload-" in key for key in keys), keys  # the late upload's temporary key
     proxy.clear()
