@@ -345,7 +345,7 @@ def open_job(
             progress.note("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"
             ledger = job_ledger(settings, release, checkpoint, needs_hidden)
-            summary = JobSummary(output=settings.output, damaged=damaged)
+            summary = JobSummary(output=settings.destination, damaged=damaged)
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
             stop = stop or threading.Event()

@@ -133,6 +133,11 @@ class ScoreSettings:
         return replace(self, max_length=family_of(release).default_max_length)
 
     @property
+    def destination(self) -> Path | str:
+        """Where the output ends up, as messages name it: the URI of a remote `-o`, else the file."""
+        return self.upload or self.output
+
+    @property
     def checkpoint_path(self) -> Path:
         return Path(self.checkpoint) if self.checkpoint else self.output.with_name(self.output.name + ".ckpt")
 
@@ -203,7 +208,8 @@ class ScoreSettings:
 
 @dataclass
 class JobSummary:
-    output: Path | None
+    output: Path | str | None
+    """Where the output went (`ScoreSettings.destination`: a remote `-o`'s URI, not its local stage)."""
     records: int = 0
     scored: int = 0
     failed: int = 0

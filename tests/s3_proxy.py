@@ -1,12 +1,14 @@
 """A forwarding HTTP proxy in front of a test S3 server: it counts the requests a job makes, can
 answer 503 to the next N requests for a key (a throttling store), and can add a fixed delay to
-every request (a cloud GET's latency, for the feed benchmark)."""
+every request (a cloud GET's latency, for the feed benchmark), or hold the requests naming a key
+until the test lets them go (an upload in flight, to kill its job)."""
 
 from __future__ import annotations
 
 import http.client
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -27,6 +29,11 @@ class S3Proxy:
     """Key substring -> how many more requests naming it get a 503."""
     failure_status: int = 503
     """What a failing request is answered (503 SlowDown: retried; 400: refused at once)."""
+    hold: Callable[[str, str], bool] | None = None
+    """Which requests, by (method, path with the query), wait after their body arrived until
+    `release` is set; `held` is set when the first one arrives."""
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> str:
@@ -59,6 +66,9 @@ class S3Proxy:
                         proxy.failures[failing] -= 1
                 if proxy.delay_seconds:
                     time.sleep(proxy.delay_seconds)
+                if proxy.hold is not None and proxy.hold(self.command, unquote(self.path)):
+                    proxy.held.set()
+                    proxy.release.wait(120)
                 if failing is not None:
                     payload = b"" if self.command == "HEAD" else SLOW_DOWN
                     self.send_response(proxy.failure_status)

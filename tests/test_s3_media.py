@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pyarrow.parquet as pq
 import pytest
@@ -217,7 +218,7 @@ def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monke
     from clef_cli.store import media_stats
 
     monkeypatch.setattr(media_stats, "RACY_NS", 0)  # the store dates objects to the second
-    folder, _ = media_folder(tmp_path)
+    folder, records = media_folder(tmp_path)
     upload(s3, folder, "in")
     inputs, store = [f"s3://{BUCKET}/in/records.jsonl"], ["--checkpoint", str(tmp_path / "store")]
     first, _ = score(inputs, tmp_path / "n1.parquet", *store)
@@ -244,6 +245,15 @@ def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monke
     verified, _ = score(inputs, tmp_path / "n4.parquet", *store, "--verify-media")
     assert verified.exit_code == 0, verified.output
     assert proxy.count("GET", "/in/av/clip.mp4") == 1  # --verify-media downloads and hashes again
+    # every state edited: new keys, the media keyed from the cache; the encoder reads each object
+    # once (then from the job's copy), not once for planning and again for the batch
+    edited = [{**record, "state": record["state"] + " (edited)"} for record in records]
+    s3.put_object(Bucket=BUCKET, Key="in/records.jsonl", Body="".join(json.dumps(r) + "\n" for r in edited))
+    proxy.clear()
+    rescored, _ = score(inputs, tmp_path / "n5.parquet", *store)
+    assert rescored.exit_code == 0 and "3 run through the model" in rescored.stderr, rescored.output
+    for name in ("img/a.png", "img/b.png", "av/tone.wav", "av/clip.mp4"):
+        assert proxy.count("GET", f"/in/{name}") == 1, (name, proxy.requests)
 
 
 @pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)
@@ -268,6 +278,7 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     again = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON])
     assert again.exit_code == 0, again.output
     assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
+    assert again.stderr.splitlines()[0].endswith(f"-> {target}"), again.stderr  # the URI given, not the stage
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
     assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"]  # pyarrow keeps a folder marker
     fs, path = filesystem(target)
@@ -317,3 +328,136 @@ def test_the_one_writer_puts_an_object_whole_or_not_at_all(s3, proxy):
     assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'  # untouched
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
     assert [key for key in keys if not key.endswith("/")] == ["out/stats.json"]
+
+
+def test_the_quality_commands_read_their_tables_from_the_store(s3, tmp_path):
+    """eval, calibrate, review and compare take a scored file and a gold file as s3:// URIs and
+    say the same as they say of the local files (only the names they print differ)."""
+    from .helpers import FIXTURES
+
+    scored = FIXTURES / "output_golden"
+    rows = pq.read_table(scored / "wide.parquet").to_pylist()
+    gold = [  # a label of each question's options, in turn, so some agree with the answers and some not
+        {"id": row["id"], "labels": {a["question_id"]: a["labels"][n % len(a["labels"])]["label"] for a in answers}}
+        for n, (row, answers) in enumerate((row, row["answers"]) for row in rows)
+        if answers
+    ]
+    local = {"old.parquet": scored / "wide.parquet", "new.parquet": scored / "wide-kept-calibrated.parquet"}
+    local["gold.jsonl"] = write_jsonl(tmp_path / "gold.jsonl", gold)
+    for name, path in local.items():
+        s3.upload_file(str(path), BUCKET, f"tables/{name}")
+    remote = {name: f"s3://{BUCKET}/tables/{name}" for name in local}
+
+    def run(where, *command):
+        named = {name: str(value) for name, value in where.items()}
+        out = tmp_path / ("s3" if where is remote else "local")
+        out.mkdir(exist_ok=True)
+        argv = [part.format(out=out, **{n.split(".")[0]: v for n, v in named.items()}) for part in command]
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0, (argv, result.output)
+        return result.stdout.replace(named["old.parquet"], "OLD").replace(named["new.parquet"], "NEW"), out
+
+    commands = [
+        ["eval", "{old}", "--gold", "{gold}", "--json", "{out}/metrics.json", "--format", "tsv"],
+        ["calibrate", "{old}", "--gold", "{gold}", "-o", "{out}/cal.json", "--method", "global", "--format", "tsv"],
+        ["review", "{new}", "-o", "{out}/review.jsonl", "--format", "jsonl", "--exclude", "{gold}", "--limit", "5"],
+        ["compare", "{old}", "{new}", "--json", "{out}/drift.json"],
+    ]
+    for command in commands:
+        assert run(remote, *command)[0] == run(local, *command)[0], command
+    for name in ("metrics.json", "cal.json", "review.jsonl", "drift.json"):
+        text = {where: (tmp_path / where / name).read_text() for where in ("s3", "local")}
+        for where, named in (("s3", remote), ("local", local)):
+            for key, value in named.items():
+                text[where] = text[where].replace(str(value), key)
+        assert text["s3"] == text["local"], name
+    assert json.loads((tmp_path / "s3" / "drift.json").read_text())["old"]["path"] == remote["old.parquet"]
+    missing = runner.invoke(app, ["eval", f"s3://{BUCKET}/tables/none.parquet", "--gold", remote["gold.jsonl"]])
+    assert missing.exit_code == 2 and "object not found" in missing.stderr, missing.output
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def store_env(proxy):
+    """The store's endpoint and credentials in this process's environment before the module's Ray
+    cluster starts (requested before `cluster`): a local cluster's workers inherit them, as a real
+    cluster's nodes have their own."""
+    import os
+
+    values = {
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_ACCESS_KEY_ID": "clef-test",
+        "AWS_SECRET_ACCESS_KEY": "clef-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    yield values
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.mark.slow  # a Ray cluster and two scoring runs (about 40 s on the 2-core machine)
+@pytest.mark.ray
+def test_ray_actors_read_object_media_as_the_local_run_reads_copies(store_env, cluster, s3, tmp_path):
+    from clef_cli.engines.local.pipeline import ScoreJob
+    from clef_cli.engines.ray.job import RayScoreJob, RaySettings
+
+    from .helpers import settings_for
+
+    folder, _ = media_folder(tmp_path)
+    upload(s3, folder, "in")
+    small = {"hidden_states": "drop", "max_length": 8192}
+    local = ScoreJob(settings_for(tmp_path, [folder / "records.jsonl"], "local.parquet", **small)).run()
+    assert local.failed == 0
+    remote = settings_for(tmp_path, [f"s3://{BUCKET}/in/records.jsonl"], "ray.parquet", **small)
+    summary = RayScoreJob(remote, RaySettings(num_workers=1, cpus_per_worker=0.5, block_records=2)).run()
+    assert summary.failed == 0 and summary.forwarded == 3, summary
+    rows = pq.read_table(tmp_path / "ray.parquet").to_pylist()
+    assert_same_rows(rows, pq.read_table(tmp_path / "local.parquet").to_pylist())
+    assert all(row["error"] is None for row in rows)
+
+
+@pytest.mark.slow  # a real `clef score` process loads the model, then is killed (about 15 s)
+def test_a_remote_output_killed_mid_upload_leaves_no_object_and_the_rerun_uploads(s3, proxy, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "in").mkdir()
+    records = write_jsonl(tmp_path / "in" / "records.jsonl", [{"id": "a", "state": "x", "questions": QUESTIONS}])
+    target, store = f"s3://{BUCKET}/out/night.parquet", tmp_path / "store"
+    argv = ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON]
+    # held: the request completing the upload under out/ (the multipart upload's last POST)
+    proxy.hold = lambda method, path: method == "POST" and "/out/" in path and "uploadId=" in path
+    proxy.held, proxy.release = threading.Event(), threading.Event()
+    try:
+        job = subprocess.Popen([sys.executable, "-m", "clef_cli", *argv], env=os.environ.copy(), stderr=subprocess.PIPE)
+        assert proxy.held.wait(180), job.communicate(timeout=5)  # its output is on its way to the store
+        job.send_signal(signal.SIGKILL)
+        assert job.wait(30) == -signal.SIGKILL
+    finally:
+        proxy.release.set()  # the held request goes on to the store now, as a late one would
+        proxy.hold = None
+    import time
+
+    for _ in range(100):  # until the released request has reached the store
+        keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])]
+        if keys:
+            break
+        time.sleep(0.1)
+    assert "out/night.parquet" not in keys, keys  # no object, whole or partial, at the target
+    assert any(".night.parquet.clef-upload-" in key for key in keys), keys  # the late upload's temporary key
+    proxy.clear()
+    again = runner.invoke(app, argv)
+    assert again.exit_code == 0, again.output
+    assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
+    assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"], keys  # leftovers removed
+    body = s3.get_object(Bucket=BUCKET, Key="out/night.parquet")["Body"].read()
+    assert body == (store / "upload" / "night.parquet").read_bytes()

@@ -234,12 +234,15 @@ def simulated_scorer(rate: float):
     return scorer
 
 
-def run_job(path: Path, folder: Path, workers: int, window: int, scorer) -> dict[str, float]:
-    """The real pipeline (background commits with hidden states, Parquet output) around the stand-in."""
+def run_job(path: Path, folder: Path, workers: int, window: int, scorer, restart: bool = True) -> dict[str, float]:
+    """The real pipeline (background commits with hidden states, Parquet output) around the
+    stand-in; a fresh checkpoint unless `restart` is False (a second night over the same store)."""
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     out = folder / f"out-{workers}.parquet"
-    settings = ScoreSettings(inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=True)
+    settings = ScoreSettings(
+        inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=restart
+    )
     device = scorer.backbone.hidden_states
     device.reset()
     main_cpu = time.thread_time()

@@ -3,7 +3,6 @@ table, an HTML report) or for cron (`--fail-above-psi`, exit code 5). Never impo
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,8 +16,8 @@ from clef_cli.store.atomic import is_stdout
 
 
 def command(
-    old: Annotated[Path, typer.Argument(help="The earlier run's Parquet (from `clef score`).")],
-    new: Annotated[Path, typer.Argument(help="The later run's Parquet.")],
+    old: Annotated[str, typer.Argument(help="The earlier run's Parquet (from `clef score`; a path or a URI).")],
+    new: Annotated[str, typer.Argument(help="The later run's Parquet.")],
     json_path: Annotated[
         str | None,
         typer.Option(

@@ -371,3 +371,10 @@ ReportOption = Annotated[
         help="Write a self-contained HTML report here (- for stdout).",
     ),
 ]
+
+
+ScoredArgument = Annotated[
+    str,
+    typer.Argument(help="Parquet written by `clef score` (wide or long layout); a path or a URI (s3://...)."),
+]
+"""The scored file a quality command reads: text, not a Path (`Path` would fold `s3://b` into `s3:/b`)."""

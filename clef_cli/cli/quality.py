@@ -19,6 +19,7 @@ from clef_cli.cli.options import (
     QuietOption,
     ReportOption,
     RevisionOption,
+    ScoredArgument,
     TableFormat,
     writable_file_or_stdout,
     writable_folder,
@@ -29,13 +30,19 @@ from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
 from clef_cli.store.atomic import is_stdout
 
-ScoredArgument = Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")]
 GoldOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--gold",
+        metavar="<path>",
         help="Gold labels: JSONL, JSON list, CSV or Parquet with `id` plus a `labels` object or wide columns; "
-        "or a Label Studio / Argilla export (recognised from its content).",
+        "or a Label Studio / Argilla export (recognised from its content). A path or a URI (s3://...).",
+    ),
+]
+TrainGoldOption = Annotated[
+    str,
+    typer.Option(
+        "--gold", metavar="<path>", help="Gold labels (JSONL, JSON, CSV or Parquet; a path or a URI; as clef eval)."
     ),
 ]
 GoldFormatOption = Annotated[
@@ -184,7 +191,7 @@ def train_head(
     checkpoint: Annotated[
         Path, typer.Argument(help="Checkpoint of a `clef score` job (the states it lacks need --records).")
     ],
-    gold: Annotated[Path, typer.Option("--gold", help="Gold labels (JSONL, JSON, CSV or Parquet; as clef eval).")],
+    gold: TrainGoldOption,
     output: Annotated[
         Path,
         typer.Option("--output", "-o", callback=writable_folder, help="Folder for the trained head (release layout)."),
@@ -199,9 +206,9 @@ def train_head(
         Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
     ] = None,
     scored: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--scored",
+            "--scored", metavar="<path>",
             help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "
             "prompt it labels (without it, an id that names several stored prompts takes the latest run's).",
         ),

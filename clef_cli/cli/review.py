@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 
 from clef_cli.cli.console import stderr
-from clef_cli.cli.options import ReviewFormat, ReviewOrder, writable_file, writable_file_or_stdout
+from clef_cli.cli.options import ReviewFormat, ReviewOrder, ScoredArgument, writable_file, writable_file_or_stdout
 from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
 
 
 def command(
-    scored: Annotated[Path, typer.Argument(help="Parquet written by `clef score` (wide or long layout).")],
+    scored: ScoredArgument,
     output: Annotated[
         str,
         typer.Option(
@@ -47,7 +47,10 @@ def command(
         ),
     ] = ReviewOrder.uncertainty,
     exclude: Annotated[
-        Path | None, typer.Option("--exclude", help="Leave out records this gold file (or export) already labels.")
+        str | None,
+        typer.Option(
+            "--exclude", metavar="<path>", help="Leave out records this gold file (or export) already labels."
+        ),
     ] = None,
     gold_format: Annotated[
         GoldFormat, typer.Option("--gold-format", help="Read --exclude as this format (default: from its content).")

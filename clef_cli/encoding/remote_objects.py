@@ -3,7 +3,9 @@
 The location comes from the one resolver (`inputs/sources.py`: relative entries against the
 input's folder, `..` resolved) and must lie under that folder or a --media-root URI. The bytes are
 the job's copy when keying spooled them (`remote_spool`: the key hashes exactly what is decoded,
-and an object costs one GET per job), else read now, the object's size checked first.
+and an object costs one GET per job); an object keyed from the store's cache is copied there the
+first time the encoder reads it (else read now, where the job has no copy: a Ray actor on another
+machine), the object's size checked first.
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ def object_location(entry: str, base: MediaBase, limits: MediaLimits) -> str:
 def object_bytes(entry: str, base: MediaBase, limits: MediaLimits) -> bytes:
     """The bytes of an object entry (see the module's note)."""
     uri = object_location(entry, base, limits)
+    spool = RemoteSpool(limits.remote_spool) if limits.remote_spool is not None else None
     try:
-        spooled = RemoteSpool(limits.remote_spool).stored(uri) if limits.remote_spool is not None else None
+        spooled = spool.stored(uri) if spool is not None else None
+        if spooled is None and spool is not None and spool.folder.is_dir():
+            # keyed from the store's cache, so not copied yet: copied now, once per job, so that
+            # planning and the batch (and every record naming it) do not each ask the store
+            spool.digest_with(uri, spool_filler(uri, limits, []))
+            spooled = spool.stored(uri)
     except FetchError as error:
         raise MediaError(str(error), transient=error.transient) from None
     if spooled is not None:

@@ -6,14 +6,18 @@ local path it names, so media paths resolve against its folder exactly as for a 
 A folder (local or remote) stands for its parts, `key=value` subfolders included (Hive
 partitions), and a glob for the files it matches, in name order, so a job's record order is
 stable from one run to the next (listing.py). `-`, `/dev/stdin` and other pipes are read once
-into a spool (streams.py), since a job reads its inputs more than once.
+into a spool (streams.py), since a job reads its inputs more than once. The tables the other
+commands read whole (a scored Parquet, a gold file) are resolved here too (`local_copy`).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
 import re
+import shutil
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +177,47 @@ class InputFile:
 def _check_suffix(location: str) -> None:
     if format_of(location.rstrip("/").rsplit("/", 1)[-1]) is None:
         raise UsageError(f"{location}: unsupported input type (use {READABLE})")
+
+
+# ----------------------------------------------------------------------------- tables
+
+_copies: dict[str, Path] = {}
+_copy_folder: list[str] = []
+NO_SIZE_LIMIT = 1 << 62
+
+
+def local_copy(location: str | Path, what: str) -> Path:
+    """A local file with the bytes of a table a command reads whole (a scored Parquet, a gold
+    file): a local path (or a local-filesystem URI) as it is; an object, read once per process
+    into a temporary folder (removed when the process ends) under its own name, so readers tell
+    its format by its suffix and fingerprint it as a file. A missing object is a usage error
+    naming `what`; errors no file causes (credentials, the endpoint) an `ObjectStoreError`."""
+    found = local_path(location)
+    if found is not None:
+        return found
+    text = str(location)
+    if text in _copies:
+        return _copies[text]
+    from clef_cli.inputs.object_store import read_object
+
+    try:
+        uri = normalized(text)
+    except ObjectProblem as problem:
+        raise UsageError(f"{what} {text!r}: {problem}") from None
+    if uri.endswith("/"):
+        raise UsageError(f"{what} {text!r}: give an object's URI, not a folder")
+    if not _copy_folder:
+        _copy_folder.append(tempfile.mkdtemp(prefix="clef-tables-"))
+        atexit.register(shutil.rmtree, _copy_folder[0], True)
+    target = Path(_copy_folder[0]) / str(len(_copies)) / uri.rsplit("/", 1)[1]
+    target.parent.mkdir()
+    try:
+        with open(target, "wb") as into:
+            read_object(uri, NO_SIZE_LIMIT, into)
+    except ObjectProblem as problem:
+        raise UsageError(f"{what} {text!r}: {problem}") from None
+    _copies[text] = target
+    return target
 
 
 # ----------------------------------------------------------------------------- expansion

@@ -169,7 +169,7 @@ class RayScoreJob:
         self.ray_settings = ray_settings
         self.progress = progress or Progress()
         self.stop = stop or threading.Event()
-        self.summary = JobSummary(output=settings.output)
+        self.summary = JobSummary(output=settings.destination)
         self.keep = KeepPolicy(settings.hidden_states)
         check_engine_gpus(ray_settings.gpus_per_worker, settings.vllm.tensor_parallel_size if settings.vllm else None)
         self.engine = local_engine(settings)

@@ -149,7 +149,7 @@ def _alone(scored: ScoredFile, question_id: str, options: list[str], alone_ids: 
     return distribution(answers, options)
 
 
-def compare(old_path: Path, new_path: Path) -> Comparison:
+def compare(old_path: Path | str, new_path: Path | str) -> Comparison:
     old, new = read_scored(old_path), read_scored(new_path)
     join = "record_key" if old.record_keys is not None and new.record_keys is not None else "id"
     (old_keys, old_copies), (new_keys, new_copies) = _keyed(old, join), _keyed(new, join)

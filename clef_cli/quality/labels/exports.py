@@ -56,7 +56,7 @@ def _choice(item: Mapping[str, Any]) -> object:
     return choices if choices else None
 
 
-def label_studio_rows(path: Path, tasks: Sequence[Mapping[str, Any]]) -> list[Row]:
+def label_studio_rows(path: Path | str, tasks: Sequence[Mapping[str, Any]]) -> list[Row]:
     rows = []
     for number, task in enumerate(tasks, start=1):
         record_id = (task.get("data") or {}).get("id")
@@ -82,7 +82,7 @@ def _responses(record: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]
     return [(str(r["question_name"]), r) for r in raw if isinstance(r, Mapping) and r.get("question_name")]
 
 
-def argilla_rows(path: Path, records: Sequence[Mapping[str, Any]]) -> list[Row]:
+def argilla_rows(path: Path | str, records: Sequence[Mapping[str, Any]]) -> list[Row]:
     """A response counts when its `status` is "submitted"; the SDK's `records.to_json` drops that
     status, so there a response counts when the record's `status` is "completed"."""
     rows = []
@@ -101,7 +101,7 @@ def argilla_rows(path: Path, records: Sequence[Mapping[str, Any]]) -> list[Row]:
     return rows
 
 
-def export_rows(path: Path, rows: Sequence[Mapping[str, Any]], format: GoldFormat) -> list[Row] | None:
+def export_rows(path: Path | str, rows: Sequence[Mapping[str, Any]], format: GoldFormat) -> list[Row] | None:
     """Gold rows of a Label Studio or Argilla export (detected unless `format` says); None for a
     plain table, which gold.py reads itself."""
     found = detect(rows) if format is GoldFormat.auto else format
@@ -113,7 +113,7 @@ def export_rows(path: Path, rows: Sequence[Mapping[str, Any]], format: GoldForma
     return None
 
 
-def _check_objects(path: Path, rows: Sequence[Mapping[str, Any]], key: str, what: str) -> None:
+def _check_objects(path: Path | str, rows: Sequence[Mapping[str, Any]], key: str, what: str) -> None:
     for number, row in enumerate(rows, start=1):
         if not isinstance(row.get(key), Mapping):
             raise UsageError(f"gold file {str(path)!r} row {number}: not {what} (no `{key}` object)")

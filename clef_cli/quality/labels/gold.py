@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.sources import is_uri, local_copy
 from clef_cli.quality.labels.exports import GoldFormat, export_rows
 from clef_cli.release import file_sha256
 from clef_cli.sizes import plural
@@ -59,7 +60,7 @@ class GoldSet:
 
 
 def read_gold_rows(
-    path: Path, format: GoldFormat | str = GoldFormat.auto
+    path: Path | str, format: GoldFormat | str = GoldFormat.auto
 ) -> tuple[list[GoldRow], list[GoldProblem]]:
     """(record id, {question_id: raw value}) per row, in file order, and the problems of the
     file as a whole (columns ignored because rows hold a `labels` object).
@@ -68,13 +69,13 @@ def read_gold_rows(
     formats may start with a UTF-8 byte order mark (as spreadsheet programs write them). A Label
     Studio or Argilla export (JSON or JSONL) is recognised from its content (`format` forces one).
     """
-    path = Path(path)
+    path = path if is_uri(path) else Path(path)  # a URI as given (Path() would fold its `//`)
     format = GoldFormat(format)
-    kind = SUFFIXES.get(path.suffix.lower())
+    kind = SUFFIXES.get(Path(str(path)).suffix.lower())
     if kind is None:
         raise GoldFileError(f"gold file {str(path)!r}: unknown format; use .jsonl, .json, .csv or .parquet")
     try:
-        raw = _read_raw(path, kind)
+        raw = _read_raw(path, local_copy(path, "gold file"), kind)
     except GoldFileError:
         raise
     except (OSError, ValueError, UnicodeDecodeError) as exc:  # pyarrow errors subclass these
@@ -100,10 +101,11 @@ def read_gold_rows(
     return rows, problems
 
 
-def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
+def _read_raw(path: Path | str, local: Path, kind: str) -> list[dict[str, object]]:
+    """The rows of the file `path` names, read from `local` (its bytes here; messages name `path`)."""
     if kind == "jsonl":
         rows = []
-        with path.open(encoding="utf-8-sig") as handle:
+        with local.open(encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -114,7 +116,7 @@ def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
         return _objects(path, rows)
     if kind == "json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
+            data = json.loads(local.read_text(encoding="utf-8-sig"))
         except json.JSONDecodeError as exc:
             raise GoldFileError(f"gold file {str(path)!r}: not JSON ({exc.msg} at line {exc.lineno})") from exc
         if isinstance(data, dict) and isinstance(data.get("records"), list):
@@ -123,23 +125,23 @@ def _read_raw(path: Path, kind: str) -> list[dict[str, object]]:
             raise GoldFileError(f"gold file {str(path)!r}: a .json gold file holds a list of rows")
         return _objects(path, data)
     if kind == "csv":
-        with path.open(encoding="utf-8-sig", newline="") as handle:
+        with local.open(encoding="utf-8-sig", newline="") as handle:
             return [
                 {key: (value if value != "" else None) for key, value in row.items()} for row in csv.DictReader(handle)
             ]
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    return pq.read_table(local).to_pylist()
 
 
-def _objects(path: Path, rows: list[object]) -> list[dict[str, object]]:
+def _objects(path: Path | str, rows: list[object]) -> list[dict[str, object]]:
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
             raise GoldFileError(f"gold file {str(path)!r} row {number}: expected an object, got {type(row).__name__}")
     return rows  # type: ignore[return-value]
 
 
-def _gold_row(path: Path, number: int, row: dict[str, object], ignored: dict[str, list[str]]) -> GoldRow:
+def _gold_row(path: Path | str, number: int, row: dict[str, object], ignored: dict[str, list[str]]) -> GoldRow:
     """One row as a GoldRow; the filled wide columns of a row with a `labels` object go to `ignored`
     (column -> record ids)."""
     record_id = row.get("id")
@@ -286,18 +288,22 @@ def match_gold(
 
 
 def load_gold(
-    path: Path,
+    path: Path | str,
     options: Mapping[str, QuestionOptions],
     failed_ids: Iterable[str] = (),
     format: GoldFormat | str = GoldFormat.auto,
 ) -> GoldSet:
     """Read, match and fingerprint a gold file."""
-    path = Path(path)
     rows, found = read_gold_rows(path, format)
-    return match_gold(rows, options, sha256=file_sha256(path), failed_ids=failed_ids, found=found)
+    return match_gold(rows, options, sha256=gold_sha256(path), failed_ids=failed_ids, found=found)
 
 
-def labelled_ids(path: Path, format: GoldFormat | str = GoldFormat.auto) -> set[str]:
+def gold_sha256(path: Path | str) -> str:
+    """The gold file's fingerprint, of its bytes wherever it lies (an object: its local copy)."""
+    return file_sha256(local_copy(path if is_uri(path) else Path(path), "gold file"))
+
+
+def labelled_ids(path: Path | str, format: GoldFormat | str = GoldFormat.auto) -> set[str]:
     """Ids of the records a gold file gives at least one label (`clef review --exclude`)."""
     rows, _ = read_gold_rows(path, format)
     return {

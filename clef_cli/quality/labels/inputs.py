@@ -21,7 +21,7 @@ class Inputs:
 
 
 def read_inputs(
-    scored_path: Path, gold_path: Path | None, gold_column: str | None, gold_format: str = "auto"
+    scored_path: Path | str, gold_path: Path | str | None, gold_column: str | None, gold_format: str = "auto"
 ) -> Inputs:
     """The scored file and its gold, from a file (`--gold`) or a passed-through column (`--gold-column`)."""
     if (gold_path is None) == (gold_column is None):

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.sources import is_uri, local_copy
 from clef_cli.quality.labels.gold import GoldSet, QuestionOptions
 from clef_cli.release import file_sha256
 from clef_cli.sizes import plural
@@ -25,7 +26,8 @@ Scores = tuple[tuple[float, ...], tuple[float, ...]]
 
 @dataclass
 class ScoredFile:
-    path: Path
+    path: Path | str
+    """The file as the user named it: a local path or an object's URI."""
     sha256: str
     ids: list[str]
     """The scored records (those with answers), in file order; each id once."""
@@ -84,24 +86,25 @@ class Labelled:
     warnings: list[str] = field(default_factory=list)
 
 
-def read_scored(path: Path) -> ScoredFile:
+def read_scored(path: Path | str) -> ScoredFile:
     """Read a `clef score` output; a file that is not one is a usage error with one line.
 
     Only scored records are records here: a failed row (an invalid record, a duplicate id) is
     listed in `failed` and nothing else, even when it carries the id of a scored row."""
-    path = Path(path)
-    if not path.exists():  # else pyarrow's own words: "could not be read as Parquet: PATH"
+    path = path if is_uri(path) else Path(path)  # a URI as given (Path() would fold its `//`)
+    local = local_copy(path, "scored file")  # an object in a store: read once, into a local copy
+    if not local.exists():  # else pyarrow's own words: "could not be read as Parquet: PATH"
         raise UsageError(f"scored file {str(path)!r} not found")
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(local)
     except (OSError, ValueError) as exc:
         raise UsageError(f"scored file {str(path)!r} could not be read as Parquet: {exc}") from exc
     names = set(table.column_names)
     metadata = {key.decode(): value.decode() for key, value in (table.schema.metadata or {}).items()}
     if {"id", "answers"} <= names:
-        scored, rows = _from_wide(path, table)
+        scored, rows = _from_wide(path, table, file_sha256(local))
     elif {"id", "question_id", "label", "probability", "logit"} <= names:
-        scored, rows = _from_long(path, table)
+        scored, rows = _from_long(path, table, file_sha256(local))
     else:
         raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
     scored.metadata = metadata
@@ -121,13 +124,13 @@ def _passthrough(table: pa.Table, clef_columns: set[str]) -> list[str]:
     return [name for name in table.column_names if name not in clef_columns]
 
 
-def _twice(path: Path, record_id: str) -> UsageError:
+def _twice(path: Path | str, record_id: str) -> UsageError:
     return UsageError(
         f"scored file {str(path)!r}: record id {record_id!r} has answers in two rows; its records cannot be told apart"
     )
 
 
-def _from_wide(path: Path, table: pa.Table) -> tuple[ScoredFile, list[int]]:
+def _from_wide(path: Path | str, table: pa.Table, sha256: str) -> tuple[ScoredFile, list[int]]:
     """The scored rows (non-empty `answers`) and the row of each, in file order."""
     ids: list[str] = []
     rows: list[int] = []
@@ -158,7 +161,7 @@ def _from_wide(path: Path, table: pa.Table) -> tuple[ScoredFile, list[int]]:
     clef = {"id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "error_kind", "answers", "record_key"}
     columns = table.select(_passthrough(table, clef)).take(pa.array(rows, pa.int64()))
     indices = _indices(table, rows)
-    return ScoredFile(path, file_sha256(path), ids, options, scores, failed, columns, indices, given), rows
+    return ScoredFile(path, sha256, ids, options, scores, failed, columns, indices, given), rows
 
 
 def _indices(table: pa.Table, rows: list[int]) -> list[int]:
@@ -169,7 +172,7 @@ def _indices(table: pa.Table, rows: list[int]) -> list[int]:
     return [int(value) if value is not None else row for row, value in zip(rows, values, strict=True)]
 
 
-def _from_long(path: Path, table: pa.Table) -> tuple[ScoredFile, list[int]]:
+def _from_long(path: Path | str, table: pa.Table, sha256: str) -> tuple[ScoredFile, list[int]]:
     """Rows without an error are the scored records' labels, grouped by id; a failed row (an
     error, no question) is only listed in `failed`."""
     clef = {"id", "record_index", "question_id", "type", "label", "probability", "logit", "error", "error_kind"}
@@ -204,7 +207,7 @@ def _from_long(path: Path, table: pa.Table) -> tuple[ScoredFile, list[int]]:
     passed = table.select(kept).take(pa.array(first_row, pa.int64()))
     given = {rid: {q: _most_probable(options[rid][q][1], s[0]) for q, s in qs.items()} for rid, qs in scores.items()}
     indices = _indices(table, first_row)
-    scored = ScoredFile(path, file_sha256(path), ids, options, scores, failed, passed, indices, given)
+    scored = ScoredFile(path, sha256, ids, options, scores, failed, passed, indices, given)
     return scored, first_row
 
 

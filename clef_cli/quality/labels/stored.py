@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.sources import local_copy
 from clef_cli.sizes import plural
 
 if TYPE_CHECKING:
@@ -28,10 +29,10 @@ NAMED = 5
 """Ambiguous ids named in a refusal."""
 
 
-def keys_of_ids(scored: Path, wanted: set[str]) -> dict[str, list[str]]:
+def keys_of_ids(scored: Path | str, wanted: set[str]) -> dict[str, list[str]]:
     """record_key -> the wanted ids that have it, from a scored Parquet."""
     try:
-        table = pq.read_table(scored, columns=["id", "record_key"])
+        table = pq.read_table(local_copy(scored, "--scored"), columns=["id", "record_key"])
     except (OSError, KeyError, ValueError) as error:
         raise UsageError(f"--scored {scored}: not a clef score output with a record_key column ({error})") from None
     ids_by_key: dict[str, list[str]] = {}
@@ -57,7 +58,7 @@ def gold_stored(
     checkpoint: Checkpoint | None,
     reader: HiddenReader,
     wanted: set[str],
-    scored: Path | None = None,
+    scored: Path | str | None = None,
     notes: list[str] | None = None,
 ) -> list[tuple[str, StoredRecord]]:
     """(gold id, stored record) for every wanted id found (headers only, no states); how

@@ -12,14 +12,15 @@ from clef_cli.quality.labels.scored import read_scored
 
 @dataclass
 class ReviewSettings:
-    scored: Path
+    scored: Path | str
+    """A local path or a URI (s3://...)."""
     output: Path
     format: str | None = None
     """One of formats.FORMATS; None: the output's extension says (formats.format_for)."""
     limit: int | None = None
     questions: list[str] | None = None
     order: str = "uncertainty"
-    exclude: Path | None = None
+    exclude: Path | str | None = None
     gold_format: str = "auto"
     seed: int = 0
     records: list[Path] | None = None

@@ -24,7 +24,7 @@ import numpy as np
 from clef_cli import __version__
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.model.head import JointSchemaHead, load_joint_head
-from clef_cli.quality.labels.gold import GoldSet, match_gold, read_gold_rows
+from clef_cli.quality.labels.gold import GoldSet, gold_sha256, match_gold, read_gold_rows
 from clef_cli.quality.train.cross_fit import cross_fit
 from clef_cli.quality.train.fit import Example, FitSettings, fit
 from clef_cli.quality.train.folds import assign_folds
@@ -58,13 +58,13 @@ class GateRefused(ClefError):
 @dataclass
 class TrainHeadSettings:
     checkpoint: Path
-    gold: Path
+    gold: Path | str
     output: Path
     model: str | None = None
     """Release the checkpoint was scored with; default the id in its manifest."""
     base_head: Path | None = None
     """Head to start from and to beat; default the release's own."""
-    scored: Path | None = None
+    scored: Path | str | None = None
     """A `clef score` output whose record_key maps its gold ids to stored states (`stored_gold`)."""
     revision: str | None = None
     fit: FitSettings = field(default_factory=FitSettings)
@@ -122,10 +122,10 @@ def _check_output(settings: TrainHeadSettings, base_dir: Path) -> None:
 
 def gold_examples(
     reader: HiddenReader,
-    gold_path: Path,
+    gold_path: Path | str,
     gold_format: str = "auto",
     checkpoint: Checkpoint | None = None,
-    scored: Path | None = None,
+    scored: Path | str | None = None,
     notes: list[str] | None = None,
 ) -> tuple[list[Example], GoldSet]:
     """Stored records named in the gold file (headers only), with each question's gold position;
@@ -141,7 +141,7 @@ def gold_examples(
         }
         for record_id, record in stored
     }
-    gold = match_gold(rows, options, sha256=file_sha256(gold_path), found=found)
+    gold = match_gold(rows, options, sha256=gold_sha256(gold_path), found=found)
     examples = []
     for record_id, record in stored:
         labels = gold.labels.get(record_id)
