@@ -179,3 +179,30 @@ def test_a_mapped_look_alike_column_is_claimed_and_a_mapped_state_column_counts(
     assert (record.id, record.state, record.images) == ("T-1", "Refund please", tuple(cells[0]))
     [unmapped] = read_records([path], columns=parse_columns("id=ticket_id,state=body", None))
     assert isinstance(unmapped, InvalidRecord) and "did you mean 'images'" in unmapped.error
+
+
+def test_a_csv_export_with_its_own_column_names_reads_as_its_plain_twin(tmp_path):
+    """Issue 47's CSV export: `--columns id=ticket_id --state-columns ...` over CSV (quotes, a newline
+    and unicode inside cells) gives the records the plain JSONL twin gives; the dry run's field
+    lines speak of the CSV's header (columns it lacks are "no column"), not of a first record."""
+    from clef_cli.inputs.sources import expand_inputs
+    from clef_cli.inputs.table_shape import field_sources, table_shape
+
+    rows = [("T-1", "Refund", 'Where is "my" money?\nSecond line, ünïcode', "gold"), ("T-2", "Login", "No", "free")]
+    lines = ["ticket_id,subject,body,customer_tier"]
+    lines += [",".join('"' + cell.replace('"', '""') + '"' for cell in row) for row in rows]
+    csv = tmp_path / "tickets.csv"
+    csv.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    twins = [{"id": i, "state": {"subject": s, "body": b, "customer_tier": c}, "questions": QUESTIONS}
+             for i, s, b, c in rows]  # fmt: skip
+    plain = list(read_records([write_jsonl(tmp_path / "plain.jsonl", twins)]))
+    mapping = parse_columns("id=ticket_id", "subject,body,customer_tier")
+    mapped = list(read_records([csv], questions=QUESTIONS, columns=mapping))
+    assert all(isinstance(record, Record) for record in mapped), mapped
+    assert [(r.id, r.state, r.questions) for r in mapped] == [(r.id, r.state, r.questions) for r in plain]
+    [source] = expand_inputs([csv])
+    described = field_sources(mapping, table_shape(source))
+    state = "state <- subject, body, customer_tier: a JSON object keyed by column name"
+    assert described[:2] == ["id <- ticket_id: text", state]
+    assert described[2] == "questions: no column 'questions' (the --questions file, if given)"
+    assert described[3:] == ["images: no column 'images'", "audio: no column 'audio'", "videos: no column 'videos'"]

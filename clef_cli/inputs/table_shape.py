@@ -77,10 +77,11 @@ def table_shape(source: InputFile) -> TableShape:
             raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
         columns = {name: str(schema.field(name).type) for name in schema.names}
         return TableShape(source.name, columns, hf_media_features(schema.metadata))
+    sampled = source.format.kind not in ("csv", "tsv")  # a CSV's header names every row's columns
     for raw, problem in raw_rows(source):
         if problem is None and isinstance(raw, Mapping):
-            return TableShape(source.name, {str(key): _json_kind(value) for key, value in raw.items()}, {}, True)
-    return TableShape(source.name, {}, {}, True)
+            return TableShape(source.name, {str(key): _json_kind(value) for key, value in raw.items()}, {}, sampled)
+    return TableShape(source.name, {}, {}, sampled)
 
 
 def _json_kind(value: Any) -> str:
@@ -117,12 +118,12 @@ def field_sources(mapping: ColumnMapping | None, shape: TableShape) -> list[str]
             lines.append(f"state <- {', '.join(mapping.state_columns)}: a JSON object keyed by column name")
             continue
         column = mapping.source_of(field)
-        if column not in shape.columns and shape.first_record_only:
-            lines.append(f"{field} <- {column}: not in the first record (read from each record that has it)")
-            continue
         if column not in shape.columns:
             hint = " (the --questions file, if given)" if field == "questions" else ""
-            lines.append(f"{field}: no column {column!r}{hint}")
+            if shape.first_record_only:
+                lines.append(f"{field} <- {column}: not in the first record (read from each record that has it){hint}")
+            else:
+                lines.append(f"{field}: no column {column!r}{hint}")
             continue
         lines.append(f"{field} <- {column}: {_reading(field, shape.features.get(column), shape.columns[column])}")
     return lines
