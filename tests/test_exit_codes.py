@@ -372,13 +372,20 @@ def whole_job_inputs(folder: Path) -> dict[str, Path]:
     )
     rows = [{"id": "a", "state": {"text": "s"}}, {"id": "b", "state": {"n": 1}}]  # every row misses a key
     pq.write_table(pa.Table.from_pylist([row | {"questions": questions} for row in rows]), folder / "struct.parquet")
+    quoted = '"' + questions.replace('"', '""') + '"'  # a CSV cell holding the questions' JSON
     return {
         "noq": write_jsonl(folder / "noq.jsonl", [{"id": "a", "state": "s"}, {"id": "b", "state": "t"}]),
         "nearq": write_jsonl(folder / "nearq.jsonl", [{"id": "a", "state": "s", "question": {"q": {"type": "noul"}}}]),
         "nostate": folder / "ns.parquet",
         "image": folder / "img.parquet",
         "struct": folder / "struct.parquet",
+        "csv": _csv(folder / "tickets.csv", ["ticket_id,body,questions", "T-1,hello," + quoted]),
     }  # fmt: skip
+
+
+def _csv(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 WHOLE_JOB = [
@@ -392,6 +399,11 @@ WHOLE_JOB = [
      "(--columns images=image), or name it in --keep-columns"),
     ("struct", [], "struct.parquet: the Parquet struct column 'state' has nulls in the first 2 records (first "
      "state.n): a struct column gives every row the keys of every record"),
+    ("csv", [], "tickets.csv has no 'state' column (its columns: ticket_id, body, questions)"),
+    ("csv", ["--columns", "state=text"], "no column 'text' in tickets.csv (mapped by --columns/--state-columns); its "
+     "columns: ticket_id, body, questions"),
+    ("csv", ["--columns", ""], "error: --columns '' names no column; give them, like --columns id=ticket_id"),
+    ("csv", ["--state-columns", ","], "error: --state-columns ',' names no column"),
 ]  # fmt: skip
 
 

@@ -105,6 +105,9 @@ def _row_id(row: Mapping[str, Any], index: int) -> str:
 
 def parse_columns(columns: str | None, state_columns: str | None) -> ColumnMapping | None:
     """`--columns` and `--state-columns` as given on the command line (None: neither)."""
+    for option, text, example in (("--columns", columns, "id=ticket_id"), ("--state-columns", state_columns, "a,b")):
+        if text is not None and not _items(text):  # given, but names nothing: never read as no mapping
+            raise UsageError(f"{option} {text!r} names no column; give them, like {option} {example}")
     pairs: list[tuple[str, str]] = []
     for part in _items(columns):
         name, sep, column = part.partition("=")

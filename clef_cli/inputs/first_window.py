@@ -1,7 +1,7 @@
 """Mistakes of the whole job, caught once from its first records, before anything is written.
 
 A record's problem is that record's error and the job goes on. Some mistakes are the job's, not
-a record's: no record has questions and no `--questions` was given, a Parquet table has no
+a record's: no record has questions and no `--questions` was given, a table (Parquet, CSV) has no
 `state` column or a column that only looks like a record field (`image`), a struct column whose
 nulls refuse every record. Each would fail every record with the same message, after the job
 made its output and its store. So the job reads its first window of records (as planning's
@@ -51,7 +51,9 @@ def check_first_window(
         room -= len(read)
         found = _mapped([raw for raw, problem in read if problem is None and isinstance(raw, Mapping)], columns)
         if source.is_parquet and read:
-            check_parquet(source, found, claimed, _state_column(columns))
+            check_table(source, source.parquet().schema_arrow.names, found, claimed, _state_column(columns))
+        elif source.format.kind in ("csv", "tsv") and read and isinstance(read[0][0], Mapping):
+            check_table(source, list(read[0][0]), found, claimed, _state_column(columns))  # its header
         rows.extend(found)
     return questions_warnings(rows, questions_given, claimed)
 
@@ -78,12 +80,16 @@ def _mapped(rows: list[Mapping[str, Any]], columns: ColumnMapping | None) -> lis
     return mapped
 
 
-def check_parquet(
-    source: InputFile, rows: Sequence[Mapping[str, Any]], claimed: Collection[str], state: str | None = "state"
+def check_table(
+    source: InputFile,
+    names: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    claimed: Collection[str],
+    state: str | None = "state",
 ) -> None:
-    """A table's columns are every row's fields, so a column's mistake is the job's: a column
-    that looks like a record field, no `state` column, a struct column refused in every row."""
-    names = source.parquet().schema_arrow.names
+    """A table's columns (a Parquet schema's, a CSV header's) are every row's fields, so a column's
+    mistake is the job's: a column that looks like a record field, no `state` column, a struct
+    column refused in every row."""
     missed = near_miss(names, claimed)
     if missed is not None:
         raise UsageError(
