@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, UsageError
 
 _OBJECT_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(/[^?#]*)?$")
 NOT_OBJECT_SCHEMES = ("http", "https", "data", "file", "local")
@@ -90,6 +90,18 @@ def normalized(uri: str, folder: bool = False) -> str:
     if folder or (path.endswith("/") and tail):
         tail = tail + "/" if tail else ""
     return f"{scheme}://{bucket}/{tail}"
+
+
+def object_uri(text: str, what: str) -> str:
+    """`text` as one object's normalised URI (not a folder), or a usage error naming `what` (the
+    option or table it came as)."""
+    try:
+        uri = normalized(text)
+    except ObjectProblem as problem:
+        raise UsageError(f"{what} {text!r}: {problem}") from None
+    if uri.endswith("/"):
+        raise UsageError(f"{what} {text!r}: give an object's URI, not a folder")
+    return uri
 
 
 def joined(folder: str, entry: str) -> str:

@@ -198,14 +198,9 @@ def local_copy(location: str | Path, what: str) -> Path:
     text = str(location)
     if text in _copies:
         return _copies[text]
-    from clef_cli.inputs.object_store import read_object
+    from clef_cli.inputs.object_store import object_uri, read_object
 
-    try:
-        uri = normalized(text)
-    except ObjectProblem as problem:
-        raise UsageError(f"{what} {text!r}: {problem}") from None
-    if uri.endswith("/"):
-        raise UsageError(f"{what} {text!r}: give an object's URI, not a folder")
+    uri = object_uri(text, what)
     if not _copy_folder:
         _copy_folder.append(tempfile.mkdtemp(prefix="clef-tables-"))
         atexit.register(shutil.rmtree, _copy_folder[0], True)

@@ -16,7 +16,14 @@ import uuid
 from pathlib import Path
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.object_store import ObjectProblem, ObjectStoreError, filesystem, is_object_uri, normalized
+from clef_cli.inputs.object_store import (
+    ObjectProblem,
+    ObjectStoreError,
+    filesystem,
+    is_object_uri,
+    normalized,
+    object_uri,
+)
 
 UPLOADS = "upload"
 """The checkpoint's folder for outputs on their way to an object store."""
@@ -32,13 +39,7 @@ def staged_output(uri: str, checkpoint: Path | None, option: str = "-o") -> Path
             f"{option} {uri}: an output in an object store needs --checkpoint (a local folder: "
             "the store's SQLite and journals need a real filesystem)"
         )
-    try:
-        target = normalized(uri)
-    except ObjectProblem as problem:
-        raise UsageError(f"{option}: {problem}") from None
-    if target.endswith("/"):
-        raise UsageError(f"{option} {uri}: give an object's URI, not a folder")
-    return checkpoint / UPLOADS / target.rsplit("/", 1)[1]
+    return checkpoint / UPLOADS / object_uri(uri, option).rsplit("/", 1)[1]
 
 
 def upload_whole(local: Path, uri: str) -> None:
