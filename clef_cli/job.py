@@ -21,10 +21,10 @@ from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.errors import JobStopped, UsageError
 from clef_cli.inputs.first_window import check_first_window
-from clef_cli.inputs.object_store import forget as forget_objects
-from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.locations.object_store import forget as forget_objects
+from clef_cli.locations.object_store import is_object_uri
 from clef_cli.output import OutputSpec, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint

@@ -13,13 +13,13 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.encoding import media_root
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.encoding.media_limits import MediaError
-from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
 from clef_cli.inputs.readers import read_records
+from clef_cli.locations import fence as media_root
+from clef_cli.locations.fence import open_confined
 from clef_cli.store.record_key import MediaHasher
 
 from .helpers import MEDIA, TINY_MODEL, write_jsonl

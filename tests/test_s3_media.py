@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.inputs import object_store
-from clef_cli.inputs.object_store import ObjectProblem, is_under, joined, normalized
+from clef_cli.locations import object_store
+from clef_cli.locations.object_store import ObjectProblem, is_under, joined, normalized
 
 from .helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
 from .s3_proxy import S3Proxy
@@ -258,7 +258,7 @@ def test_a_second_night_lists_and_downloads_no_unchanged_object(s3, proxy, monke
 
 @pytest.mark.slow  # several scoring runs with the model (about 30 s on the 2-core machine)
 def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tmp_path):
-    from clef_cli.inputs.object_store import filesystem
+    from clef_cli.locations.object_store import filesystem
 
     (tmp_path / "in").mkdir()
     records = write_jsonl(tmp_path / "in" / "records.jsonl", [{"id": "a", "state": "x", "questions": QUESTIONS}])
@@ -315,7 +315,7 @@ def test_credentials_lost_while_decoding_end_the_job_with_one_line(s3, monkeypat
 
 
 def test_the_one_writer_puts_an_object_whole_or_not_at_all(s3, proxy):
-    from clef_cli.inputs.object_store import ObjectStoreError
+    from clef_cli.locations.object_store import ObjectStoreError
     from clef_cli.store.atomic import ensure_writable, write_text
 
     target = f"s3://{BUCKET}/out/stats.json"

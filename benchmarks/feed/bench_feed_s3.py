@@ -82,7 +82,7 @@ def store_figures(proxy: S3Proxy) -> dict[str, float]:
 
 def measure(name: str, count: int, files: dict, args: argparse.Namespace, context: dict) -> dict:
     """One set: the local run and the S3 run, at the same workers and window."""
-    from clef_cli.inputs import object_store
+    from clef_cli.locations import object_store
 
     folder = Path(context["tmp"]) / name
     folder.mkdir()

@@ -18,9 +18,9 @@ import typer
 from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
-from clef_cli.inputs.object_store import is_object_uri
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.sources import local_path
+from clef_cli.locations.object_store import is_object_uri
 from clef_cli.sizes import parse_size
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
 

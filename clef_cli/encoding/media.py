@@ -31,12 +31,12 @@ import numpy as np
 
 from clef_cli.encoding.inline_media import inline_samples, not_samples, open_inline
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
-from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_objects import object_bytes
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.media_cells import InlineSamples, MediaEntry
 from clef_cli.inputs.sources import MediaBase, names_object
+from clef_cli.locations.fence import open_confined
 
 AUDIO_SAMPLE_RATE = 16000
 VIDEO_FPS = 2.0

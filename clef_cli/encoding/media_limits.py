@@ -12,7 +12,7 @@ from typing import Any
 from clef_cli.encoding.public_address import allow_list_problem
 from clef_cli.encoding.remote_fetch import FetchPolicy
 from clef_cli.errors import UsageError
-from clef_cli.inputs.object_store import ObjectProblem, is_object_uri, normalized
+from clef_cli.locations.object_store import ObjectProblem, is_object_uri, normalized
 
 KEY_FIELDS = ("max_image_pixels", "max_audio_seconds", "max_video_seconds", "max_file_bytes", "allow_remote")
 """The fields that shape a prompt, in `as_dict` (every record key hashes them): never add one here

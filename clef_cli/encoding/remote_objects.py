@@ -17,8 +17,8 @@ from typing import BinaryIO
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
 from clef_cli.encoding.remote_fetch import FetchError
 from clef_cli.encoding.remote_spool import RemoteSpool
-from clef_cli.inputs.object_store import ObjectProblem, ObjectStamp, read_object
 from clef_cli.inputs.sources import MediaBase, check_object_allowed, media_location
+from clef_cli.locations.object_store import ObjectProblem, ObjectStamp, read_object
 
 
 def object_location(entry: str, base: MediaBase, limits: MediaLimits) -> str:

@@ -26,8 +26,8 @@ from typing import Any, BinaryIO
 from clef_cli.errors import UsageError
 from clef_cli.inputs.formats import READABLE, Format, format_of
 from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts
-from clef_cli.inputs.object_store import ObjectProblem, is_object_uri, is_under, joined, normalized, parent
 from clef_cli.inputs.streams import spooled_stream, stream_input
+from clef_cli.locations.object_store import ObjectProblem, is_object_uri, is_under, joined, normalized, parent
 
 LOCAL_SCHEMES = ("file", "local")
 """pyarrow's schemes for the local filesystem; they also work without `//` (`file:/abs`)."""
@@ -198,7 +198,7 @@ def local_copy(location: str | Path, what: str) -> Path:
     text = str(location)
     if text in _copies:
         return _copies[text]
-    from clef_cli.inputs.object_store import object_uri, read_object
+    from clef_cli.locations.object_store import object_uri, read_object
 
     uri = object_uri(text, what)
     if not _copy_folder:

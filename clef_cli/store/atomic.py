@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.inputs.object_store import is_object_uri
+from clef_cli.locations.object_store import is_object_uri
 from clef_cli.store import durable
 
 STDOUT = "-"

@@ -23,8 +23,8 @@ from clef_cli.encoding.media_limits import MediaError, MediaLimits
 from clef_cli.encoding.remote_fetch import FetchError
 from clef_cli.encoding.remote_objects import object_location, spool_filler
 from clef_cli.encoding.remote_spool import RemoteSpool
-from clef_cli.inputs.object_store import ObjectProblem, ObjectStamp, read_object, stamp
 from clef_cli.inputs.sources import MediaBase
+from clef_cli.locations.object_store import ObjectProblem, ObjectStamp, read_object, stamp
 from clef_cli.store.media_stats import ObjectStats
 
 

@@ -59,13 +59,13 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
-from clef_cli.encoding.media_root import open_confined
 from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.inputs.media_cells import InlineBytes, MediaEntry
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 from clef_cli.inputs.sources import MediaBase, names_object
+from clef_cli.locations.fence import open_confined
 from clef_cli.release import file_sha256
 from clef_cli.store.media_stats import MediaStats, stamp_of
 from clef_cli.store.object_keys import ObjectKeys

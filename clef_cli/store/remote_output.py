@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.object_store import (
+from clef_cli.locations.object_store import (
     ObjectProblem,
     ObjectStoreError,
     filesystem,

@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.object_store import ObjectProblem
 from clef_cli.inputs.sources import MediaBase, media_location, names_object
+from clef_cli.locations.object_store import ObjectProblem
 from clef_cli.quality.labels.scored import ScoredFile
 
 MEDIA_KINDS = ("images", "audio", "videos")
