@@ -48,20 +48,33 @@ the model is loaded)."""
 class RecordError(Exception):
     """A failure that concerns one record only; it names the record and the field. `kind` is
     one of `ERROR_KINDS`, or None where the stage that catches it decides (validation: invalid,
-    encoding: media)."""
+    encoding: media). A record whose id cannot be read has `record_id` None and is named by its
+    `index` (its row's id is null: `row_id`)."""
 
-    def __init__(self, record_id: str, field: str | None, message: str, kind: str | None = None) -> None:
+    def __init__(
+        self, record_id: str | None, field: str | None, message: str, kind: str | None = None, index: int | None = None
+    ) -> None:
         self.record_id = record_id
         self.field = field
         self.message = message
         self.kind = kind
+        self.index = index
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        where = f"record {self.record_id!r}"
+        where = f"record {self.record_id!r}" if self.record_id is not None else f"record at index {self.index}"
         if self.field:
             where += f", field {self.field!r}"
         return f"{where}: {self.message}"
+
+
+def error_of_copy(error: str, stored_id: str, record_id: str) -> str:
+    """A stored error as another record with the same prompt shows it: the copies of one prompt
+    share the result stored under the first's id, but each row's error names its own record."""
+    stored = f"record {stored_id!r}"
+    if stored_id != record_id and error.startswith(stored):
+        return f"record {record_id!r}{error[len(stored) :]}"
+    return error
 
 
 UNEXPECTED = "clef could not handle this record"
@@ -69,9 +82,12 @@ UNEXPECTED = "clef could not handle this record"
 assert it never appears, so the guard keeps the job going without hiding a missing check."""
 
 
-def unexpected_error(record_id: str, field: str | None, error: BaseException) -> RecordError:
-    """A record's error for an exception no check foresaw (so the job goes on); it says what failed."""
+def unexpected_error(
+    record_id: str | None, field: str | None, error: BaseException, index: int | None = None
+) -> RecordError:
+    """A record's error for an exception no check foresaw (so the job goes on); it says what failed.
+    `index` names a record whose id was not read (`RecordError`)."""
     detail = f"{type(error).__name__}: {error}".encode("utf-8", "backslashreplace").decode("utf-8")
     if len(detail) > 300:
         detail = detail[:297] + "..."
-    return RecordError(record_id, field, f"{UNEXPECTED} ({detail}); please report this")
+    return RecordError(record_id, field, f"{UNEXPECTED} ({detail}); please report this", index=index)

@@ -70,3 +70,16 @@ def slow_encode() -> None:
     seconds = os.environ.get(SLOW_ENCODE)
     if seconds:
         time.sleep(float(seconds))
+
+
+PAUSE_AT = "CLEF_TEST_PAUSE_AT"
+"""`POINT:MARKER`: a store in a bucket that reaches POINT (`segment-uploaded`, `manifest-committed`,
+`claimed`, `compaction-uploaded`, `prune-committed`) creates MARKER and waits 60 s, for a test to
+kill the process there (store/remote/)."""
+
+
+def pause_at(point: str) -> None:
+    target, _, marker = os.environ.get(PAUSE_AT, "").partition(":")
+    if target == point and marker:
+        Path(marker).touch()
+        time.sleep(60)

@@ -23,8 +23,10 @@ from clef_cli.errors import JobStopped, UsageError
 from clef_cli.inputs.first_window import check_first_window
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.locations.buckets import forget as forget_buckets
 from clef_cli.locations.object_store import forget as forget_objects
-from clef_cli.locations.object_store import is_object_uri
+from clef_cli.locations.uploads import upload_whole
+from clef_cli.locations.uris import is_object_uri
 from clef_cli.output import OutputSpec, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
@@ -37,8 +39,8 @@ from clef_cli.store.keep_policy import SELECTIVE, KeepPolicy
 from clef_cli.store.ledger import Ledger
 from clef_cli.store.locks import job_locks
 from clef_cli.store.media_stats import MediaStats
+from clef_cli.store.opening import check_store, open_existing_store, open_store
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
-from clef_cli.store.remote_output import upload_whole
 
 REMOTE_SPOOL = "remote-media"
 
@@ -53,6 +55,7 @@ def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
         struct_nulls=settings.struct_nulls,
         columns=settings.columns,
         claimed=settings.keep_columns,
+        limits=settings.read_limits,
     )
 
 
@@ -61,7 +64,8 @@ def check_job_records(settings: ScoreSettings, progress: Progress) -> None:
     refused here, before the store is opened, they leave nothing behind."""
     given = settings.questions is not None
     claimed, nulls = settings.keep_columns, settings.struct_nulls
-    for warning in check_first_window(settings.inputs, given, claimed, nulls, settings.limit, settings.columns):
+    empty = settings.allow_empty
+    for warning in check_first_window(settings.inputs, given, claimed, nulls, settings.limit, settings.columns, empty):
         progress.warn(warning)
 
 
@@ -297,7 +301,10 @@ def checked_release(
     """Everything a run can check before it touches the disk: the settings, the job's first
     records, the release and the engine's own checks (`preflight`). A run refused here leaves the
     filesystem as it was; the dry run calls the same, so it refuses what the run would."""
+    forget_objects()  # the clients and listings of this job's environment (credentials, endpoint)
+    forget_buckets()
     settings.validate()
+    check_store(settings.store)  # a bucket store answers (exit 1) and is one (exit 2) before any record is read
     check_job_records(settings, progress or Progress())
     release = resolve_release(settings.model, revision=settings.revision, with_weights=with_weights)
     settings = settings.for_release(release)
@@ -323,17 +330,17 @@ def open_job(
     settings, release = checked_release(settings, preflight, progress=progress)
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
     path = settings.checkpoint_path
+    made_here = not existing and not path.exists()  # before the locks: a remote -o's is made inside it
     with job_locks(settings.output, path) as lock:
         if lock.took_over:
             progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
-        made_here = not existing and not path.exists()
         if existing:
-            checkpoint = Checkpoint.open_existing(path)
+            checkpoint = open_existing_store(settings.store)
         else:
-            checkpoint = Checkpoint.open(path, manifest, restart=settings.restart)
+            checkpoint = open_store(settings.store, manifest, settings.restart, settings.sync_every, progress.warn)
         spool: RemoteSpool | None = None
         summary: JobSummary | None = None
-        refused = False
+        failed = discarded = keep_logs = False
         try:
             damaged = sum(entry.records for entry in checkpoint.dropped)
             if checkpoint.dropped:
@@ -351,16 +358,24 @@ def open_job(
             stop = stop or threading.Event()
             yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started, stop)
         except KeyboardInterrupt:  # a stop that ended the job inside a step (`JobStopped`) or at once
+            failed = True
             record_interrupted(checkpoint, summary)
             raise
-        except UsageError:
-            # a check that needs the open store or the cluster (Ray's fit, its nodes' view of the
-            # store) refused the run: a store this run made, with nothing committed, goes with it
-            refused = made_here and not checkpoint.entries
+        except Exception as error:
+            # refused by a check that needs the open store or the cluster (Ray's fit, its nodes'
+            # view of the store), or failed before a commit (the store of the media refused the
+            # job's credentials while keying): a store this run made, with nothing committed,
+            # goes with it; a refused or failed job leaves no folder it made, but for the log a
+            # failed engine's one-line error names
+            failed, discarded = True, made_here and not checkpoint.entries
+            keep_logs = not isinstance(error, UsageError)
+            raise
+        except BaseException:
+            failed = True
             raise
         finally:
             if spool is not None:
                 spool.remove()
-            checkpoint.close()
-            if refused:
-                discard(path)
+            checkpoint.close(quiet=failed)  # a bucket store's last sync; its failure is the job's unless one came first
+            if discarded:
+                discard(path, keep_logs)

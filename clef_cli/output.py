@@ -227,7 +227,7 @@ class _Failures:
 
     count: int = 0
     by_kind: Counter = field(default_factory=Counter)
-    first: list[tuple[str, str]] = field(default_factory=list)
+    first: list[tuple[str | None, str]] = field(default_factory=list)
     cut: int = 0
 
     def add(self, rows: pa.Table) -> None:

@@ -64,6 +64,8 @@ def _download(model: str, revision: str | None, with_weights: bool) -> tuple[Pat
         RevisionNotFoundError,
     )
 
+    # an id that is no hub id, a model this machine cannot get, a revision that is not there: a
+    # --model this run cannot use (exit 2, README's table); a network failure stays exit 1
     try:
         folder = snapshot_download(
             model,
@@ -72,14 +74,14 @@ def _download(model: str, revision: str | None, with_weights: bool) -> tuple[Pat
             local_files_only=_offline(),
         )
     except HFValidationError:
-        raise ModelLoadError(f"model {model!r} is neither a local folder nor a valid hub id") from None
+        raise ModelRefused(f"model {model!r} is neither a local folder nor a valid hub id") from None
     except LocalEntryNotFoundError:
         hint = " (HF_HUB_OFFLINE is set)" if _offline() else ""
-        raise ModelLoadError(f"model {model!r} is not in the local HF cache and cannot be downloaded{hint}") from None
+        raise ModelRefused(f"model {model!r} is not in the local HF cache and cannot be downloaded{hint}") from None
     except (RepositoryNotFoundError, GatedRepoError):
-        raise ModelLoadError(f"model {model!r} was not found on the hub or needs access rights") from None
+        raise ModelRefused(f"model {model!r} was not found on the hub or needs access rights") from None
     except RevisionNotFoundError:
-        raise ModelLoadError(f"model {model!r} has no revision {revision!r}") from None
+        raise ModelRefused(f"model {model!r} has no revision {revision!r}") from None
     except OSError as error:
         raise ModelLoadError(f"cannot fetch model {model!r}: {error}") from None
     path = Path(folder)

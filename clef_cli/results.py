@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 import pyarrow as pa
 
@@ -31,7 +32,8 @@ class ScoredRecord:
 class FailedRecord:
     """A record that produced no scores: its place in the output and why."""
 
-    record_id: str
+    record_id: str | None
+    """None for a record whose id cannot be read (the row's id is null)."""
     index: int
     error: str
     prompt_tokens: int | None = None
@@ -45,8 +47,8 @@ class OutputCounts:
     failed: int
     failed_by_kind: dict[str, int] = field(default_factory=dict)
     """error_kind -> failed rows of that kind (they add up to `failed`)."""
-    first_errors: tuple[tuple[str, str], ...] = ()
-    """(id, error) of the first failed rows in input order."""
+    first_errors: tuple[tuple[str | None, str], ...] = ()
+    """(id, error) of the first failed rows in input order (id None: one that could not be read)."""
     states_cut: int = 0
     """Rows whose state was cut to fit the prompt budget (`state_tokens_cut` above 0)."""
 
@@ -75,7 +77,7 @@ class RunCounts:
 FIRST_ERRORS = 5
 
 
-def failures_of(results: pa.Table) -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
+def failures_of(results: pa.Table) -> tuple[dict[str, int], tuple[tuple[str | None, str], ...]]:
     """The failed rows of `results` counted by error kind, and the first few (id, error) in input
     order: what a run's summary says about why records failed."""
     import pyarrow.compute as pc
@@ -85,7 +87,7 @@ def failures_of(results: pa.Table) -> tuple[dict[str, int], tuple[tuple[str, str
     by_kind = {entry["values"] or "unknown": entry["counts"] for entry in kinds}
     first = failed.take(pc.sort_indices(failed, sort_keys=[("record_index", "ascending")])[:FIRST_ERRORS])
     pairs = zip(first.column("id").to_pylist(), first.column("error").to_pylist(), strict=True)
-    return dict(sorted(by_kind.items())), tuple((str(record_id), str(error)) for record_id, error in pairs)
+    return dict(sorted(by_kind.items())), tuple((record_id, str(error)) for record_id, error in pairs)
 
 
 LABEL_TYPE = pa.struct([("label", pa.string()), ("probability", pa.float64()), ("logit", pa.float64())])
@@ -222,12 +224,20 @@ def flat_part(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-" else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
 
 
+def flat_id(part: str) -> str:
+    """The id a `flat_part` stands for (`%` is the empty id)."""
+    return "" if part == "%" else unquote(part, errors="strict")
+
+
 @dataclass
 class FlatColumns:
     """The flat layout's question columns: every (question id, option) of the job's results, in
     the order first met, gathered from the results before any row is written."""
 
     options: dict[str, dict[str, None]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+    """Question id -> its type (noul, choice, score): with it the file is read back exactly
+    (quality/labels/scored.py), each record's options in head order."""
 
     def add(self, table: pa.Table) -> None:
         import pyarrow.compute as pc
@@ -237,8 +247,10 @@ class FlatColumns:
             return
         labels = pc.struct_field(answers, "labels")
         owners = pc.take(pc.struct_field(answers, "question_id"), pc.list_parent_indices(labels))
-        for question_id in pc.struct_field(answers, "question_id").to_pylist():
+        question_ids = pc.struct_field(answers, "question_id").to_pylist()
+        for question_id, kind in zip(question_ids, pc.struct_field(answers, "type").to_pylist(), strict=True):
             self.options.setdefault(question_id, {})
+            self.types.setdefault(question_id, kind)
         flat_labels = pc.struct_field(pc.list_flatten(labels), "label")
         for question_id, label in zip(owners.to_pylist(), flat_labels.to_pylist(), strict=True):
             self.options[question_id].setdefault(label, None)
@@ -266,9 +278,13 @@ class FlatColumns:
         return pa.schema(fields)
 
     def metadata(self) -> str:
-        """`clef.flat_columns`: which question (and option) each column holds, as JSON."""
+        """`clef.flat_columns`: which question (and option) each column holds, and the
+        question's type, as JSON."""
         return json.dumps(
-            [{"column": c, "question_id": q, "field": f, "option": o} for c, q, f, o in self.described()],
+            [
+                {"column": c, "question_id": q, "field": f, "option": o, "type": self.types.get(q)}
+                for c, q, f, o in self.described()
+            ],
             ensure_ascii=False,
         )
 

@@ -23,10 +23,14 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
 from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.parquet_rows import StructNulls
-from clef_cli.inputs.sources import local_path, unfound_local
+from clef_cli.inputs.record_size import MAX_RECORD_BYTES, ReadLimits
+from clef_cli.inputs.sources import unfound_local
+from clef_cli.locations.uris import local_path, option_location
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder, is_character_device, is_stream
+from clef_cli.store.location import StoreLocation, remote_location
+from clef_cli.store.remote_output import UPLOADS
 
 if TYPE_CHECKING:
     from clef_cli.results import OutputCounts, RunCounts
@@ -69,7 +73,7 @@ class ScoreSettings:
     """Everything `clef score` can be told; a library caller builds this directly."""
 
     inputs: Sequence[str | Path]
-    """Local paths or URIs (resolved by `sources`)."""
+    """Local paths or URIs (resolved by `locations/`, expanded by `inputs/sources`)."""
     output: Path
     model: str | None = DEFAULT_MODEL
     """None with `rehead`: the model the checkpoint's manifest names (as train-head does)."""
@@ -84,6 +88,9 @@ class ScoreSettings:
     """Whether special-token strings in a record's text stay text (default) or become control
     tokens, as the reference reads them (`parse`, for trusted data)."""
     limits: MediaLimits = field(default_factory=MediaLimits)
+    max_record_bytes: int = MAX_RECORD_BYTES
+    """`--max-record-bytes`: a bigger JSONL line, table cell or state is that record's error,
+    refused unread (inputs/record_size.py)."""
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     device: str = "auto"
@@ -93,12 +100,23 @@ class ScoreSettings:
     columns: ColumnMapping | None = None
     """`--columns` / `--state-columns`: the input columns the record fields come from."""
     limit: int | None = None
+    allow_empty: bool = False
+    """Inputs with no record write a 0-row output instead of being refused (`--allow-empty`)."""
     workers: int | None = None
     """Background encoding processes; None: none on the CPU (the model already uses every core);
     beside a GPU every usable core but one, bounded by memory (`pool_size.default_workers`)."""
     window: int = 8192
     checkpoint: Path | str | None = None
-    """A local folder (a path or a file: URI; `validate` makes it a Path); a remote URI is refused."""
+    """A local folder (a path or a file: URI; `validate` makes it a Path) or a bucket's prefix
+    (`s3://bucket/prefix/`: a store in the bucket, with a local cache folder; store/remote/)."""
+    cache_dir: Path | None = None
+    """Where a bucket store's cache folders live (default $CLEF_CACHE_DIR, $XDG_CACHE_HOME/clef, ~/.cache/clef)."""
+    sync_every: float = 30.0
+    """Seconds between two syncs of a bucket store (a kill loses at most that much work)."""
+    confirm_restart: bool = False
+    """--restart on a bucket store discards what every machine shares: refused without this."""
+    store_folder: Path | None = None
+    """A bucket store's cache folder, chosen once by `validate` (a second job takes the next free one)."""
     hidden_states: str = "keep"
     keep_below: float = 0.6
     """`selective`: keep the states of records whose confidence (as `clef review` orders) is below this."""
@@ -133,15 +151,34 @@ class ScoreSettings:
         return replace(self, max_length=family_of(release).default_max_length)
 
     @property
+    def read_limits(self) -> ReadLimits:
+        """What the job's readers refuse unread: a record over --max-record-bytes, an inline
+        medium over --max-file-bytes."""
+        return ReadLimits(self.max_record_bytes, self.limits.max_file_bytes)
+
+    @property
     def destination(self) -> Path | str:
         """Where the output ends up, as messages name it: the URI of a remote `-o`, else the file."""
         return self.upload or self.output
 
     @property
     def checkpoint_path(self) -> Path:
+        """The store's local folder: the store itself, or a bucket store's cache."""
+        if self.store_folder is not None:
+            return self.store_folder
         return Path(self.checkpoint) if self.checkpoint else self.output.with_name(self.output.name + ".ckpt")
 
+    @property
+    def store(self) -> StoreLocation:
+        """Where the store lives (store/location.py): a bucket store's cache folder is chosen once
+        (the first free one), then kept, also by copies of these settings."""
+        if self.store_folder is None and isinstance(self.checkpoint, str) and local_path(self.checkpoint) is None:
+            location = remote_location(self.checkpoint, self.cache_dir)
+            self.checkpoint, self.store_folder = location.uri, location.folder
+        return StoreLocation(self.checkpoint_path, str(self.checkpoint) if self.store_folder is not None else None)
+
     def validate(self) -> None:
+        self._validate_locations()
         if self.model is None and self.rehead is None:
             raise UsageError("give --model: only --rehead takes the model from the checkpoint")
         try:
@@ -157,6 +194,8 @@ class ScoreSettings:
             if value not in {member.value for member in choice}:
                 allowed = ", ".join(member.value for member in choice)
                 raise UsageError(f"--{name.replace('_', '-')} must be one of {allowed}, not {value!r}")
+        if self.max_record_bytes < 1:
+            raise UsageError(f"--max-record-bytes must be 1 byte or more, not {self.max_record_bytes}")
         for name in ("keep_below", "keep_sample"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, not {getattr(self, name)}")
@@ -168,6 +207,8 @@ class ScoreSettings:
             raise UsageError(f"output {self.upload or self.output} must end in .parquet")
         if self.upload is None:  # else the output goes to the checkpoint's upload folder, made then
             ensure_writable(self.output, "-o")
+        else:
+            ensure_writable(self.upload, "-o")  # the bucket, before any record is read
         self._validate_checkpoint()
         if self.keep_columns:
             from clef_cli.output import check_keep_columns
@@ -192,18 +233,53 @@ class ScoreSettings:
 
             check_columns(self.columns, self.inputs)  # a column no input has: refused before anything is made
 
+    def _validate_locations(self) -> None:
+        """Every location the job is given passes the one check (`uris.location_problem`): no
+        control character, no credentials (put them in the environment), before anything is read."""
+        for location in self.inputs:
+            option_location(location, "input")
+        option_location(self.upload or self.output, "-o")
+        if self.checkpoint is not None:
+            option_location(self.checkpoint, "--checkpoint")
+
     def _validate_checkpoint(self) -> None:
         """The store's folder through the checks an output folder gets (`atomic`), before it is
-        made: a local folder (`sources` tells a URI's), never a file, in a folder that exists and
+        made: a local folder (`locations/uris` tells a URI's), never a file, in a folder that exists and
         can be written; a character device output has no folder to hold a store beside it."""
         if self.checkpoint is None and is_character_device(self.output):
             raise UsageError(f"-o {self.output} is a character device: give --checkpoint, the job's store folder")
+        if self.checkpoint is not None and not str(self.checkpoint).strip():  # an unset variable in a cron line
+            raise UsageError(
+                f"--checkpoint {str(self.checkpoint)!r} names no folder; give the store's folder, or leave "
+                "--checkpoint out for OUTPUT.ckpt"
+            )
         if self.checkpoint is not None:
             path = local_path(self.checkpoint)
             if path is None:
-                raise UsageError(f"--checkpoint {self.checkpoint}: the checkpoint must be a local folder")
+                self._validate_remote_store(str(self.checkpoint))
+                return
             self.checkpoint = path
         ensure_writable_folder(self.checkpoint_path, "the checkpoint" if self.checkpoint is None else "--checkpoint")
+
+
+    def _validate_remote_store(self, text: str) -> None:
+        """A store in a bucket: its URI's form, its options, where its cache folder will be made; a
+        remote -o is staged in that cache."""
+        if self.store_folder is None:
+            location = remote_location(text, self.cache_dir)
+            self.checkpoint, self.store_folder = location.uri, location.folder
+        assert self.store_folder is not None
+        if not self.sync_every > 0:
+            raise UsageError(f"--sync-every must be above 0 seconds, not {self.sync_every:g}")
+        if self.restart and not self.confirm_restart:
+            raise UsageError(
+                f"--restart on the store {self.checkpoint} would discard what every machine using it shares: "
+                "add --confirm-restart to do it"
+            )
+        existing = next(folder for folder in (self.store_folder, *self.store_folder.parents) if folder.exists())
+        ensure_writable_folder(existing, "--cache-dir")  # made when the store is opened
+        if self.upload is not None and not self.output.is_absolute():  # named, not yet placed (cli/score_options)
+            self.output = self.store_folder / UPLOADS / self.output.name
 
 
 @dataclass
@@ -234,7 +310,7 @@ class JobSummary:
     interrupted: bool = False
     failed_by_kind: dict[str, int] = field(default_factory=dict)
     """error_kind -> failed records of the output (they add up to `failed`)."""
-    first_errors: list[tuple[str, str]] = field(default_factory=list)
+    first_errors: list[tuple[str | None, str]] = field(default_factory=list)
     """(id, error) of the output's first failed records, in input order."""
     states_cut: int = 0
     """Output rows whose state was cut to fit --max-length."""

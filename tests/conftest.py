@@ -44,6 +44,64 @@ def s3_server():
 
 
 @pytest.fixture(scope="module")
+def proxy(s3_server):
+    """A counting (and failing, delaying, holding) proxy in front of the S3 server, per module
+    (tests/s3_proxy.py); its URL is `proxy.url`."""
+    from .s3_proxy import S3Proxy
+
+    found = S3Proxy(s3_server)
+    found.url = found.start()
+    yield found
+    found.stop()
+
+
+@pytest.fixture
+def store_bucket(request, s3_server, proxy, monkeypatch):
+    """An empty bucket named by the test module's `BUCKET`, the job's environment aimed at it
+    through the counting proxy (its counts cleared); boto3's client of it. Emptied and removed
+    after the test, the clients and manifests this process read forgotten either side."""
+    import boto3
+
+    from clef_cli.locations import buckets, object_store
+    from clef_cli.store.remote import manifests
+
+    from .s3_proxy import emptied, point_at
+
+    point_at(monkeypatch, proxy.url)
+    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
+    client = boto3.client("s3", endpoint_url=s3_server)
+    client.create_bucket(Bucket=request.module.BUCKET)
+    proxy.clear()
+    proxy.failures.clear()
+    buckets.forget()
+    manifests.forget()
+    yield client
+    emptied(client, request.module.BUCKET)
+    buckets.forget()
+    manifests.forget()
+
+
+@pytest.fixture(scope="module")
+def store_env(proxy):
+    """The bucket's endpoint (the proxy) and the test credentials in this process's environment
+    before the module's Ray cluster starts (requested before `cluster`): a local cluster's workers
+    inherit them, as a real cluster's nodes have their own."""
+    import os
+
+    from .s3_proxy import TEST_ENVIRONMENT
+
+    values = {"AWS_ENDPOINT_URL": proxy.url, **TEST_ENVIRONMENT}
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    yield values
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
 def cluster():
     """The address of a 2-CPU local Ray cluster for a module's `--ray` runs (this session's, when
     another module started it); Ray's absence fails under CI=true (require_ray)."""

@@ -50,13 +50,20 @@ def golden_mismatches(installed: dict[str, str] | None = None) -> list[str]:
 
 def golden_build(installed: dict[str, str] | None = None) -> bool:
     """True when the tight bounds apply. `CLEF_GOLDEN_TOLERANCE=loose` asks for the loose ones; in CI
-    a silent fall back to them is a failure, so the tight bounds cannot stop applying unnoticed."""
-    if os.environ.get("CLEF_GOLDEN_TOLERANCE", "") == "loose":
+    a silent fall back to them is a failure, so the tight bounds cannot stop applying unnoticed.
+    `CLEF_GOLDEN_TOLERANCE=tight` holds a transformers release that no cross-check knows yet to the
+    tight bounds (CI's pass over the newest releases pyproject.toml allows: a release that moves a
+    logit by more than 1e-5 fails it, and the user range must then exclude it)."""
+    asked = os.environ.get("CLEF_GOLDEN_TOLERANCE", "")
+    if asked == "loose":
         return False
+    if asked == "tight":
+        return True
     mismatches = golden_mismatches(installed)
     if mismatches and in_ci():
         raise RuntimeError(
-            "the golden parity tests would fall back to their loose bounds (" + "; ".join(mismatches)
+            "the golden parity tests would fall back to their loose bounds ("
+            + "; ".join(mismatches)
             + "); install the pinned build or set CLEF_GOLDEN_TOLERANCE=loose"
         )
     return not mismatches

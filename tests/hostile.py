@@ -39,7 +39,7 @@ class Corpus:
     (None for a good record)."""
 
     inputs: list[Path] = field(default_factory=list)
-    expected: list[tuple[str, str | None]] = field(default_factory=list)
+    expected: list[tuple[str | None, str | None]] = field(default_factory=list)
 
     @property
     def bad(self) -> int:
@@ -67,13 +67,13 @@ def _record(rid: object = None, **change: object) -> dict:
 
 
 # (what the record is, the error must start with this, the record) for JSONL lines; "{i}" is the
-# record's position (the row id of a record whose id cannot be used).
+# record's position (which names a record whose id cannot be used; its row's id is null).
 JSONL_CASES: list[tuple[str, str, object]] = [
-    ("id object", "record '{i}', field 'id': an id must be a string or an integer", _record({"a": 1})),
-    ("id array", "record '{i}', field 'id'", _record([1, 2])),
-    ("id boolean", "record '{i}', field 'id'", _record(True)),
-    ("id fraction", "record '{i}', field 'id'", _record(1.5)),
-    ("id lone surrogate", "record '{i}', field 'id'", _record("id" + LONE)),
+    ("id object", "record at index {i}, field 'id': an id must be a string or an integer", _record({"a": 1})),
+    ("id array", "record at index {i}, field 'id'", _record([1, 2])),
+    ("id boolean", "record at index {i}, field 'id'", _record(True)),
+    ("id fraction", "record at index {i}, field 'id'", _record(1.5)),
+    ("id lone surrogate", "record at index {i}, field 'id'", _record("id" + LONE)),
     ("duplicate id", "record 'good-text', field 'id': duplicate record id", _record("good-text")),
     ("state null", "record 'state-null', field 'state': missing state", _record("state-null", state=None)),
     (
@@ -152,7 +152,7 @@ JSONL_CASES: list[tuple[str, str, object]] = [
     ("media path surrogate", "record 'img-sur', field 'images[0]'", _record("img-sur", images=[LONE + ".png"])),
     (
         "media path NUL",
-        "record 'img-nul', field 'images[0]': not a usable path",
+        "record 'img-nul', field 'images[0]': a control character in a location is refused",
         _record("img-nul", images=["a\x00.png"]),
     ),
     (
@@ -231,8 +231,8 @@ JSONL_CASES: list[tuple[str, str, object]] = [
         _record("url-bad", images=["data:image/png;base64,@@"]),
     ),
     ("remote URL", "record 'url-http', field 'images[0]'", _record("url-http", images=["http://127.0.0.1:9/a.png"])),
-    ("record array", "record {i}: a record must be a JSON object", [1, 2]),
-    ("record text", "record {i}: a record must be a JSON object", "just text"),
+    ("record array", "record at index {i}: a record must be a JSON object", [1, 2]),
+    ("record text", "record at index {i}: a record must be a JSON object", "just text"),
 ]
 
 RAW_LINES: list[tuple[str, str, bytes]] = [
@@ -318,7 +318,7 @@ read as text (`--special-tokens text`). Under `parse` the two placeholders besid
 
 
 def _parquet(
-    folder: Path, corpus: Corpus, name: str, columns: dict[str, list], cases: list[tuple[str, str | None]]
+    folder: Path, corpus: Corpus, name: str, columns: dict[str, list], cases: list[tuple[str | None, str | None]]
 ) -> None:
     table = pa.table({key: v if isinstance(v, pa.Array) else pa.array(v) for key, v in columns.items()})
     pq.write_table(table, folder / name)
@@ -326,14 +326,19 @@ def _parquet(
     corpus.expected.extend(cases)
 
 
-def row_id_of(record: object, index: int) -> str:
-    """The output row's id: the record's own when it is usable, else its position."""
-    value = record.get("id") if isinstance(record, dict) else None
+def row_id_of(record: object, index: int) -> str | None:
+    """The output row's id: the record's own when it is usable, its position when it has none, and
+    null (None) when it holds one that cannot be used or is no object (docs/records.md)."""
+    if not isinstance(record, dict):
+        return None
+    value = record.get("id")
+    if value is None or value == "":
+        return str(index)
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    if isinstance(value, str) and value and LONE not in value:
+    if isinstance(value, str) and LONE not in value:
         return value
-    return str(index)
+    return None
 
 
 def build_corpus(folder: Path) -> Corpus:
@@ -342,7 +347,7 @@ def build_corpus(folder: Path) -> Corpus:
     corpus = Corpus()
     lines: list[bytes] = []
 
-    def add(line: bytes, row_id: str, error: str | None) -> None:
+    def add(line: bytes, row_id: str | None, error: str | None) -> None:
         lines.append(line)
         corpus.expected.append((row_id, error))
 
@@ -356,7 +361,7 @@ def build_corpus(folder: Path) -> Corpus:
     for _, record in INJECTIONS:
         add(json.dumps(record).encode("ascii"), record["id"], None)
     for _, error, raw in RAW_LINES:
-        add(raw, str(len(lines)), error.format(n=len(lines) + 1))
+        add(raw, None, error.format(n=len(lines) + 1))  # a line that is no record has no id
     (folder / "corpus.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     corpus.inputs.append(folder / "corpus.jsonl")
     _parquet_cases(folder, corpus)
@@ -378,7 +383,7 @@ def _parquet_cases(folder: Path, corpus: Corpus) -> None:
         corpus,
         "float_ids.parquet",
         {"id": [2.5], "state": ["s"], "questions": [questions]},
-        [(str(start + 1), f"record '{start + 1}', field 'id'")],
+        [(None, f"record at index {start + 1}, field 'id'")],
     )
     deep = "[" * 100_000 + "]" * 100_000
     _parquet(

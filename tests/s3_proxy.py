@@ -17,18 +17,35 @@ SLOW_DOWN = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 
 
+@dataclass(frozen=True)
+class Answered:
+    method: str
+    path: str
+    """With the query, unquoted."""
+    status: int
+    range: str | None
+    """The request's Range header (a ranged GET), if any."""
+
+
 @dataclass
 class S3Proxy:
     upstream: str
     delay_seconds: float = 0.0
     requests: list[tuple[str, str]] = field(default_factory=list)
     """(method, path with the query) of every request, in order."""
+    answered: list[Answered] = field(default_factory=list)
+    """Every request the store answered (not those the proxy failed), with its status and range."""
     bytes_sent: int = 0
     """Response body bytes the proxy passed on (what the job downloaded)."""
+    bytes_received: int = 0
+    """Request body bytes the proxy passed on (what the job uploaded)."""
     failures: dict[str, int] = field(default_factory=dict)
-    """Key substring -> how many more requests naming it get a 503."""
+    """Substring of "METHOD /path?query" (a key, or "PUT /bucket/key" for one method) -> how many
+    more requests it matches get `failure_status`."""
     failure_status: int = 503
     """What a failing request is answered (503 SlowDown: retried; 400: refused at once)."""
+    failure_code: str = "SlowDown"
+    """The S3 error code a failing request's body names (AccessDenied: a role that may not write)."""
     hold: Callable[[str, str], bool] | None = None
     """Which requests, by (method, path with the query), wait after their body arrived until
     `release` is set; `held` is set when the first one arrives."""
@@ -61,7 +78,9 @@ class S3Proxy:
                 body = self._body()
                 with proxy.lock:
                     proxy.requests.append((self.command, unquote(self.path)))
-                    failing = next((key for key, left in proxy.failures.items() if left > 0 and key in self.path), None)
+                    proxy.bytes_received += len(body or b"")
+                    named = f"{self.command} {self.path}"
+                    failing = next((key for key, left in proxy.failures.items() if left > 0 and key in named), None)
                     if failing is not None:
                         proxy.failures[failing] -= 1
                 if proxy.delay_seconds:
@@ -70,7 +89,9 @@ class S3Proxy:
                     proxy.held.set()
                     proxy.release.wait(120)
                 if failing is not None:
-                    payload = b"" if self.command == "HEAD" else SLOW_DOWN
+                    code = proxy.failure_code
+                    body = SLOW_DOWN.replace(b"SlowDown", code.encode()) if code != "SlowDown" else SLOW_DOWN
+                    payload = b"" if self.command == "HEAD" else body
                     self.send_response(proxy.failure_status)
                     self.send_header("Content-Type", "application/xml")
                     self.send_header("Content-Length", str(len(payload)))
@@ -83,6 +104,9 @@ class S3Proxy:
                 connection.request(self.command, self.path, body=body, headers=headers)
                 answer = connection.getresponse()
                 payload = answer.read()
+                with proxy.lock:
+                    seen = Answered(self.command, unquote(self.path), answer.status, self.headers.get("Range"))
+                    proxy.answered.append(seen)
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
                     if key.lower() not in HOP_HEADERS and key.lower() != "content-length":
@@ -114,4 +138,30 @@ class S3Proxy:
     def clear(self) -> None:
         with self.lock:
             self.requests.clear()
-            self.bytes_sent = 0
+            self.answered.clear()
+            self.bytes_sent = self.bytes_received = 0
+
+
+TEST_ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "clef-test",
+    "AWS_SECRET_ACCESS_KEY": "clef-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+"""The credentials every S3 test gives the job (moto accepts any)."""
+
+
+def point_at(monkeypatch: object, endpoint: str) -> None:
+    """The job's environment aimed at `endpoint` (a proxy's URL) with the test credentials, and
+    nothing else of the caller's AWS setup (profiles, tokens, another endpoint)."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)  # type: ignore[attr-defined]
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, **TEST_ENVIRONMENT}.items():
+        monkeypatch.setenv(name, value)  # type: ignore[attr-defined]
+
+
+def emptied(client: object, bucket: str) -> None:
+    """Delete every object of `bucket` (boto3 `client`), then the bucket."""
+    for item in client.list_objects_v2(Bucket=bucket).get("Contents", []):  # type: ignore[attr-defined]
+        client.delete_object(Bucket=bucket, Key=item["Key"])  # type: ignore[attr-defined]
+    client.delete_bucket(Bucket=bucket)  # type: ignore[attr-defined]

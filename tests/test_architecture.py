@@ -188,3 +188,27 @@ def test_quality_rooms_import_only_their_own_the_shared_or_lower_rooms() -> None
     assert quality_imports_pointing_up(graph) == []
     planted = {**graph, "clef_cli.quality.labels.gold": {"clef_cli.quality.train.fit"}}
     assert quality_imports_pointing_up(planted) == ["clef_cli.quality.labels.gold -> clef_cli.quality.train.fit"]
+
+
+LOCATIONS_MAY_IMPORT = ("clef_cli.errors",)
+"""`clef_cli.locations` is the lowest room above the shared bottom: the resolver and the fence
+every other room uses, so it imports nothing of theirs."""
+
+
+def locations_imports_up(graph: dict[str, set[str]]) -> list[str]:
+    prefix = "clef_cli.locations"
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module == prefix or module.startswith(prefix + ".")
+        for target in targets
+        if not target.startswith(prefix) and target not in LOCATIONS_MAY_IMPORT
+    )
+
+
+def test_locations_import_only_the_shared_bottom() -> None:
+    graph = import_graph()
+    assert "clef_cli.locations.fence" in graph, "the fence moved: update this test"
+    assert locations_imports_up(graph) == []
+    planted = {**graph, "clef_cli.locations.fence": {"clef_cli.encoding.media_limits"}}
+    assert locations_imports_up(planted) == ["clef_cli.locations.fence -> clef_cli.encoding.media_limits"]

@@ -99,8 +99,16 @@ def test_flop_formula_matches_torch_flop_counter(experts):
 def test_bench_gpu_dense_cpu_smoke(tmp_path):
     out = tmp_path / "gpu_dense.json"
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu" / "bench_gpu.py"), "--cpu-smoke", "--family", "dense", "--quiet",
-         "--json", str(out)],
+        [
+            sys.executable,
+            str(BENCHMARKS / "gpu" / "bench_gpu.py"),
+            "--cpu-smoke",
+            "--family",
+            "dense",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -119,9 +127,7 @@ def test_bench_gpu_dense_cpu_smoke(tmp_path):
         tokens = point["batch_size"] * point["record_tokens"]
         flops = bench.dense_flops_per_token(dims, report["layers"], point["record_tokens"]) * tokens
         assert point["mfu"] == pytest.approx(flops / point["seconds_per_forward"] / 989e12)
-        assert point["full_model_tokens_per_s_estimate"] == pytest.approx(
-            point["tokens_per_s"] * report["layers"] / 32
-        )
+        assert point["full_model_tokens_per_s_estimate"] == pytest.approx(point["tokens_per_s"] * report["layers"] / 32)
 
 
 def test_dense_flop_formula_is_within_a_few_percent_of_torch_flop_counter():
@@ -174,7 +180,7 @@ def third_party_imports(paths) -> set[str]:
 def test_every_import_of_clef_and_the_gpu_check_is_on_the_image_carried_or_named_as_left_out():
     listed = (BENCHMARKS / "gpu" / "gpu_wheels.txt").read_text()
     carried = {line.split("==")[0] for line in listed.splitlines() if line and not line.startswith("#")}
-    left_out = {"torchvision", "pillow", "soundfile", "scipy", "matplotlib", "ray", "vllm"}
+    left_out = {"torchvision", "pillow", "soundfile", "scipy", "matplotlib", "ray", "vllm", "obstore"}
     for name in left_out:  # each one is named, with why, in the list's comments
         assert name in listed.split("Not carried:")[1].split("# Python:")[0], name
     steps = ["gpu/bench_gpu", "score/bench_score", "feed/bench_feed", "feed/feed_vllm", "feed/vllm_stand_in"]

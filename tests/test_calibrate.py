@@ -158,7 +158,7 @@ def test_calibrated_results_equal_the_scorer_at_scaled_logits():
     [
         ("{", "could not be read"),
         ('{"version": 2, "method": "global", "default": 1}', "not a version 1 file"),
-        ('{"version": 1, "method": "global", "default": 0}', "must be a positive number"),
+        ('{"version": 1, "method": "global", "default": 0}', "must be a number from 0.001 to 1000"),
         ('{"version": 1, "method": "type", "type_temperatures": {"noul": "x"}, "default": 1}', "'noul'"),
     ],
 )

@@ -206,3 +206,26 @@ def test_a_csv_export_with_its_own_column_names_reads_as_its_plain_twin(tmp_path
     assert described[:2] == ["id <- ticket_id: text", state]
     assert described[2] == "questions: no column 'questions' (the --questions file, if given)"
     assert described[3:] == ["images: no column 'images'", "audio: no column 'audio'", "videos: no column 'videos'"]
+
+
+def test_a_row_without_the_mapped_column_has_no_such_field_not_its_own_of_that_name(tmp_path):
+    """With --columns images=attachments a record's images come from `attachments` alone: a line
+    that lacks it has no images, whatever its own `images` key holds (it is an unmapped column)."""
+    lines = [{"id": "a", "state": "s", "images": ["own.png"], "questions": QUESTIONS},
+             {"id": "b", "state": "s", "attachments": [], "images": ["own.png"], "questions": QUESTIONS}]  # fmt: skip
+    mapping = parse_columns("images=attachments", None)
+    mapped = list(read_records([write_jsonl(tmp_path / "r.jsonl", lines)], columns=mapping))
+    assert [(record.id, record.images) for record in mapped] == [("a", ()), ("b", ())]
+
+
+def test_a_row_the_mapping_cannot_map_is_named_as_the_same_row_unmapped(tmp_path):
+    """A row missing a --state-columns column is its record's error under the id the row has read
+    without the mapping (its text or integer id, its position when it has none, null when its id
+    is unusable), at the same index."""
+    lines = [{"id": 7, "a": 1}, {"a": 1}, {"id": "", "a": 1}, {"id": "x", "a": 1}, {"id": 2.5, "a": 1}]
+    path = write_jsonl(tmp_path / "r.jsonl", lines)
+    mapped = list(read_records([path], QUESTIONS, columns=parse_columns(None, "a,b")))
+    plain = list(read_records([path], QUESTIONS))  # no state at all: each row's own error
+    assert all(isinstance(record, InvalidRecord) for record in mapped + plain)
+    assert [(r.id, r.index) for r in mapped] == [(r.id, r.index) for r in plain]
+    assert mapped[0].error == "record '7', field 'state': no column 'b' in this record (--state-columns)"

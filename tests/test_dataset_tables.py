@@ -180,3 +180,18 @@ def test_hostile_and_oversize_inline_media_are_that_records_error(tmp_path):
     assert summary.failed == 2 and errors[0] is None
     assert "'images[0]'" in errors[1] and "image" in errors[1]
     assert "over the limit of" in errors[2] and str(len(a) + 4096) in errors[2]
+
+
+@pytest.mark.parametrize("rate", [8000, 15999, 16001, 22050, 44100, 48000, 16000.5, True, "16000", None])
+def test_decoded_audio_at_any_rate_but_16k_is_refused_never_taken_as_16k(rate):
+    """clef never resamples: samples at another rate, higher or lower, would be heard at the wrong
+    speed and pitch, so each is its record's error naming the rate's field."""
+    from clef_cli.errors import RecordError
+    from clef_cli.inputs.media_cells import media_entries
+
+    with pytest.raises(RecordError) as refused:
+        media_entries({"array": [0.0, 0.5, -0.5], "sampling_rate": rate}, "audio", "r")
+    assert (refused.value.record_id, refused.value.field) == ("r", "audio[0].sampling_rate")
+    for same in (16000, 16000.0):
+        (entry,) = media_entries({"array": [0.0, 0.5, -0.5], "sampling_rate": same}, "audio", "r")
+        assert len(entry.data) == 3 * 4  # three float32 samples

@@ -88,7 +88,7 @@ def wait_until(condition, what: str, job: InTerminal, seconds: float = 180) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["during a forward", "as the stopped job ends"])
+@pytest.mark.parametrize("when", ["during a forward", "as the stopped job ends", "after the stop message"])
 def test_ctrl_c_twice_under_the_progress_display_exits_130(tmp_path, when):
     inputs, output = write_jsonl(tmp_path / "in.jsonl", RECORDS), tmp_path / "out.parquet"
     checkpoint = Path(f"{output}.ckpt")
@@ -100,9 +100,12 @@ def test_ctrl_c_twice_under_the_progress_display_exits_130(tmp_path, when):
         time.sleep(0.1)  # the next batch is running
     else:  # the first request honoured: the job has said so and is on its way out
         wait_until(lambda: "interrupted" in job.text(), "the stopped job's summary", job)
+        if when == "after the stop message":
+            time.sleep(0.1)  # the interpreter's teardown, where SIGINT had its default action (issue 51.5)
     job.ctrl_c()
     code, text = job.wait(), job.text()
     assert code == 130, text[-2000:]
+    assert not list(tmp_path.glob("*.lock")), "a stopped job leaves no lock file"
     assert not [word for word in BROKEN if word in text], text[-2000:]
     assert "stopping after the current batch" in text  # the first request said what it does
     kept = committed(checkpoint)
@@ -112,3 +115,73 @@ def test_ctrl_c_twice_under_the_progress_display_exits_130(tmp_path, when):
     assert rerun.returncode == 0, rerun.stderr
     assert f"{kept:,} from the checkpoint" in rerun.stderr
     assert [row["id"] for row in pq.read_table(output).to_pylist()] == [record["id"] for record in RECORDS]
+
+
+TEARDOWN = """
+import os, sys, time
+from clef_cli.cli import main
+
+class SlowTeardown:
+    # destroyed with __main__'s globals, after Python gave SIGINT its default action back
+
+    def __del__(self):
+        os.write(1, b"teardown\\n")
+        time.sleep(5)
+
+held = SlowTeardown()
+sys.argv = ["clef", "--version"]
+main()
+"""
+
+
+def test_a_request_during_the_interpreters_teardown_is_no_death_by_signal():
+    """Issue 51.5: after its command, Python's shutdown restores SIGINT's default action and then
+    tears the modules down (torch's teardown takes a second or more), so Ctrl-C then killed the
+    process by SIGINT (2 of 4 runs after "interrupted: ..."). The console script now ends with the
+    command's own status once the exit functions have run, before that teardown."""
+    job = subprocess.Popen([sys.executable, "-c", TEARDOWN], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert job.stdout is not None
+    output = b""
+    while chunk := job.stdout.readline():
+        output += chunk
+        if chunk == b"teardown\n":  # in the window: a request now
+            job.send_signal(signal.SIGINT)
+    code = job.wait(timeout=60)
+    assert code == 0, (code, output, job.stderr.read() if job.stderr else "")
+    assert output.startswith(b"clef ")
+
+
+@pytest.mark.slow  # a real `clef score` process loads the model (about 15 s)
+def test_a_job_stopped_at_once_leaves_no_lock_and_the_next_run_takes_over_what_it_left(tmp_path):
+    """Issue 51.5: a second request while the job holds its locks (here: as the output is being
+    written) ends it at once with 130; its lock files go with it and what is left is what
+    docs/scoring.md says (the output's temporary), which the next run removes."""
+    inputs, output = write_jsonl(tmp_path / "in.jsonl", RECORDS[:6]), tmp_path / "out.parquet"
+    marker = tmp_path / "writing"
+    env = {**os.environ, "CLEF_TEST_HOLD_OUTPUT": str(marker), "PYTHONPATH": str(ROOT)}
+    job = subprocess.Popen(score_command(inputs, output, "--quiet"), cwd=ROOT, env=env, stderr=subprocess.PIPE,
+                           text=True)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.05)
+    assert sorted(path.name for path in tmp_path.glob("*.lock")) == ["out.parquet.ckpt.lock", "out.parquet.lock"]
+    job.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    job.send_signal(signal.SIGINT)
+    _, said = job.communicate(timeout=60)
+    assert job.returncode == 130, said
+    assert said.rstrip().endswith("stopped at once: what was committed stays committed; rerun the same command to "
+                                  "continue"), said  # fmt: skip
+    left = sorted(path.name for path in tmp_path.iterdir() if path.name not in ("in.jsonl", "writing"))
+    assert [name for name in left if not name.startswith(".out.parquet.")] == ["out.parquet.ckpt"], left
+    assert len(left) == 2 and left[0].endswith(".tmp"), left  # the output's temporary, as documented
+    info = subprocess.run([sys.executable, "-m", "clef_cli", "checkpoint", "info", f"{output}.ckpt"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert "not finished (failed, killed, stopped at once" in info.stdout, info.stdout
+    rerun = subprocess.run(score_command(inputs, output, "--quiet"), cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr
+    expected = ["in.jsonl", "out.parquet", "out.parquet.ckpt", "writing"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == expected

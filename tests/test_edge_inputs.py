@@ -31,10 +31,11 @@ def score(*args: str):
     )
 
 
-def test_an_empty_input_writes_an_empty_output(tmp_path):
+def test_an_empty_input_writes_an_empty_output_when_the_job_means_it(tmp_path):
+    """--allow-empty; without it an empty input is refused (tests/test_exit_codes.py)."""
     (tmp_path / "empty.jsonl").write_text("\n\n")
     out = tmp_path / "out.parquet"
-    result = score(str(tmp_path / "empty.jsonl"), "-o", str(out))
+    result = score(str(tmp_path / "empty.jsonl"), "-o", str(out), "--allow-empty")
     assert result.exit_code == 0, result.output
     assert result.stderr.startswith("0 scored, 0 failed of 0 records")
     table = pq.read_table(out)

@@ -13,11 +13,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from clef_cli.engines.on_demand import states_settings, stored_hidden_dtype
+from clef_cli.engines.on_demand import states_settings
 from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import SHARDS
 from clef_cli.store.keep_policy import KEEP
+from clef_cli.store.location import StoreLocation
 from clef_cli.store.manifest import FORMAT_VERSION
+from clef_cli.store.opening import stored_hidden_dtype
 
 WORKER = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm" / "worker.py"
 
@@ -44,7 +46,7 @@ def test_states_computed_on_demand_take_the_stored_states_dtype(tmp_path, stored
     missing states would be kept in another dtype than those beside them."""
     store = tiny_store(tmp_path / "st", {"000001": stored, "000002": torch.bfloat16})
     name = str(stored).removeprefix("torch.")
-    assert stored_hidden_dtype(store) == name  # the first shard's, by name
+    assert stored_hidden_dtype(StoreLocation(store)) == name  # the first shard's, by name
     asked = "float32" if stored != torch.float32 else "float16"
     settings = ScoreSettings(inputs=[], output=tmp_path / "o.parquet", checkpoint=store, hidden_dtype=asked,
                              hidden_states="drop", model="elsewhere/model")  # fmt: skip
@@ -56,7 +58,7 @@ def test_states_computed_on_demand_take_the_stored_states_dtype(tmp_path, stored
 def test_a_store_without_states_keeps_the_runs_hidden_dtype(tmp_path):
     store = tiny_store(tmp_path / "st", {})
     (store / SHARDS / "000001.hidden.safetensors").write_bytes(b"not safetensors")  # damaged: skipped
-    assert stored_hidden_dtype(store) is None
+    assert stored_hidden_dtype(StoreLocation(store)) is None
     settings = ScoreSettings(inputs=[], output=tmp_path / "o.parquet", checkpoint=store, hidden_dtype="float16")
     assert states_settings(settings).hidden_dtype == "float16"
 

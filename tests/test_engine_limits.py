@@ -99,7 +99,12 @@ def test_engine_limits_and_chance_are_never_a_keys_final_result(tmp_path):
     index.add_shard("00000001", table, has_hidden=False, run_seq=index.begin_run("r"))
     final = dict(index.db.execute("SELECT key, final FROM keys").fetchall())
     assert {kinds[int(key[1:])]: flag for key, flag in final.items()} == {
-        None: 1, "invalid": 1, "media": 1, "overflow": 0, "unsupported": 0, "transient": 0
+        None: 1,
+        "invalid": 1,
+        "media": 1,
+        "overflow": 0,
+        "unsupported": 0,
+        "transient": 0,
     }
     assert set(RETRIED_KINDS) == {"overflow", "unsupported", "transient"}
     index.close()

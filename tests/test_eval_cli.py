@@ -305,5 +305,6 @@ def test_help_texts_end_with_examples():
     for command in ("eval", "calibrate"):
         result = runner.invoke(app, [command, "--help"])
         assert result.exit_code == 0
-        assert "Examples:" in result.stdout and f"clef {command} out.parquet --gold" in result.stdout
+        examples = result.stdout.split("Examples, from a source checkout's root", 1)[1]
+        assert f"clef {command} posts.parquet --gold sample_data/posts_gold.jsonl" in examples
     assert "--calibration" in runner.invoke(app, ["score", "--help"]).stdout

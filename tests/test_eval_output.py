@@ -149,9 +149,7 @@ def test_by_keeps_null_apart_from_the_string_null(tmp_path):
     for group in groups:
         members = [i for i, value in enumerate(values) if value == group["value"]]
         assert group["records"] == len(members)
-        right = [
-            NOUL[int(np.argmax(records[i][1]["short"][2]))] == labels[f"r{i}"]["short"] for i in members
-        ]
+        right = [NOUL[int(np.argmax(records[i][1]["short"][2]))] == labels[f"r{i}"]["short"] for i in members]
         assert group["questions"]["short"]["accuracy"] == pytest.approx(np.mean(right), abs=1e-12)
     assert 'source = "null"' in result.stdout and "source = null\n" in result.stdout
 

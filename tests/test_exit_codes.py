@@ -158,14 +158,17 @@ CASES = [
     # refusals that used to run first (issue 45.4): each one line, nothing written
     ("--keep-columns naming a column twice", ["score", "{kept}", "-o", "{out}", "--model", MODEL, "--workers", "0",
      "--keep-columns", "source,source"], "usage"),
-    ("--checkpoint at a bucket", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--limit", "1", "--workers", "0",
-     "--checkpoint", "s3://bucket/ck"], "usage"),
+    ("--checkpoint at a bucket URI without a bucket", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--limit",
+     "1", "--workers", "0", "--checkpoint", "s3:///ck"], "usage"),
     ("--checkpoint in a missing folder", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--limit", "1",
      "--workers", "0", "--checkpoint", "{folder}/nodir/sub/ck"], "usage"),
     ("--checkpoint in a folder that cannot be written", ["score", RECORDS, "-o", "{out}", "--model", MODEL,
      "--checkpoint", "{unwritable}/ck"], "usage"),
     ("--checkpoint at a file", ["score", RECORDS, "-o", "{out}", "--model", MODEL,
      "--checkpoint", "{folder}/not.parquet"], "usage"),
+    # issue 51.4: an unset variable in a cron line (was exit 1, or a folder named ' ')
+    ("--checkpoint ''", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--checkpoint", ""], "usage"),
+    ("--checkpoint ' '", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--checkpoint", " "], "usage"),
     ("a store made with another model", ["score", RECORDS, "-o", "{out}", "--model", DENSE,
      "--checkpoint", "{dropped}"], "usage"),
     ("a GPU this machine lacks", ["score", RECORDS, "-o", "{out}", "--model", MODEL, "--device", "cuda:99"], "usage"),
@@ -292,9 +295,26 @@ def test_a_named_pipe_is_streamed_into_whatever_its_name(files, tmp_path):
     received: dict[str, bytes] = {}
     reader = threading.Thread(target=lambda: received.update(data=pipe.read_bytes()), daemon=True)
     reader.start()
-    result = runner.invoke(app, ["score", RECORDS, "-o", str(pipe), "--checkpoint", str(files["dropped"]),
-                                 "--model", MODEL, "--limit", "2", "--hidden-states", "drop", "--workers", "0",
-                                 "--quiet"])  # fmt: skip, from the store: no model run
+    result = runner.invoke(
+        app,
+        [
+            "score",
+            RECORDS,
+            "-o",
+            str(pipe),
+            "--checkpoint",
+            str(files["dropped"]),
+            "--model",
+            MODEL,
+            "--limit",
+            "2",
+            "--hidden-states",
+            "drop",
+            "--workers",
+            "0",
+            "--quiet",
+        ],
+    )  # fmt: skip, from the store: no model run
     if reader.is_alive() and result.exit_code != 0:  # nothing opened the pipe: let the reader go
         os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
     reader.join(timeout=60)
@@ -380,7 +400,27 @@ def whole_job_inputs(folder: Path) -> dict[str, Path]:
         "image": folder / "img.parquet",
         "struct": folder / "struct.parquet",
         "csv": _csv(folder / "tickets.csv", ["ticket_id,body,questions", "T-1,hello," + quoted]),
+        **_damaged(folder),
+        "tsv": _csv(folder / "tickets.tsv", ["ticket_id\tbody\tquestions", "T-1\thello\t" + quoted]),
     }  # fmt: skip
+
+
+def _damaged(folder: Path) -> dict[str, Path]:
+    """Compressed inputs a broken export leaves: cut short, not compressed at all, and cut short
+    after more than the first window (found while the job keys its records, the store open)."""
+    import base64
+    import gzip
+
+    def line(n: int, size: int) -> bytes:
+        text = base64.b64encode(os.urandom(size)).decode()  # incompressible: the cut lands late
+        return (json.dumps({"id": f"r{n}", "state": text, "questions": {"q": {"type": "noul"}}}) + "\n").encode()
+
+    whole = gzip.compress(b"".join(line(n, 60) for n in range(4)))
+    (folder / "cut.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (folder / "plain.jsonl.zst").write_bytes(b'{"id": "a"}\n')
+    late = gzip.compress(b"".join(line(n, 15_000) for n in range(200)))  # 4 MB of JSON
+    (folder / "late.jsonl.gz").write_bytes(late[: len(late) * 9 // 10])
+    return {name: folder / f"{name}.jsonl.{kind}" for name, kind in (("cut", "gz"), ("plain", "zst"), ("late", "gz"))}
 
 
 def _csv(path: Path, lines: list[str]) -> Path:
@@ -400,10 +440,15 @@ WHOLE_JOB = [
     ("struct", [], "struct.parquet: the Parquet struct column 'state' has nulls in the first 2 records (first "
      "state.n): a struct column gives every row the keys of every record"),
     ("csv", [], "tickets.csv has no 'state' column (its columns: ticket_id, body, questions)"),
-    ("csv", ["--columns", "state=text"], "no column 'text' in tickets.csv (mapped by --columns/--state-columns); its "
-     "columns: ticket_id, body, questions"),
+    ("tsv", [], "tickets.tsv has no 'state' column (its columns: ticket_id, body, questions)"),
+    ("csv", ["--columns", "state=text"], "/tickets.csv (mapped by --columns/--state-columns); its "
+     "columns: ticket_id, body, questions"),  # named by its path as given
     ("csv", ["--columns", ""], "error: --columns '' names no column; give them, like --columns id=ticket_id"),
     ("csv", ["--state-columns", ","], "error: --state-columns ',' names no column"),
+    # issue 51.4: a bare `OSError` (exit 1) that named no file
+    ("cut", [], "cut.jsonl.gz is not a readable gzip file: "),
+    ("plain", [], "plain.jsonl.zst is not a readable zstd file: "),
+    ("late", [], "late.jsonl.gz is not a readable gzip file: "),
 ]  # fmt: skip
 
 
@@ -430,3 +475,62 @@ def test_review_refuses_a_format_its_file_name_contradicts(files, tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert f"--format {form} writes a" in result.stderr and out in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- empty inputs (issue 51.1)
+
+
+def empty_inputs(folder: Path) -> dict[str, Path]:
+    """Each form an export that failed upstream takes: no record, whatever the format."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (folder / "zero.jsonl").write_bytes(b"")
+    (folder / "blank.jsonl").write_text("\n  \n\n", encoding="utf-8")
+    (folder / "header.csv").write_text("id,state,questions\n", encoding="utf-8")
+    (folder / "zero.csv").write_bytes(b"")
+    (folder / "none.json").write_text("[]\n", encoding="utf-8")
+    empty = pa.table({"id": pa.array([], pa.string()), "state": pa.array([], pa.string())})
+    pq.write_table(empty, folder / "none.parquet")
+    return {name: folder / name for name in EMPTY}
+
+
+EMPTY = ("zero.jsonl", "blank.jsonl", "header.csv", "zero.csv", "none.json", "none.parquet")
+
+
+@pytest.mark.parametrize("name", EMPTY)
+def test_an_empty_input_is_refused_and_yesterdays_output_stays(tmp_path, name):
+    """A cron job whose export step failed silently wrote a 0-row output over yesterday's table
+    (exit 0). Now: exit 2, one line naming the input as given, the old output untouched and no
+    store made; `--allow-empty` writes the 0-row output for a job that means it."""
+    import pyarrow.parquet as pq
+
+    source = empty_inputs(tmp_path)[name]
+    run = tmp_path / "run"
+    run.mkdir()
+    output = write_scored(run / "o.parquet", random_records(3, 5))
+    before = tree(run)
+    base = ["score", str(source), "-o", str(output), "--model", MODEL, "--workers", "0", "--hidden-states", "drop"]
+    for extra in ([], ["--dry-run"]):
+        result = runner.invoke(app, [*base, *extra])
+        assert result.exit_code == CODES["usage"], result.output
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: no records in {source}: ") and "--allow-empty" in line, line
+        assert tree(run) == before
+    allowed = runner.invoke(app, [*base, "--allow-empty", "--quiet"])
+    assert allowed.exit_code == CODES["success"], allowed.output
+    assert pq.read_table(output).num_rows == 0
+
+
+def test_a_hub_model_missing_from_the_cache_is_a_model_this_run_cannot_use(tmp_path, monkeypatch):
+    """README's table: a `--model` this run cannot use is exit 2 (it was exit 1), one line,
+    nothing written."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run = tmp_path / "run"
+    run.mkdir()
+    result = runner.invoke(app, ["score", RECORDS, "-o", str(run / "o.parquet"), "--model", "nobody/clef-missing"])
+    assert result.exit_code == CODES["usage"], result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert "'nobody/clef-missing' is not in the local HF cache" in line
+    assert list(run.iterdir()) == []

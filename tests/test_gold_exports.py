@@ -31,17 +31,29 @@ def export_tasks() -> tuple[list[dict], dict[str, dict[str, str]]]:
     prediction = {"model_version": "m", "score": 0.5, "result": []}
     tasks = [
         {"id": 1, "data": {"id": "r000"}, "annotations": [annotation(1, "2026-01-01T10:00:00Z", {"team": "sales"})]},
-        {"id": 2, "data": {"id": "r001"}, "annotations": [  # the newer one wins
-            annotation(2, "2026-01-01T10:00:00Z", {"team": "sales", "urgent": "true"}),
-            annotation(3, "2026-01-02T10:00:00Z", {"team": "tech"}),
-        ]},
-        {"id": 3, "data": {"id": "r002"}, "annotations": [  # a newer cancelled one does not
-            annotation(4, "2026-01-01T10:00:00Z", {"severity": "3"}),
-            annotation(5, "2026-01-03T10:00:00Z", {"severity": "0"}, cancelled=True),
-        ]},
-        {"id": 4, "data": {"id": "r003"}, "annotations": [  # cancelled only: no gold
-            annotation(6, "2026-01-01T10:00:00Z", {"team": "billing"}, cancelled=True),
-        ]},
+        {
+            "id": 2,
+            "data": {"id": "r001"},
+            "annotations": [  # the newer one wins
+                annotation(2, "2026-01-01T10:00:00Z", {"team": "sales", "urgent": "true"}),
+                annotation(3, "2026-01-02T10:00:00Z", {"team": "tech"}),
+            ],
+        },
+        {
+            "id": 3,
+            "data": {"id": "r002"},
+            "annotations": [  # a newer cancelled one does not
+                annotation(4, "2026-01-01T10:00:00Z", {"severity": "3"}),
+                annotation(5, "2026-01-03T10:00:00Z", {"severity": "0"}, cancelled=True),
+            ],
+        },
+        {
+            "id": 4,
+            "data": {"id": "r003"},
+            "annotations": [  # cancelled only: no gold
+                annotation(6, "2026-01-01T10:00:00Z", {"team": "billing"}, cancelled=True),
+            ],
+        },
         {"id": 5, "data": {"id": "r004"}, "annotations": [], "predictions": [prediction]},  # never annotated
     ]
     expected = {"r000": {"team": "sales"}, "r001": {"team": "tech"}, "r002": {"severity": "3"}}
@@ -128,10 +140,16 @@ def test_a_rating_of_k_stars_is_score_level_k_minus_1(tmp_path):
         "r000": 0, "r001": 3, "r002": 2, "r003": 1, "r004": None
     }  # fmt: skip
     assert all(labels["team"] == "sales" for labels in rows.values())
-    records = [(rid, {"severity": p, "team": (0.2, 0.7, 0.1)}) for rid, p in (
-        ("r000", (0.7, 0.1, 0.1, 0.1)), ("r001", (0.1, 0.1, 0.1, 0.7)), ("r002", (0.1, 0.1, 0.1, 0.7)),
-        ("r003", (0.1, 0.7, 0.1, 0.1)), ("r004", (0.7, 0.1, 0.1, 0.1)),
-    )]  # fmt: skip  (levels 0, 3, 3, 1, 0: right for r000, r001 and r003, wrong for r002)
+    records = [
+        (rid, {"severity": p, "team": (0.2, 0.7, 0.1)})
+        for rid, p in (
+            ("r000", (0.7, 0.1, 0.1, 0.1)),
+            ("r001", (0.1, 0.1, 0.1, 0.7)),
+            ("r002", (0.1, 0.1, 0.1, 0.7)),
+            ("r003", (0.1, 0.7, 0.1, 0.1)),
+            ("r004", (0.7, 0.1, 0.1, 0.1)),
+        )
+    ]  # fmt: skip  (levels 0, 3, 3, 1, 0: right for r000, r001 and r003, wrong for r002)
     scored = write_scored(tmp_path / "s.parquet", records)
     metrics = tmp_path / "m.json"
     result = runner.invoke(app, ["eval", str(scored), "--gold", str(export), "--json", str(metrics)])

@@ -84,3 +84,14 @@ def test_the_kv_cache_bound_the_help_shows_is_the_checks():
     for refused in (option.min - 1, option.min + 0.5):
         with pytest.raises(UsageError, match="whole number of GiB"):
             VllmOptions(cpu_kv_cache_gib=refused).validate()
+
+
+def test_the_help_says_what_the_options_read():
+    """Issue 51's untrue help: --verify-media hashed objects too, --columns mapped CSV columns too."""
+    text = " ".join(help_text(("score",)).split())
+    verify = text.split("--verify-media", 1)[1].split(" --", 1)[0]
+    assert "object" in verify and "file" in verify
+    columns = text.split("--columns <str>", 1)[1].split(" --", 1)[0]
+    assert "CSV" in columns and "Parquet" in columns and "JSONL" in columns and "Hive" in columns
+    spans = " ".join(help_text(("inspect-spans",)).split())
+    assert "--columns <str>" in spans and "--state-columns <str>" in spans and "--questions <path>" in spans

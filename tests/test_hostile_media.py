@@ -3,6 +3,7 @@ file system can open: each is that record's error naming the entry (processor on
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_data_urls_of_the_fields_kind_or_no_kind_are_read(processor, tmp_path, m
 def test_paths_no_file_system_can_open_are_refused(processor, tmp_path):
     error = encode_error(processor, record(tmp_path, images=["a\x00b.png"]))
     assert error.field == "images[0]"
-    assert error.message.startswith("not a usable path (embedded null byte)")
+    assert error.message.startswith("a control character in a location is refused: a\\x00b.png")
 
 
 def test_fifos_symlink_loops_and_devices_are_refused_without_blocking(processor, tmp_path):
@@ -108,7 +109,7 @@ def test_fifos_symlink_loops_and_devices_are_refused_without_blocking(processor,
     for field, entry, expected in cases:
         error = encode_error(processor, record(tmp_path, **{field: [entry]}))
         assert (error.field, error.message[: len(expected)]) == (f"{field}[0]", expected)
-    assert error.message.endswith("loop_a.png: Too many levels of symbolic links")
+    assert error.message.endswith(f"loop_a.png: {os.strerror(errno.ELOOP)}")  # the system's words, not written here
 
 
 def test_a_last_guard_names_the_encoding_step_that_failed(processor, tmp_path):
@@ -118,4 +119,4 @@ def test_a_last_guard_names_the_encoding_step_that_failed(processor, tmp_path):
     unchecked = Record(id="m", index=0, state=b"raw bytes", questions=built.questions)
     error = encode_error(processor, unchecked)
     assert error.field == "state"
-    assert error.message.startswith(f"{UNEXPECTED} (TypeError: Object of type bytes is not JSON serializable)")
+    assert error.message.startswith(f"{UNEXPECTED} (TypeError: ")  # the type is clef's; the wording is Python's

@@ -122,6 +122,21 @@ def test_media_limits_are_per_record_errors(processor, tmp_path, limits, media, 
     assert message in error.message
 
 
+def test_decoded_samples_are_held_to_the_duration_limit_in_seconds():
+    """A record's pre-decoded samples (16 kHz float32) against --max-audio-seconds: exactly the
+    limit passes, one sample more is refused, counted in samples (not in their bytes, 4 each)."""
+    from clef_cli.encoding.inline_media import inline_samples
+    from clef_cli.encoding.media_limits import MediaError
+    from clef_cli.inputs.media_cells import InlineSamples
+
+    limits = MediaLimits(max_audio_seconds=1.0)
+    for count in (1, AUDIO_SAMPLE_RATE // 2, AUDIO_SAMPLE_RATE):
+        entry = InlineSamples(np.full(count, 0.25, dtype="<f4").tobytes())
+        assert inline_samples(entry, limits).tolist() == [0.25] * count
+    with pytest.raises(MediaError, match=r"audio is 1\.0 s long, over the limit of 1 s"):
+        inline_samples(InlineSamples(np.zeros(AUDIO_SAMPLE_RATE + 1, dtype="<f4").tobytes()), limits)
+
+
 def test_mixed_file_gives_encodings_for_good_records_and_errors_for_bad(processor, tmp_path):
     copy_media(tmp_path, "image_a.png")
     (tmp_path / "bad.png").write_bytes(b"not an image")

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.encoding.media import MediaLimits
-from clef_cli.encoding.media_limits import MediaError
 from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
 from clef_cli.inputs.readers import read_records
 from clef_cli.locations import fence as media_root
 from clef_cli.locations.fence import open_confined
+from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.record_key import MediaHasher
 
 from .helpers import MEDIA, TINY_MODEL, write_jsonl
@@ -59,20 +59,58 @@ def test_paths_inside_the_root_open(tree):
 )
 def test_an_escape_by_dots_or_symlink_is_refused(tree, relative):
     root, secret = tree
-    with pytest.raises(MediaError, match=r"is outside the media roots \(--media-root\)") as refused:
+    with pytest.raises(LocationProblem, match=r"is outside the media roots \(--media-root\)") as refused:
         read(root / relative, root)
-    assert str(secret / "out.png") in str(refused.value)  # the resolved path is named
+    # the path as given, never where it resolved: a symlink's target is the host's, not the record's
+    assert str(root / relative) in str(refused.value) and str(secret / "out.png") not in str(refused.value)
 
 
 def test_not_found_fifo_and_oversize_are_refused(tree):
     root, _ = tree
-    with pytest.raises(MediaError, match="file not found"):
+    with pytest.raises(LocationProblem, match="file not found"):
         read(root / "nope.png", root)
     os.mkfifo(root / "pipe")
-    with pytest.raises(MediaError, match="not a regular file"):  # and the open does not block
+    with pytest.raises(LocationProblem, match="not a regular file"):  # and the open does not block
         read(root / "pipe", root)
-    with pytest.raises(MediaError, match=f"file is {len(IMAGE)} bytes, over the limit of 100"):
+    with pytest.raises(LocationProblem, match=f"file is {len(IMAGE)} bytes, over the limit of 100"):
         read(root / "in.png", root, max_bytes=100)
+    assert read(root / "in.png", root, max_bytes=len(IMAGE)) == IMAGE  # the limit itself is allowed
+
+
+def test_a_refusal_names_the_path_as_given_or_as_the_record_wrote_it(tree):
+    """Without a name the message shows the path given (escaped); with one, only that name."""
+    root, _ = tree
+    with pytest.raises(LocationProblem) as refused:
+        read(root / "nope.png", root)
+    assert str(refused.value) == f"file not found: {root / 'nope.png'}"
+    with pytest.raises(LocationProblem) as refused:
+        open_confined(root / "nope.png", (root,), 100, name="nope.png")
+    assert str(refused.value) == "file not found: nope.png"
+    with pytest.raises(LocationProblem) as refused:  # a path no system call takes
+        read(root / "a\x00b.png", root)
+    assert str(refused.value) == f"not a usable path: {root}{os.sep}a\\x00b.png"
+    too_long = root / ("x" * 300)  # the open's own failure, with its reason
+    with pytest.raises(LocationProblem) as refused:
+        open_confined(too_long, (root,), 100, name="long.png")
+    reason = str(refused.value).removeprefix("cannot read long.png: ")
+    assert reason and reason != str(refused.value)
+
+
+def test_the_filesystem_root_as_media_root_allows_every_file(tree):
+    root, _ = tree
+    assert read(root / "in.png", Path(os.sep)) == IMAGE
+
+
+def test_a_failed_open_neither_leaks_nor_closes_a_descriptor(tree, tmp_path):
+    """A root that is gone, a file not found, a folder on the way that is a file: the process's
+    open descriptors are the same after each refusal."""
+    root, _ = tree
+    gone = tmp_path / "gone"
+    before = sorted(os.listdir("/proc/self/fd"))
+    for path, where in ((gone / "a.png", gone), (root / "sub" / "nope.png", root), (root / "in.png" / "x", root)):
+        with pytest.raises(LocationProblem):
+            read(path, where)
+        assert sorted(os.listdir("/proc/self/fd")) == before, path
 
 
 @pytest.mark.parametrize("swapped", ["sub/in.png", "sub"])
@@ -81,8 +119,8 @@ def test_a_symlink_swapped_in_after_the_check_is_not_followed(tree, monkeypatch,
     root, secret = tree
     checked = media_root.confined_parts
 
-    def check_then_swap(path, roots):
-        parts = checked(path, roots)
+    def check_then_swap(path, roots, *name):
+        parts = checked(path, roots, *name)
         target = root / swapped
         shutil.rmtree(target) if target.is_dir() else target.unlink()
         target.symlink_to(secret / "out.png" if swapped.endswith(".png") else secret)
@@ -91,7 +129,7 @@ def test_a_symlink_swapped_in_after_the_check_is_not_followed(tree, monkeypatch,
         return parts
 
     monkeypatch.setattr(media_root, "confined_parts", check_then_swap)
-    with pytest.raises(MediaError, match="changed while it was opened"):
+    with pytest.raises(LocationProblem, match="changed while it was opened"):
         read(root / "sub" / "in.png", root)
 
 
@@ -115,7 +153,8 @@ def test_an_escape_is_the_records_error_and_its_key_reads_nothing(processor, tre
     assert refused.value.field == "images[0]" and "outside the media roots" in refused.value.message
     hasher = MediaHasher(limits)
     assert hasher.entry("sub/in.png", root) == MediaHasher(MediaLimits()).entry("sub/in.png", root)
-    assert hasher.entry("../secret/out.png", root).startswith(f"refused:{root / '../secret/out.png'}:")
+    refused = "refused:../secret/out.png is outside the media roots (--media-root)"  # as written, not resolved
+    assert hasher.entry("../secret/out.png", root) == refused
 
 
 def test_score_with_a_media_root(tree, tmp_path):
@@ -155,9 +194,9 @@ def test_a_sibling_whose_name_starts_with_the_roots_is_outside(sibling, path):
     """`media-private` starts with `media`: a prefix test without the separator let it in (and
     the walk from the root then climbed `..` into it), by path and by symlink alike."""
     root, private = sibling
-    with pytest.raises(MediaError, match=r"is outside the media roots \(--media-root\)") as refused:
+    with pytest.raises(LocationProblem, match=r"is outside the media roots \(--media-root\)") as refused:
         read(Path(path.format(root=root, private=private)), root)
-    assert str(private / "x.png") in str(refused.value)
-    with pytest.raises(MediaError, match="outside the media roots"):  # a root given with its trailing slash too
+    assert str(refused.value).startswith(path.format(root=root, private=private))  # as given, not as resolved
+    with pytest.raises(LocationProblem, match="outside the media roots"):  # a root given with its trailing slash too
         read(Path(path.format(root=root, private=private)), Path(f"{root}{os.sep}"))
     assert read(root / "in.png", root) == IMAGE

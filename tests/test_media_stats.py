@@ -148,3 +148,34 @@ def test_verify_media_rescores_an_image_the_cache_trusted(tmp_path, blind_ctime)
     same_size_rewrite(photo)
     assert score(inputs, tmp_path / "b.parquet", "--checkpoint", store) == (0, 2, 0, 0)
     assert score(inputs, tmp_path / "c.parquet", "--checkpoint", store, "--verify-media") == (1, 1, 0, 0)
+
+
+def test_an_object_entry_made_within_the_racy_window_of_its_last_modified_is_not_trusted(index):
+    """A store dates objects to the second: an object written again within the second its entry
+    was made keeps size and last-modified, so that entry is never trusted; one made `RACY_NS`
+    or more after the object's last-modified is (the S3 tests set RACY_NS to 0, so only here)."""
+    from clef_cli.store.media_stats import ObjectStats
+
+    written = 1_700_000_000 * 10**9  # the object's last-modified, to the second
+    stats = ObjectStats(index)
+    stats.remember("s3://b/racy.png", 100, written, "", written + RACY_NS // 2, "digest of the racy entry")
+    stats.remember("s3://b/edge.png", 100, written, "", written + RACY_NS, "digest of the entry at the edge")
+    stats.remember("s3://b/old.png", 100, written, "", written + 2 * RACY_NS, "digest of the old entry")
+    stats.flush()
+    assert stats.digest("s3://b/racy.png", 100, written) is None
+    assert stats.digest("s3://b/edge.png", 100, written) is None
+    assert stats.digest("s3://b/old.png", 100, written) == "digest of the old entry"
+    assert stats.digest("s3://b/old.png", 101, written) is None  # another size: another object
+    assert (stats.hits, stats.misses) == (1, 3)
+
+
+def test_a_file_entry_made_exactly_racy_ns_after_its_mtime_is_not_trusted(index):
+    """The racy rule's edge for files, as for objects: an entry made `RACY_NS` after the file's
+    mtime is rehashed; one made later is trusted."""
+    stamp = (1, 2, 100, 1_700_000_000 * 10**9, 1_700_000_000 * 10**9)
+    stats = MediaStats(index)
+    stats.remember("/m/edge.png", stamp, stamp[3] + RACY_NS, "digest of the entry at the edge")
+    stats.remember("/m/old.png", stamp, stamp[3] + RACY_NS + 1, "digest of the older entry")
+    stats.flush()
+    assert stats.digest("/m/edge.png", stamp) is None
+    assert stats.digest("/m/old.png", stamp) == "digest of the older entry"

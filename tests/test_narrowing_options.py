@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from clef_cli.cli.options import MEDIA_LIMIT_OPTIONS, media_limits
+from clef_cli.cli.media_options import MEDIA_LIMIT_OPTIONS, media_limits
 from clef_cli.encoding.media_limits import KEY_FIELDS, MediaLimits, key_limits
 from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy, checked_hop
 from clef_cli.errors import UsageError

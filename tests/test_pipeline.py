@@ -141,9 +141,7 @@ def test_without_spool_room_media_are_decoded_again_and_results_agree(tmp_path, 
 
     calls: list[str] = []
     real = omni.decode_video
-    monkeypatch.setattr(
-        omni, "decode_video", lambda source, limits: calls.append(str(source)) or real(source, limits)
-    )
+    monkeypatch.setattr(omni, "decode_video", lambda source, limits: calls.append(str(source)) or real(source, limits))
     ScoreJob(settings_for(tmp_path, limit=None, media_spool_bytes=0), scorer=scorer).run()
     assert len(calls) == 6
     spooled = ScoreJob(settings_for(tmp_path / "b", limit=None, output=tmp_path / "b.parquet"), scorer=scorer)

@@ -41,3 +41,22 @@ def test_every_command_has_help_text():
         result = runner.invoke(app, args)
         assert result.exit_code == 0 and "Usage:" in result.stdout
         assert "--help" in result.stdout
+
+
+def test_the_mutation_command_runs_a_modules_importers_against_only_that_module():
+    """tools/mutate.py (docs/development.md): a module's tests are the files importing it (by dotted
+    name or `from package import module`), and mutmut is told that module and those files alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "tools" / "mutate.py")
+    mutate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutate)
+    assert "tests/test_column_mapping.py" in mutate.tests_for(Path("clef_cli/inputs/columns.py"))
+    assert "tests/test_s3_media.py" in mutate.tests_for(Path("clef_cli/locations/object_store.py"))  # from-import
+    assert "tests/test_s3_media.py" not in mutate.tests_for(Path("clef_cli/inputs/columns.py"))
+    assert "tests/test_architecture.py" not in mutate.tests_for(Path("clef_cli/locations/fence.py"))  # reads text
+    text = mutate.with_selection((ROOT / "pyproject.toml").read_text(), [Path("clef_cli/inputs/columns.py")], ["t.py"])
+    section = text.split("[tool.mutmut]\n", 1)[1].split("\n[", 1)[0].splitlines()
+    assert section[0] == 'only_mutate = ["clef_cli/inputs/columns.py"]'
+    assert section[1] == 'pytest_add_cli_args_test_selection = ["t.py"]'
+    assert 'source_paths = ["clef_cli"]' in section

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
+from clef_cli.progress import Progress
 
 from .helpers import SAMPLE_DATA, SMALL_JOB, assert_same_rows, require_ray, settings_for, write_jsonl
 
@@ -50,6 +51,7 @@ def synthetic(count: int = 300) -> list[dict]:
     rows[5] = {"id": "bad", "state": "x", "questions": {"q": {"type": "rank"}}}
     rows[9]["id"] = "s2"  # a duplicate id
     del rows[11]["id"]  # gets its position as id
+    rows[13]["id"] = True  # an id that cannot be read: a null id, skipped by the duplicate check
     return rows
 
 
@@ -70,14 +72,14 @@ def inputs(tmp_path_factory):
 def local_rows(inputs, tmp_path_factory):
     folder = tmp_path_factory.mktemp("local")
     summary = ScoreJob(settings_for(folder, inputs, "local.parquet", **SMALL_JOB)).run()
-    assert summary.records == 317 and summary.failed == 2
+    assert summary.records == 317 and summary.failed == 3
     return pq.read_table(folder / "local.parquet").to_pylist()
 
 
 @pytest.mark.slow
 def test_ray_run_equals_the_single_process_run(cluster, inputs, local_rows, tmp_path):
     summary = ray_job(settings_for(tmp_path, inputs, "ray.parquet", **SMALL_JOB)).run()
-    assert summary.records == 317 and summary.failed == 2
+    assert summary.records == 317 and summary.failed == 3
     table = pq.read_table(tmp_path / "ray.parquet")
     assert table.schema.names == [
         "id", "record_index", "prompt_tokens", "state_tokens_cut", "error", "error_kind", "answers", "record_key"
@@ -90,24 +92,19 @@ def test_ray_run_equals_the_single_process_run(cluster, inputs, local_rows, tmp_
     errors = {row["id"]: row["error"] for row in rows if row["error"]}
     assert errors["bad"].startswith("record 'bad', field 'questions.q.type'")
     assert errors["s2"] == "record 's2', field 'id': duplicate record id (first used by record 19)"
+    assert [row["id"] for row in rows if row["record_index"] == 30] == [None]  # records.parquet holds 17
 
 
-class StopAfter:
+class StopAfter(Progress):
     """Asks the job to stop once `count` records are committed (a Ctrl-C in the middle)."""
 
     def __init__(self, stop: threading.Event, count: int) -> None:
         self.stop, self.count, self.done = stop, count, 0
 
-    def start(self, total, done):
-        pass
-
     def advance(self, records, tokens, failed):
         self.done += records
         if self.done >= self.count:
             self.stop.set()
-
-    def note(self, message):
-        pass
 
 
 @pytest.mark.slow
@@ -123,6 +120,7 @@ def test_rerun_after_an_interrupted_ray_run_skips_records_already_done(cluster, 
     assert first.run == distinct and 5 <= committed < distinct
     second = ray_job(settings_for(tmp_path, inputs, "resumed.parquet", **SMALL_JOB)).run()
     assert second.reused == committed  # every committed row is one key, reused now
-    # nothing committed is read or scored again; the 2 invalid records and later copies never run
-    assert second.committed == second.run == 317 - 2 - second.duplicates - committed
+    # nothing committed is read or scored again; the 3 invalid records and later copies never run
+    assert second.invalid == 3
+    assert second.committed == second.run == 317 - 3 - second.duplicates - committed
     assert_same_rows(pq.read_table(tmp_path / "resumed.parquet").to_pylist(), local_rows, probability_tolerance=1e-5)

@@ -157,8 +157,9 @@ def test_a_wrong_value_anywhere_fails_only_its_record(scorer, drawn):
         if change is None:
             assert row["error"] is None and row["answers"], row["error"]
             continue
-        row_id = str(index) if change.field == "id" else f"r{index}"
+        row_id = None if change.field == "id" else f"r{index}"  # an id that cannot be read: null
         assert row["id"] == row_id
         assert row["answers"] is None
-        assert row["error"].startswith(f"record {row_id!r}, field '{change.field}"), (change, row["error"])
+        named = f"record at index {index}" if row_id is None else f"record {row_id!r}"
+        assert row["error"].startswith(f"{named}, field '{change.field}"), (change, row["error"])
         assert UNEXPECTED not in row["error"]

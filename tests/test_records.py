@@ -206,7 +206,8 @@ def test_broken_json_line_is_one_bad_record(tmp_path):
     good, broken, not_object = read_records([path])
     assert isinstance(good, Record)
     assert broken.error.startswith("r.jsonl line 2: invalid JSON")
-    assert not_object.error == "record 2: a record must be a JSON object"
+    assert not_object.error == "record at index 2: a record must be a JSON object"
+    assert (broken.id, not_object.id) == (None, None)  # no id could be read: never a made-up one
     assert [r.index for r in (good, broken, not_object)] == [0, 1, 2]
 
 

@@ -294,12 +294,12 @@ def test_https_verifies_the_certificate_against_the_urls_host_not_the_address(pu
     names: list[str | None] = []
     server_tls.sni_callback = lambda sock, name, context: names.append(name)
     with media_server(str(PUBLIC_STAND_IN), {"/a.png": body(IMAGE)}, tls=server_tls) as server:
-        with pytest.raises(FetchError, match="CERTIFICATE_VERIFY_FAILED") as untrusted:
-            fetch(server.url("/a.png", host=PUBLIC_NAME), POLICY, resolver)  # the system CAs: unknown
+        with pytest.raises(FetchError) as untrusted:  # the system CAs: unknown (OpenSSL's words vary)
+            fetch(server.url("/a.png", host=PUBLIC_NAME), POLICY, resolver)
         assert untrusted.value.transient
         monkeypatch.setattr(remote_fetch, "_tls_context", lambda: ssl.create_default_context(cafile=str(cert)))
         assert fetch(server.url("/a.png", host=PUBLIC_NAME), POLICY, resolver) == IMAGE
-        with pytest.raises(FetchError, match="Hostname mismatch"):  # same address, another name
+        with pytest.raises(FetchError):  # same address and CA, another name: refused before any request
             fetch(server.url("/a.png", host="other.example"), POLICY, resolver)
         assert server.requests == ["/a.png"]
     assert names == [PUBLIC_NAME, PUBLIC_NAME, "other.example"]  # SNI: the URL's host, never the address

@@ -266,7 +266,7 @@ def test_argilla_export_reads_back_as_gold(scored, tmp_path):
 
 def test_state_and_media_from_the_inputs(tmp_path):
     """--records: the state as text (JSON compact, sorted keys) and media as local-files URLs
-    relative to --media-root; URLs pass through; tasks with fewer media get empty slots."""
+    relative to --document-root; URLs pass through; tasks with fewer media get empty slots."""
     (tmp_path / "img").mkdir()
     inputs = [
         {"id": "r000", "state": {"b": 1, "a": "x y"}, "images": ["img/a b.png", "https://h/x.png"]},
@@ -276,7 +276,7 @@ def test_state_and_media_from_the_inputs(tmp_path):
     records_path.write_text("".join(json.dumps(r) + "\n" for r in inputs))
     scored = write_scored(tmp_path / "s.parquet", random_records(seed=2, n=2))
     config = tmp_path / "c.xml"
-    tasks = review(scored, tmp_path, "--records", str(records_path), "--media-root", str(tmp_path),
+    tasks = review(scored, tmp_path, "--records", str(records_path), "--document-root", str(tmp_path),
                    "--config-out", str(config))  # fmt: skip
     data = {task["data"]["id"]: task["data"] for task in tasks}
     assert data["r000"]["state"] == '{"a":"x y","b":1}' and data["r001"]["state"] == "plain text"
@@ -288,8 +288,34 @@ def test_state_and_media_from_the_inputs(tmp_path):
         ("Image", "$image_0"), ("Image", "$image_1"), ("Audio", "$audio_0")
     ]  # fmt: skip
     outside = runner.invoke(app, ["review", str(scored), "-o", str(tmp_path / "x.json"), "--records",
-                                  str(records_path), "--media-root", str(tmp_path / "img")])  # fmt: skip
+                                  str(records_path), "--document-root", str(tmp_path / "img")])  # fmt: skip
     assert outside.exit_code == 2 and "record 'r001', field 'audio'" in outside.stderr
+
+
+def test_the_url_options_have_their_own_names_and_the_old_ones_still_work_with_a_warning(tmp_path):
+    """Review's folder is --document-root and its URL prefix --url-prefix (`clef score --media-root`
+    is a fence, another thing); --media-root and --media-url-prefix are hidden aliases that warn;
+    an option given by both names is refused."""
+    (tmp_path / "img").mkdir()
+    records_path = tmp_path / "records.jsonl"
+    records_path.write_text(json.dumps({"id": "r000", "state": "s", "images": ["img/a.png"]}) + "\n")
+    scored = write_scored(tmp_path / "s.parquet", random_records(seed=2, n=1))
+    out = str(tmp_path / "t.json")
+    base = ["review", str(scored), "-o", out, "--records", str(records_path)]
+    new = runner.invoke(app, [*base, "--document-root", str(tmp_path / "img"), "--url-prefix", "https://ls/files/"])
+    assert new.exit_code == 0 and "warning" not in new.stderr, new.output
+    want = json.loads((tmp_path / "t.json").read_text())
+    assert want[0]["data"]["image_0"] == "https://ls/files/a.png"
+    old = runner.invoke(app, [*base, "--media-root", str(tmp_path / "img"), "--media-url-prefix", "https://ls/files/"])
+    assert old.exit_code == 0, old.output
+    assert json.loads((tmp_path / "t.json").read_text()) == want
+    assert "warning: --media-root is now --document-root" in old.stderr
+    assert "warning: --media-url-prefix is now --url-prefix" in old.stderr
+    both = runner.invoke(app, [*base, "--media-root", str(tmp_path), "--document-root", str(tmp_path)])
+    assert both.exit_code == 2 and "give --document-root only" in both.stderr
+    shown = runner.invoke(app, ["review", "--help"]).stdout
+    assert "--document-root" in shown and "--url-prefix" in shown
+    assert "--media-root" not in shown and "--media-url-prefix" not in shown
 
 
 # ----------------------------------------------------------------------------- records that share an id

@@ -4,6 +4,7 @@ the job's, and a second night that lists folders and downloads nothing."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import threading
@@ -14,10 +15,10 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.locations import object_store
-from clef_cli.locations.object_store import ObjectProblem, is_under, joined, normalized
+from clef_cli.locations.uris import LocationProblem, is_under, joined, normalized
 
 from .helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
-from .s3_proxy import S3Proxy
+from .s3_proxy import emptied, point_at
 
 runner = CliRunner()
 BUCKET = "clef-media"
@@ -25,27 +26,10 @@ QUESTIONS = {"urgent": {"type": "noul", "instructions": "Urgent?"}}
 COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-states", "drop", "--max-length", "8192"]
 
 
-@pytest.fixture(scope="module")
-def proxy(s3_server):
-    found = S3Proxy(s3_server)
-    found.url = found.start()
-    yield found
-    found.stop()
-
-
 @pytest.fixture
 def s3(s3_server, proxy, monkeypatch):
     """A bucket reached through the proxy (requests counted); boto3 goes to the server directly."""
-    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_ACCESS_KEY_ID": "clef-test",
-        "AWS_SECRET_ACCESS_KEY": "clef-test-secret",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }.items():
-        monkeypatch.setenv(name, value)
+    point_at(monkeypatch, proxy.url)
     monkeypatch.setattr(object_store, "RETRY_DELAYS", ())  # pyarrow's own retries are enough here
     import boto3
 
@@ -56,9 +40,7 @@ def s3(s3_server, proxy, monkeypatch):
     proxy.failure_status = 503
     object_store.forget()
     yield client
-    for item in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
-        client.delete_object(Bucket=BUCKET, Key=item["Key"])
-    client.delete_bucket(Bucket=BUCKET)
+    emptied(client, BUCKET)
 
 
 def upload(client, folder, prefix):
@@ -100,7 +82,7 @@ def test_locations_resolve_like_paths_and_roots_respect_the_separator():
     assert not is_under("s3://b/media-private/x.png", "s3://b/media/")
     assert not is_under("s3://c/media/x.png", "s3://b/media")
     for bad in ("s3://b/../../x", "s3://b/x?endpoint_override=evil:9000", "s3:///x"):
-        with pytest.raises(ObjectProblem):
+        with pytest.raises(LocationProblem):
             normalized(bad)
 
 
@@ -162,7 +144,8 @@ def test_objects_are_confined_to_the_inputs_folder_and_the_media_roots(s3, tmp_p
     assert errors["root"] == "media" and errors["inside"] is None
 
 
-def test_throttling_is_retried_then_transient(s3, proxy, tmp_path):
+def test_throttling_is_retried_then_transient(s3, proxy, monkeypatch, tmp_path):
+    monkeypatch.setattr(object_store, "RETRY_DELAYS", (0.01,))  # the client's ATTEMPTS, then clef's one more round
     s3.put_object(Bucket=BUCKET, Key="in/a.png", Body=(MEDIA / "image_a.png").read_bytes())
     s3.put_object(Bucket=BUCKET, Key="in/b.png", Body=(MEDIA / "image_b.png").read_bytes())
     lines = [{"id": n, "state": "x", "questions": QUESTIONS, "images": [f"{n}.png"]} for n in ("a", "b")]
@@ -176,6 +159,29 @@ def test_throttling_is_retried_then_transient(s3, proxy, tmp_path):
     proxy.failures.clear()  # the next run tries the transient record again and scores it
     again, rows = score([f"s3://{BUCKET}/in/records.jsonl"], tmp_path / "o.parquet")
     assert again.exit_code == 0, again.output
+
+
+def test_a_missing_object_is_asked_for_once_never_retried(s3, proxy, monkeypatch):
+    """Only a transient failure (throttling, 5xx, a timeout) is tried again (`_retried`): a missing
+    object is the record's error at the first answer, however many retries a transient one gets."""
+    monkeypatch.setattr(object_store, "RETRY_DELAYS", (0.0, 0.0))
+    with pytest.raises(LocationProblem, match="object not found") as missing:
+        object_store.read_object(f"s3://{BUCKET}/in/missing.png", 1 << 20, io.BytesIO())
+    assert not missing.value.transient
+    assert [path for _, path in proxy.requests] == [f"/{BUCKET}/in/missing.png"]
+
+
+def test_a_throttled_listing_is_transient_never_an_empty_folder(s3, proxy):
+    """A LIST the store keeps throttling (after pyarrow's own retries, about 6 s) makes the
+    object's stamp a transient problem (the next run tries the record again), never `object not
+    found` from a folder read as empty; the same folder lists once the store answers."""
+    s3.put_object(Bucket=BUCKET, Key="in/a.png", Body=(MEDIA / "image_a.png").read_bytes())
+    proxy.failures["list-type=2"] = 10_000
+    with pytest.raises(LocationProblem, match="kept failing") as throttled:
+        object_store.stamp(f"s3://{BUCKET}/in/a.png")
+    assert throttled.value.transient
+    proxy.failures.clear()
+    assert object_store.stamp(f"s3://{BUCKET}/in/a.png").size == (MEDIA / "image_a.png").stat().st_size
 
 
 def test_no_credentials_or_an_unknown_bucket_end_the_job_with_one_line(s3, monkeypatch, tmp_path):
@@ -268,8 +274,8 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     assert len(refused.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
     store = tmp_path / "store"
-    proxy.failures[".night.parquet.clef-upload-"] = 10_000  # every request of the upload fails (at once:
-    proxy.failure_status = 400  # a 503 would be retried for seconds)
+    proxy.failures[f"PUT /{BUCKET}/out/night.parquet"] = 10_000  # the upload fails (at once: a 503 would be
+    proxy.failure_status = 400  # retried for seconds); the check before the job (a probe beside it) passes
     failed = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON])
     assert failed.exit_code == 1 and "rerun to upload it again" in failed.stderr, failed.output
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("KeyCount") == 0  # no object, no partial one
@@ -280,7 +286,7 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
     assert again.stderr.splitlines()[0].endswith(f"-> {target}"), again.stderr  # the URI given, not the stage
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
-    assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"]  # pyarrow keeps a folder marker
+    assert keys == ["out/night.parquet"]  # no folder marker, no probe
     fs, path = filesystem(target)
     uploaded = pq.read_table(fs.open_input_file(path)).to_pylist()
     assert_same_rows(uploaded, pq.read_table(store / "upload" / "night.parquet").to_pylist())
@@ -319,15 +325,35 @@ def test_the_one_writer_puts_an_object_whole_or_not_at_all(s3, proxy):
     from clef_cli.store.atomic import ensure_writable, write_text
 
     target = f"s3://{BUCKET}/out/stats.json"
-    ensure_writable(target, "--stats-json", stdout=True)  # checked by the store at the end
+    ensure_writable(target, "--stats-json", stdout=True)  # the bucket takes a write (a probe, removed)
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("KeyCount") == 0
     write_text(target, '{"night": 1}\n')
     assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'
-    proxy.failures[".stats.json.clef-upload-"], proxy.failure_status = 10_000, 400
+    proxy.failures[f"PUT /{BUCKET}/out/stats.json"], proxy.failure_status = 10_000, 400
     with pytest.raises(ObjectStoreError, match="rerun to upload it again"):
         write_text(target, '{"night": 2}\n')
     assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'  # untouched
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
-    assert [key for key in keys if not key.endswith("/")] == ["out/stats.json"]
+    assert keys == ["out/stats.json"]  # no folder marker (pyarrow made one at every delete)
+
+
+def test_an_upload_the_store_refuses_leaves_the_target_and_nothing_beside_it(s3, proxy):
+    """The store refused the put onto the target: the target stays as it was, and nothing else is
+    left beside it (no temporary key, no folder marker)."""
+    from clef_cli.locations.object_store import ObjectStoreError
+    from clef_cli.store.atomic import write_text
+
+    target = f"s3://{BUCKET}/out/stats.json"
+    write_text(target, '{"night": 1}\n')
+    proxy.clear()
+    proxy.failures[f"/{BUCKET}/out/stats.json"], proxy.failure_status = 10_000, 400  # the target's key alone
+    with pytest.raises(ObjectStoreError, match="rerun to upload it again"):
+        write_text(target, '{"night": 2}\n')
+    puts = [path for method, path in proxy.requests if method == "PUT"]
+    assert any(path.startswith(f"/{BUCKET}/out/stats.json") for path in puts)  # the target was asked
+    assert s3.get_object(Bucket=BUCKET, Key="out/stats.json")["Body"].read() == b'{"night": 1}\n'  # untouched
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
+    assert keys == ["out/stats.json"]
 
 
 def test_the_quality_commands_read_their_tables_from_the_store(s3, tmp_path):
@@ -377,30 +403,6 @@ def test_the_quality_commands_read_their_tables_from_the_store(s3, tmp_path):
     assert len(missing.stderr.strip().splitlines()) == 1
 
 
-@pytest.fixture(scope="module")
-def store_env(proxy):
-    """The store's endpoint and credentials in this process's environment before the module's Ray
-    cluster starts (requested before `cluster`): a local cluster's workers inherit them, as a real
-    cluster's nodes have their own."""
-    import os
-
-    values = {
-        "AWS_ENDPOINT_URL": proxy.url,
-        "AWS_ACCESS_KEY_ID": "clef-test",
-        "AWS_SECRET_ACCESS_KEY": "clef-test-secret",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    yield values
-    for name, value in before.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
 @pytest.mark.slow  # a Ray cluster and two scoring runs (about 40 s on the 2-core machine)
 @pytest.mark.ray
 def test_ray_actors_read_object_media_as_the_local_run_reads_copies(store_env, cluster, s3, tmp_path):
@@ -423,18 +425,23 @@ def test_ray_actors_read_object_media_as_the_local_run_reads_copies(store_env, c
 
 
 @pytest.mark.slow  # a real `clef score` process loads the model, then is killed (about 15 s)
-def test_a_remote_output_killed_mid_upload_leaves_no_object_and_the_rerun_uploads(s3, proxy, tmp_path):
+def test_a_remote_output_killed_mid_upload_leaves_no_upload_behind_and_the_rerun_uploads(s3, proxy, tmp_path):
+    """Issue 51.2: a SIGKILL during the upload left an incomplete multipart upload that no rerun
+    aborts (neither pyarrow nor obstore can list one). The output now goes up in one PUT (up to
+    uploads.SINGLE_PUT_BYTES), straight to its key: killed during it, the store holds the whole
+    object or none, and no multipart upload."""
     import os
     import signal
     import subprocess
     import sys
+    import time
 
     (tmp_path / "in").mkdir()
     records = write_jsonl(tmp_path / "in" / "records.jsonl", [{"id": "a", "state": "x", "questions": QUESTIONS}])
     target, store = f"s3://{BUCKET}/out/night.parquet", tmp_path / "store"
     argv = ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON]
-    # held: the request completing the upload under out/ (the multipart upload's last POST)
-    proxy.hold = lambda method, path: method == "POST" and "/out/" in path and "uploadId=" in path
+    # held: the first request carrying the output's bytes under out/ (not the check's empty probe)
+    proxy.hold = lambda method, path: method == "PUT" and "/out/" in path and "clef-probe" not in path
     proxy.held, proxy.release = threading.Event(), threading.Event()
     try:
         job = subprocess.Popen([sys.executable, "-m", "clef_cli", *argv], env=os.environ.copy(), stderr=subprocess.PIPE)
@@ -444,20 +451,18 @@ def test_a_remote_output_killed_mid_upload_leaves_no_object_and_the_rerun_upload
     finally:
         proxy.release.set()  # the held request goes on to the store now, as a late one would
         proxy.hold = None
-    import time
-
-    for _ in range(100):  # until the released request has reached the store
-        keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])]
-        if keys:
-            break
-        time.sleep(0.1)
-    assert "out/night.parquet" not in keys, keys  # no object, whole or partial, at the target
-    assert any(".night.parquet.clef-upload-" in key for key in keys), keys  # the late upload's temporary key
+    time.sleep(1)  # the released request reaches the store
+    assert not s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads"), "an upload no rerun can abort"
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])]
+    assert keys in ([], ["out/night.parquet"]), keys  # the whole object or none, nothing beside it
+    staged = (store / "upload" / "night.parquet").read_bytes()
+    if keys:
+        assert s3.get_object(Bucket=BUCKET, Key="out/night.parquet")["Body"].read() == staged
     proxy.clear()
     again = runner.invoke(app, argv)
     assert again.exit_code == 0, again.output
     assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]
-    assert [key for key in keys if not key.endswith("/")] == ["out/night.parquet"], keys  # leftovers removed
-    body = s3.get_object(Bucket=BUCKET, Key="out/night.parquet")["Body"].read()
-    assert body == (store / "upload" / "night.parquet").read_bytes()
+    assert keys == ["out/night.parquet"], keys
+    rewritten = (store / "upload" / "night.parquet").read_bytes()  # written again from the store
+    assert s3.get_object(Bucket=BUCKET, Key="out/night.parquet")["Body"].read() == rewritten

@@ -243,7 +243,7 @@ def test_dry_run_plans_without_weights(tmp_path, processor):
     assert result.exit_code == 0, result.output
     fields, plan = result.stdout.split("records: ", 1)  # how each field is read, then the plan
     assert fields.splitlines()[:3] == ["records.jsonl:", "  id <- id: text", "  state <- state: text"]
-    assert "images <- images: not in the first record (read from each record that has it)" in fields
+    assert "images <- images: array: locations (paths, URIs, data: URLs)" in fields  # a later record's key
     records = list(read_records([SAMPLE_DATA / "records.jsonl"]))
     assert "records: " + plan == expected_dry_run(records, processor, 4096, 64)
     assert not out.exists() and not Path(str(out) + ".ckpt").exists()
@@ -331,9 +331,9 @@ def test_a_failed_run_says_why_and_its_counts_add_up(scored_sample):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--layout", "tall"], "'tall' is not one of 'wide', 'long'"),
-        (["--on-overflow", "ignore"], "'ignore' is not one of 'truncate', 'error'"),
-        (["--hidden-states", "maybe"], "'maybe' is not one of 'keep', 'selective', 'drop'"),
+        (["--layout", "tall"], "'tall' is not one of wide, long or flat"),
+        (["--on-overflow", "ignore"], "'ignore' is not one of truncate or error"),
+        (["--hidden-states", "maybe"], "'maybe' is not one of keep, selective or drop"),
         (["--max-file-bytes", "lots"], "not a size: 'lots'"),
     ],
 )

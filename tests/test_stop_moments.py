@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -161,3 +162,29 @@ def test_a_stop_as_the_real_vllm_worker_closes_exits_130(tmp_path, monkeypatch):
     monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
     options = ["--engine", "vllm", "--dtype", "float32", "--model", str(cached_release()), "--cpu-kv-cache-gib", "1"]
     stopped_then_resumed(tmp_path, monkeypatch, "vllm worker closing", *options)
+
+
+def test_a_stop_as_the_first_window_is_planned_plans_no_other_window(tmp_path, monkeypatch):
+    """A Ctrl-C that lands while the first window is planned: the run encodes no further window
+    for nothing (engines/local/pipeline.py `_stream` checks the stop after each), and exits 130."""
+    from clef_cli.cli.stopping import STOPS
+    from clef_cli.engines.local import pipeline
+
+    planned_windows, handed_out = pipeline.planned_windows, []
+
+    def stopped_at_the_first(*args, **kwargs):
+        for window in planned_windows(*args, **kwargs):
+            handed_out.append(window)
+            if len(handed_out) == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+                deadline = time.monotonic() + 10
+                while not STOPS.event.is_set():  # the handler has run (on the main thread)
+                    assert time.monotonic() < deadline, "the stop request never reached the job"
+                    time.sleep(0.01)
+            yield window
+
+    monkeypatch.setattr(pipeline, "planned_windows", stopped_at_the_first)
+    records = [{**record, "id": f"{record['id']}-{copy}"} for copy in range(5) for record in RECORDS]
+    stopped = score(write_jsonl(tmp_path / "in.jsonl", records), tmp_path / "out.parquet", "--window", "4")
+    assert stopped.exit_code == 130, stopped.output
+    assert len(handed_out) == 1

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.errors import UsageError
 from clef_cli.inputs.readers import read_records
-from clef_cli.inputs.sources import expand_inputs, is_uri, local_path
+from clef_cli.inputs.sources import expand_inputs
+from clef_cli.locations.uris import is_uri, local_path
 
 from .helpers import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
 from .test_struct_nulls import write_struct_parquet

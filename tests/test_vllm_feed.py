@@ -176,7 +176,12 @@ def test_batches_in_flight_keep_results_and_commits_in_order(tmp_path):
         backbone.submit, backbone.forward = _observed(backbone, depth, calls)
         out = tmp_path / f"out{depth}.parquet"
         settings = ScoreSettings(
-            inputs=[records], output=out, model=str(TINY_MODEL), workers=0, max_batch_size=1, device="cpu",
+            inputs=[records],
+            output=out,
+            model=str(TINY_MODEL),
+            workers=0,
+            max_batch_size=1,
+            device="cpu",
             hidden_states="keep",
         )
         try:

@@ -57,3 +57,50 @@ def test_rehead_and_train_head_on_a_vllm_drop_store(tmp_path, monkeypatch):
     assert trained.exit_code == 0, trained.output
     report = json.loads((tmp_path / "trained" / "training_report.json").read_text())
     assert report["states_computed"]["records"] == 0  # the rehead stored them all
+
+
+BUCKET = "clef-vllm-store"
+
+
+@pytest.mark.slow
+def test_a_vllm_job_keeps_its_store_in_a_bucket_and_night_two_reuses_it_from_a_fresh_cache(
+    store_bucket, proxy, tmp_path, monkeypatch
+):
+    """`--engine vllm --checkpoint s3://…`: the job's shards go to the bucket through the one store
+    code; night 2 on a fresh machine (another cache folder) runs nothing and writes the same
+    output, and a rehead from a third machine reads the vLLM states from the bucket."""
+    from clef_cli.locations import buckets
+    from clef_cli.store.remote import manifests
+    from tests.vllm_release import cached_release
+
+    monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
+    release = cached_release()
+    inputs = write_jsonl(tmp_path / "in.jsonl", records(COUNT))
+    store = f"s3://{BUCKET}/vllm/"
+    options = ("--checkpoint", store, "--hidden-dtype", "float32")
+    outputs = {}
+    for machine, extra in (("one", ("--engine", "vllm", "--cpu-kv-cache-gib", "1")), ("two", ("--engine", "vllm"))):
+        monkeypatch.setenv("CLEF_CACHE_DIR", str(tmp_path / machine))
+        buckets.forget()
+        manifests.forget()
+        proxy.clear()
+        outputs[machine] = tmp_path / f"{machine}.parquet"
+        done = score(release, inputs, outputs[machine], *options, *extra)
+        assert done.exit_code == 0, done.output
+    assert f"0 run through the model, {COUNT} from the checkpoint" in done.stderr, done.stderr
+    assert not any(path.endswith(".hidden") for method, path in proxy.requests if method == "GET")
+    assert_same_rows(pq.read_table(outputs["two"]).to_pylist(), pq.read_table(outputs["one"]).to_pylist(), 1e-6)
+    listed = store_bucket.list_objects_v2(Bucket=BUCKET, Prefix="vllm/manifests/")["Contents"]
+    latest = max(item["Key"] for item in listed)
+    manifest = json.loads(store_bucket.get_object(Bucket=BUCKET, Key=latest)["Body"].read())
+    assert manifest["fingerprint"]["settings"]["engine"] == "vllm"
+    monkeypatch.setenv("CLEF_CACHE_DIR", str(tmp_path / "three"))
+    buckets.forget()
+    manifests.forget()
+    proxy.clear()
+    reheaded = tmp_path / "rehead.parquet"
+    done = score(release, inputs, reheaded, "--checkpoint", store, "--rehead", str(release))
+    assert done.exit_code == 0, done.output
+    assert pq.read_schema(reheaded).metadata[b"clef.engine"] == b"vllm"
+    assert_same_rows(pq.read_table(reheaded).to_pylist(), pq.read_table(outputs["one"]).to_pylist(), 1e-5)
+    assert any(path.endswith(".hidden") for method, path in proxy.requests if method == "GET")

@@ -234,14 +234,17 @@ def simulated_scorer(rate: float):
     return scorer
 
 
-def run_job(path: Path, folder: Path, workers: int, window: int, scorer, restart: bool = True) -> dict[str, float]:
+def run_job(
+    path: Path, folder: Path, workers: int, window: int, scorer, restart: bool = True, **more: object
+) -> dict[str, float]:
     """The real pipeline (background commits with hidden states, Parquet output) around the
-    stand-in; a fresh checkpoint unless `restart` is False (a second night over the same store)."""
+    stand-in; a fresh checkpoint unless `restart` is False (a second night over the same store);
+    `more`: other settings (a store in a bucket: benchmarks/store/bench_store_feed.py)."""
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 
     out = folder / f"out-{workers}.parquet"
     settings = ScoreSettings(
-        inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=restart
+        inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=restart, **more
     )
     device = scorer.backbone.hidden_states
     device.reset()

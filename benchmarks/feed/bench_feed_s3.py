@@ -3,15 +3,17 @@
     python benchmarks/feed/bench_feed_s3.py --sets image --delay-ms 30 [--records 64] [--json out.json]
 
 The image (and video) sets of benchmarks/feed/bench_feed.py (the same generated files and records)
-are served by a local moto S3 server behind the tests' proxy (tests/s3_proxy.py), which adds
+are served by a local moto S3 server (in its own process, as a real store is: `start_store`)
+behind the tests' proxy (tests/s3_proxy.py), which adds
 `--delay-ms` to every request (30 ms: the order of a cloud GET). Each record names its media
 relative to its input, `s3://bucket/feed/records-SET.jsonl` + `media/image3.jpg`. The job is
 bench_feed.py's own (`run_job`: the real pipeline around its simulated device at
 `--device-rate`), run at the default `--workers` over the local files and over the bucket with a
 fresh checkpoint (a first night: keying reads every object, 8 at a time, and keeps it for the
 encoding workers), then once more over the bucket with every record's state edited and the same
-checkpoint (new keys, the media keyed from the store's cache without a GET, so the encoding
-workers read the objects from the store themselves). Each is reported the same way:
+checkpoint (new keys, the media keyed from the store's cache without a GET, so each planning
+window's objects are read into the job's copy ahead of its encoding, 8 at a time:
+clef_cli/encoding/object_prefetch.py). Each is reported the same way:
 busy, efficiency = busy / min(1, workers x per-core rate / device rate) with the per-core rate
 of the local files, with and without the joint head's CPU time, the start-up (keying, which
 reads each object once, is there), and the requests and bytes the store served.
@@ -25,19 +27,45 @@ import argparse
 import json
 import math
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
 from benchmarks.feed import bench_feed
-from benchmarks.feed.bench_media_s3 import start_moto
 from benchmarks.score.bench_score import write_jsonl
 from tests.s3_proxy import S3Proxy
 
 BUCKET = "clef-feed"
 FIELDS = tuple(bench_feed.MEDIA_FIELDS.values())
+
+
+def start_store() -> tuple[subprocess.Popen, str]:
+    """moto's S3 server in a process of its own, and its URL. In this process its Python (some 4
+    ms a read here) would hold the GIL the measured job's main thread needs, and only on a night
+    whose reads happen while the model runs (night 1 reads every object while keying, before the
+    first forward), so it would charge night 2 for the simulated store's own work."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return server, url
+        except urllib.error.HTTPError:
+            return server, url  # it answers
+        except OSError:
+            time.sleep(0.1)
+    server.kill()
+    raise SystemExit(f"moto's server did not start on {url}")
 
 
 def own_copies(records: list[dict], folder: Path) -> list[dict]:
@@ -103,7 +131,7 @@ def measure(name: str, count: int, files: dict, args: argparse.Namespace, contex
     context["client"].put_object(Bucket=BUCKET, Key=edited_key, Body=body)
     runs = [("local", local, True), ("s3", f"s3://{BUCKET}/{key}", True)]
     # night 2, every state edited: new keys, media keyed from the store's cache (no GET while
-    # keying), so the encoding workers read every object from the store themselves
+    # keying), so every object is read while the job runs, ahead of each window's encoding
     runs.append(("s3 night 2 (states edited)", f"s3://{BUCKET}/{edited_key}", False))
     for where, source, fresh in runs:
         out = folder / where.split()[0]
@@ -129,6 +157,31 @@ def measure(name: str, count: int, files: dict, args: argparse.Namespace, contex
     return result
 
 
+def run_sets(args: argparse.Namespace, names: list[str], files: dict, url: str) -> dict:
+    """Each set measured against the store at `url`, behind the delaying, counting proxy."""
+    import boto3
+
+    proxy = S3Proxy(url, delay_seconds=args.delay_ms / 1000)
+    os.environ.update(
+        AWS_ENDPOINT_URL=proxy.start(), AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
+    )  # fmt: skip
+    client = boto3.client("s3", endpoint_url=url)
+    client.create_bucket(Bucket=BUCKET)
+    print(f"simulated device {args.device_rate:,.0f} tok/s, {args.delay_ms:.0f} ms per request, workers {args.workers}")
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            scorer = bench_feed.simulated_scorer(args.device_rate)
+            context = {"tmp": tmp, "client": client, "proxy": proxy, "scorer": scorer}
+            for name in names:
+                count = args.records or bench_feed.DEFAULT_RECORDS[name]
+                results[name] = measure(name, count, files, args, context)
+    finally:
+        proxy.stop()
+    return results
+
+
 def main() -> None:
     from clef_cli.encoding.media import MediaLimits
     from clef_cli.engines.local.pool_size import default_workers
@@ -144,32 +197,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import boto3
-
     from clef_cli.store import media_stats
 
     media_stats.RACY_NS = 0  # the objects were written seconds ago; a real night 2 is a day later
 
     names = [name.strip() for name in args.sets.split(",") if name.strip()]
     files = bench_feed.media_files(args.media_dir, names)
-    server, url = start_moto()
-    proxy = S3Proxy(url, delay_seconds=args.delay_ms / 1000)
-    os.environ.update(
-        AWS_ENDPOINT_URL=proxy.start(), AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true",
-    )  # fmt: skip
-    client = boto3.client("s3", endpoint_url=url)
-    client.create_bucket(Bucket=BUCKET)
-    print(f"simulated device {args.device_rate:,.0f} tok/s, {args.delay_ms:.0f} ms per request, workers {args.workers}")
-    results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        scorer = bench_feed.simulated_scorer(args.device_rate)
-        context = {"tmp": tmp, "client": client, "proxy": proxy, "scorer": scorer}
-        for name in names:
-            count = args.records or bench_feed.DEFAULT_RECORDS[name]
-            results[name] = measure(name, count, files, args, context)
-    proxy.stop()
-    server.stop()
+    server, url = start_store()
+    try:
+        results = run_sets(args, names, files, url)
+    finally:
+        server.terminate()
+        server.wait()
     if args.json:
         args.json.write_text(json.dumps({"delay_ms": args.delay_ms, "sets": results}, indent=2, default=str) + "\n")
 

@@ -158,7 +158,7 @@ def build_model(dims: TextDims, layers: int, dtype, device, experts_impl: str):
     model = Qwen3OmniMoeThinkerTextModel._from_config(
         config, dtype=dtype, attn_implementation="sdpa", experts_implementation=experts_impl
     )
-    model.to(device).eval()
+    model.to(device).eval().requires_grad_(False)
     got = model.get_experts_implementation()[""]
     if got != experts_impl:
         raise RuntimeError(f"asked for experts_implementation={experts_impl!r}, transformers chose {got!r}")
@@ -189,7 +189,7 @@ def build_dense_model(dims: DenseDims, layers: int, dtype, device):
     )
     torch.manual_seed(0)
     model = Qwen3_5TextModel._from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return model.to(device).eval()
+    return model.to(device).eval().requires_grad_(False)
 
 
 def measure(

@@ -14,6 +14,7 @@ from clef_cli import __version__
 from clef_cli.cli import checkpoint, compare, inspect, quality, review, score
 from clef_cli.cli.console import stdout
 from clef_cli.cli.errors import ClefGroup
+from clef_cli.cli.examples import epilog
 from clef_cli.cli.stopping import STOPS
 from clef_cli.cli.usage import ClefCommand, PanelledCommand
 
@@ -49,17 +50,21 @@ def main_callback(
     """Score records with Cloudflare's Clef-Omni decision model."""
 
 
-app.command("score", cls=PanelledCommand)(score.command)
-app.command("inspect-spans", cls=PanelledCommand)(inspect.command)
-app.command("eval", cls=ClefCommand)(quality.evaluate)
-app.command("calibrate", cls=ClefCommand)(quality.calibrate)
-app.command("train-head", cls=ClefCommand)(quality.train_head)
-app.command("review", cls=ClefCommand)(review.command)
-app.command("compare", cls=ClefCommand)(compare.command)
+app.command("score", cls=PanelledCommand, epilog=epilog("score"))(score.command)
+app.command("inspect-spans", cls=PanelledCommand, epilog=epilog("inspect-spans"))(inspect.command)
+app.command("eval", cls=ClefCommand, epilog=epilog("eval"))(quality.evaluate)
+app.command("calibrate", cls=ClefCommand, epilog=epilog("calibrate"))(quality.calibrate)
+app.command("train-head", cls=ClefCommand, epilog=epilog("train-head"))(quality.train_head)
+app.command("review", cls=ClefCommand, epilog=epilog("review"))(review.command)
+app.command("compare", cls=ClefCommand, epilog=epilog("compare"))(compare.command)
 app.add_typer(checkpoint.app, name="checkpoint")
 
 
 def main() -> None:
     """Console-script entry point (`python -m clef_cli` too): Ctrl-C is the CLI's from the start."""
     STOPS.install_for_process()
-    app(prog_name="clef")
+    try:
+        app(prog_name="clef")
+    except SystemExit as done:  # Typer's way out of every command
+        STOPS.exit_when_done(done.code)
+        raise

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from clef_cli.cli.console import stdout
+from clef_cli.cli.examples import epilog
 from clef_cli.cli.usage import ClefCommand
 from clef_cli.sizes import human_size, plural
 
@@ -49,7 +50,7 @@ def _print_runs(runs: list[dict[str, Any]]) -> None:
             said = [_counts(run), "rerun the same command to continue"]
             done = f"interrupted {_when(run['interrupted'])} UTC ({'; '.join(filter(None, said))})"
         else:
-            done = "not finished (failed, killed or still running)"
+            done = "not finished (failed, killed, stopped at once or still running; the next run takes over)"
         if not run["counted"]:
             done += "; not counted by prune --keep-runs"
         stdout.print(
@@ -68,21 +69,26 @@ def _plain(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-@app.command("info", cls=ClefCommand)
+StoreArgument = Annotated[
+    str, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt) or a store in a bucket (s3://bucket/store/).")
+]
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option("--cache-dir", help="A store in a bucket: where its local cache folders live (as clef score's)."),
+]
+
+
+@app.command("info", cls=ClefCommand, epilog=epilog("checkpoint info"))
 def checkpoint_info(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
+    directory: StoreArgument,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    cache_dir: CacheDirOption = None,
 ) -> None:
-    """Show a checkpoint: its scoring fingerprint, keys, size, and the runs that used it.
+    """Show a checkpoint: its scoring fingerprint, keys, size, and the runs that used it."""
+    from clef_cli.store.location import store_location
+    from clef_cli.store.opening import open_existing_store
 
-    \b
-    Examples:
-      clef checkpoint info out.parquet.ckpt
-      clef checkpoint info out.parquet.ckpt --json
-    """
-    from clef_cli.store.checkpoint import Checkpoint
-
-    checkpoint = Checkpoint.open_existing(directory)
+    checkpoint = open_existing_store(store_location(directory, cache_dir, "checkpoint"), locked=False)
     try:
         info = checkpoint.info()
     finally:
@@ -91,13 +97,19 @@ def checkpoint_info(
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
     stdout.print(f"checkpoint: {info['path']}", markup=False)
+    if "segments" in info:
+        stdout.print(
+            f"in the bucket: {plural(info['segments'], 'segment')}, manifest {info['manifest']}; cache {info['cache']}",
+            markup=False,
+        )
+    where = "in the bucket" if "segments" in info else "on disk"
     stdout.print(
         f"keys: {info['keys']:,} in {plural(info['shards'], 'shard')} "
         f"({plural(info['shards_with_hidden_states'], 'shard')} with hidden states, "
         f"{plural(info['keys_with_hidden_states'], 'key')} with their states)"
     )
     stdout.print(
-        f"size on disk: {human_size(info['size_bytes'])} (results {human_size(info['results_bytes'])}, "
+        f"size {where}: {human_size(info['size_bytes'])} (results {human_size(info['results_bytes'])}, "
         f"hidden states {human_size(info['hidden_bytes'])})"
     )
     if info["damaged_shards"]:
@@ -116,9 +128,9 @@ def checkpoint_info(
     _print_runs(info["runs"])
 
 
-@app.command("prune", cls=ClefCommand)
+@app.command("prune", cls=ClefCommand, epilog=epilog("checkpoint prune"))
 def checkpoint_prune(
-    directory: Annotated[Path, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt).")],
+    directory: StoreArgument,
     keep_runs: Annotated[
         int | None,
         typer.Option(
@@ -137,24 +149,31 @@ def checkpoint_prune(
     force: Annotated[
         bool, typer.Option("--force", help="Allow a prune that drops every key (refused without it).")
     ] = False,
+    grace_hours: Annotated[
+        float,
+        typer.Option(
+            "--grace-hours",
+            min=0.0,
+            help="A store in a bucket: delete objects no manifest names (what the prune replaced, uploads of "
+            "killed writers) once older than this.",
+        ),
+    ] = 24.0,
 ) -> None:
     """Drop the keys (results and hidden states) that no recent run used; crash-safe.
 
     Given both options, a key is kept only when both keep it: used by one of the last N
     completed runs (or a run since) and by a run started in the last DAYS. A prune that would
     drop every key is refused (exit 2) unless --force.
-
-    \b
-    Examples:
-      clef checkpoint prune out.parquet.ckpt --keep-runs 7 --dry-run
-      clef checkpoint prune out.parquet.ckpt --keep-runs 7
-      clef checkpoint prune out.parquet.ckpt --older-than 30
-      clef checkpoint prune out.parquet.ckpt --keep-runs 14 --older-than 30
     """
-    from clef_cli.store.prune import prune
+    from clef_cli.store.location import store_location
+    from clef_cli.store.opening import prune_store
 
-    report = prune(directory, keep_runs, older_than, force=force, dry_run=dry_run)
+    location = store_location(directory, option="checkpoint")
+    report = prune_store(location, keep_runs, older_than, force=force, dry_run=dry_run, grace_hours=grace_hours)
     stdout.print(prune_summary(report), markup=False)
+    if location.remote:
+        verb = "would delete" if report.dry_run else "deleted"
+        stdout.print(f"{verb} {plural(report.objects_deleted, 'object')} no manifest names", markup=False)
     if report.dry_run and report.drops_every_key:
         then = "--force drops them all" if force else "this prune is refused unless --force"
         stdout.print(f"that is every key: without --dry-run, {then}", markup=False)

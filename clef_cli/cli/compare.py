@@ -40,12 +40,6 @@ def command(
     """Per question: answer distributions, PSI, Jensen–Shannon divergence, mean confidence and
     flipped records between two runs, joined on `record_key` when both files have it, else `id`
     (a prompt held under several ids counts once).
-
-    \b
-    Examples:
-      clef compare yesterday.parquet today.parquet
-      clef compare yesterday.parquet today.parquet --json drift.json --report drift.html
-      clef compare yesterday.parquet today.parquet --fail-above-psi 0.2 || echo "labels drifted"
     """
     from clef_cli.cli.quality import tables_console
     from clef_cli.quality.compare.drift import compare, drift_failure, no_shared_records

@@ -27,6 +27,7 @@ from typer.core import TyperGroup
 from clef_cli.cli.console import stderr
 from clef_cli.cli.stopping import STOPS
 from clef_cli.errors import ClefError, UsageError
+from clef_cli.locations.uris import masked
 
 EXIT_OK, EXIT_FATAL, EXIT_USAGE, EXIT_RECORDS_FAILED, EXIT_GATE_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 EXIT_DRIFT = 5
@@ -48,7 +49,7 @@ def exit_for(error: BaseException, verbose: bool) -> int:
         if isinstance(error, kind):
             if show_traceback and verbose:
                 traceback.print_exception(type(error), error, error.__traceback__)
-            text = message.format(error=error, kind=type(error).__name__)
+            text = masked(message.format(error=error, kind=type(error).__name__))  # no credential is ever shown
             if show_traceback and not verbose and kind is Exception:
                 text += " (run `clef -v ...` for the traceback)"
             stderr.print(text, markup=False)

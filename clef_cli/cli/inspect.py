@@ -12,19 +12,25 @@ from rich.text import Text
 
 from clef_cli.choices import OverflowPolicy, SpecialTokens
 from clef_cli.cli.console import stdout
+from clef_cli.cli.media_options import with_media_limits
 from clef_cli.cli.options import (
+    ColumnsOption,
     MaxLengthOption,
     ModelOption,
     OverflowOption,
     QuestionsOption,
     RevisionOption,
     SpecialTokensOption,
+    StateColumnsOption,
     StructNullsOption,
-    with_media_limits,
 )
+from clef_cli.cli.score_options import MaxRecordBytesOption
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import ClefError, RecordError, UsageError
+from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.inputs.record_size import ReadLimits
+from clef_cli.sizes import parse_size
 
 QUESTION_STYLES = ("bold magenta", "bold cyan", "bold yellow", "bold blue")
 SPECIAL_TOKEN_MODES = {"text": "read as text", "parse": "read as control tokens"}
@@ -33,29 +39,30 @@ OPTION_STYLES = ("black on green", "black on bright_yellow", "black on bright_cy
 
 def inspect_spans(
     record_file: Annotated[
-        str, typer.Argument(help="A JSONL, JSON or Parquet file of records (a local path or a URI).")
+        str,
+        typer.Argument(
+            help="A file of records as `clef score` reads one (JSONL, JSON, Parquet, CSV or TSV, a folder of "
+            "parts, a glob): a local path or a URI."
+        ),
     ],
     model: ModelOption = "Cloudflare/clef-omni",
     revision: RevisionOption = None,
     index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
     record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
     max_length: MaxLengthOption = None,
+    max_record_bytes: MaxRecordBytesOption = "64M",  # type: ignore[assignment]  # parsed by `size`
     on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
     special_tokens: SpecialTokensOption = SpecialTokens.text,
     questions: QuestionsOption = None,
+    columns: ColumnsOption = None,
+    state_columns: StateColumnsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
     limits: MediaLimits | None = None,  # replaced by the five media-limit options (with_media_limits)
 ) -> None:
     """Show how one record is encoded: the prompt with question and option spans highlighted,
     a table of every span and the token totals. Loads only the tokenizer and processor files,
     never the weights.
-
-    \b
-    Examples:
-      clef inspect-spans sample_data/records.jsonl --index 0
-      clef inspect-spans sample_data/records.jsonl --id ticket-002 --json
-      clef inspect-spans sample_data/posts.jsonl --questions sample_data/questions.json --max-length 512
     """
     from clef_cli.encoding.prompt import PromptEncoder
     from clef_cli.encoding.spans import span_report
@@ -66,8 +73,16 @@ def inspect_spans(
 
     if index is not None and record_id is not None:
         raise UsageError("give --index or --id, not both")
+    from clef_cli.inputs.columns import parse_columns
+    from clef_cli.inputs.table_shape import check_columns
+
     schema = load_questions_file(questions) if questions else None
-    record = select_record(record_file, schema, index, record_id, struct_nulls)
+    mapping = parse_columns(columns, state_columns)
+    if mapping is not None:
+        check_columns(mapping, [record_file])  # a column the input lacks: refused as `clef score` refuses it
+    record_bytes = parse_size(max_record_bytes) if isinstance(max_record_bytes, str) else max_record_bytes
+    read_limits = ReadLimits(record_bytes, (limits or MediaLimits()).max_file_bytes)
+    record = select_record(record_file, schema, index, record_id, struct_nulls, mapping, read_limits)
     if isinstance(record, InvalidRecord):
         raise ClefError(record.error)
     release = resolve_release(model, revision=revision, with_weights=False, require_head=False)
@@ -87,11 +102,22 @@ def inspect_spans(
         print_span_view(encoded, processor.tokenizer, report)
 
 
-def select_record(path: str, schema: Any, index: int | None, record_id: str | None, struct_nulls: StructNulls) -> Any:
+def select_record(
+    path: str,
+    schema: Any,
+    index: int | None,
+    record_id: str | None,
+    struct_nulls: StructNulls,
+    columns: ColumnMapping | None = None,
+    limits: ReadLimits | None = None,
+) -> Any:
+    """The record `clef score` would read at that position or with that id (under the same
+    mapping and size limits)."""
     from clef_cli.inputs.readers import read_records
 
     wanted_index = 0 if index is None and record_id is None else index
-    for record in read_records([path], questions=schema, struct_nulls=struct_nulls):
+    records = read_records([path], questions=schema, struct_nulls=struct_nulls, columns=columns, limits=limits)
+    for record in records:
         if record_id is not None and record.id == record_id:
             return record
         if wanted_index is not None and record.index == wanted_index:

@@ -101,7 +101,7 @@ class TrainHeadProgress:
         self._bar.stop()
 
 
-def print_summary(summary: Any) -> None:
+def print_summary(summary: Any, layout: str = "wide") -> None:
     if summary.interrupted:  # a request as the output was already in place says so
         written = f" after writing {summary.output} ({plural(summary.records, 'record')})" if summary.records else ""
         stderr.print(
@@ -124,7 +124,7 @@ def print_summary(summary: Any) -> None:
     advice = summary.stats.advice() if summary.rehead_states_computed is None else None
     if advice:
         stderr.print(advice, markup=False)
-    print_failures(summary)
+    print_failures(summary, layout)
 
 
 def score_line(summary: Any, rate: float) -> str:
@@ -156,18 +156,21 @@ def rehead_line(summary: Any, rate: float) -> str:
     )
 
 
-def print_failures(summary: Any) -> None:
-    """Why records failed: counts by error kind, the first few errors, where the rest are."""
+def print_failures(summary: Any, layout: str = "wide") -> None:
+    """Why records failed: counts by error kind, the first few errors, where the rest are (the
+    flat layout has an `error` column and no `error_kind`)."""
     if not summary.failed:
         return
     kinds = ", ".join(f"{count} {kind}" for kind, count in summary.failed_by_kind.items())
+    kind_column = "" if layout == "flat" else " (`error_kind` its kind)"
     stderr.print(
-        f"failed by kind: {kinds}; every failed row's `error` column says why (`error_kind` its kind) "
+        f"failed by kind: {kinds}; every failed row's `error` column says why{kind_column} "
         f"in {summary.output}; the first {len(summary.first_errors)}:",
         markup=False,
     )
     for record_id, error in summary.first_errors:
-        stderr.print(f"  {error}" if repr(record_id) in error else f"  {record_id}: {error}", markup=False)
+        shown = record_id is None or repr(record_id) in error  # the error names its record
+        stderr.print(f"  {error}" if shown else f"  {record_id}: {error}", markup=False)
 
 
 def print_dry_run(report: Any, settings: Any) -> None:

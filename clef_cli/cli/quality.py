@@ -103,13 +103,7 @@ def evaluate(
     ] = None,
     form: FormatOption = TableFormat.table,
 ) -> None:
-    """Accuracy, calibration and an accept-without-review threshold per question, against gold labels.
-
-    \b
-    Examples:
-      clef eval out.parquet --gold sample_data/posts_gold.jsonl
-      clef eval out.parquet --gold gold.csv --json metrics.json --report report.html --target-accuracy 0.9
-    """
+    """Accuracy, calibration and an accept-without-review threshold per question, against gold labels."""
     from clef_cli.quality.calibrate.job import read_calibration
     from clef_cli.quality.evaluate.job import run_eval
     from clef_cli.quality.evaluate.tables import print_eval, print_problems
@@ -159,12 +153,6 @@ def calibrate(
 ) -> None:
     """Fit temperature scaling (p = softmax(logit / T)) to gold labels; apply it with
     `clef score --calibration` or `clef eval --calibration`.
-
-    \b
-    Examples:
-      clef calibrate out.parquet --gold sample_data/posts_gold.jsonl -o cal.json
-      clef score sample_data/posts.jsonl --questions sample_data/questions.json -o c.parquet \\
-        --checkpoint out.parquet.ckpt --calibration cal.json
     """
     from clef_cli.quality.calibrate import tables
     from clef_cli.quality.calibrate.job import run_calibrate
@@ -187,10 +175,17 @@ def calibrate(
     write_json(output, run.calibration.as_json())
 
 
+TrainCheckpointArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Checkpoint of a `clef score` job, a folder or a store in a bucket (s3://bucket/store/); the states it "
+        "lacks need --records."
+    ),
+]
+
+
 def train_head(
-    checkpoint: Annotated[
-        Path, typer.Argument(help="Checkpoint of a `clef score` job (the states it lacks need --records).")
-    ],
+    checkpoint: TrainCheckpointArgument,
     gold: TrainGoldOption,
     output: Annotated[
         Path,
@@ -250,14 +245,6 @@ def train_head(
     bootstrap 95% interval of the difference below zero, and no question is significantly worse;
     otherwise the numbers are printed and the exit code is 4 (--force writes anyway). A linear
     probe on the same folds shows what the states hold.
-
-    \b
-    Examples:
-      clef score records.jsonl -o out.parquet
-      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --scored out.parquet
-      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --epochs 50 --lr 5e-4 --folds 10
-      clef train-head out.parquet.ckpt --gold gold.jsonl -o my-head --records records.jsonl
-      clef score records.jsonl -o out2.parquet --checkpoint out.parquet.ckpt --rehead my-head
     """
     from clef_cli.quality.train.fit import FitSettings
     from clef_cli.quality.train.job import GateRefused, TrainHeadSettings

@@ -4,12 +4,13 @@ Label Studio, Argilla or a spreadsheet. Reads Parquet only; never imports torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from clef_cli.cli.console import stderr
 from clef_cli.cli.options import ReviewFormat, ReviewOrder, ScoredArgument, writable_file, writable_file_or_stdout
+from clef_cli.errors import UsageError
 from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
 
@@ -64,41 +65,62 @@ def command(
             "for several inputs.",
         ),
     ] = None,
-    media_root: Annotated[
-        Path,
+    document_root: Annotated[
+        Path | None,
         typer.Option(
-            "--media-root",
-            help="Media URLs are paths relative to this folder (Label Studio's "
-            "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT).",
+            "--document-root",
+            help="The folder local media URLs are relative to: Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT "
+            "(default: /).",
+            show_default=False,
         ),
-    ] = Path("/"),
-    media_url_prefix: Annotated[
-        str, typer.Option("--media-url-prefix", help="Prefix of media URLs (Label Studio local files by default).")
-    ] = "/data/local-files/?d=",
+    ] = None,
+    url_prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--url-prefix",
+            help="What a local media URL starts with, before its path under --document-root (default: Label "
+            "Studio's local files, /data/local-files/?d=).",
+            show_default=False,
+        ),
+    ] = None,
+    old_media_root: Annotated[
+        Path | None, typer.Option("--media-root", hidden=True, help="The old name of --document-root.")
+    ] = None,
+    old_media_url_prefix: Annotated[
+        str | None, typer.Option("--media-url-prefix", hidden=True, help="The old name of --url-prefix.")
+    ] = None,
     config_out: Annotated[
         Path | None,
         typer.Option("--config-out", callback=writable_file, help="Write the Label Studio labeling config (XML) here."),
     ] = None,
 ) -> None:
-    """Write the records people should review first, with clef's answers as predictions.
-
-    \b
-    Examples:
-      clef review out.parquet -o tasks.json --limit 200 --config-out label_config.xml
-      clef review out.parquet -o review.json --format argilla --questions category --order margin
-      clef review out.parquet -o review.csv --format csv --exclude reviewed_export.json
-      clef review out.parquet -o tasks.json --records part1.jsonl --records part2.jsonl
-    """
+    """Write the records people should review first, with clef's answers as predictions."""
+    from clef_cli.quality.review.content import LOCAL_FILES_PREFIX
     from clef_cli.quality.review.job import ReviewSettings, run_review
+
+    document_root = renamed(document_root, old_media_root, "--document-root", "--media-root") or Path("/")
+    url_prefix = renamed(url_prefix, old_media_url_prefix, "--url-prefix", "--media-url-prefix") or LOCAL_FILES_PREFIX
 
     settings = ReviewSettings(
         scored=scored, output=output, format=format.value if format else None, limit=limit, order=order.value,
         exclude=exclude,
         questions=[q.strip() for q in questions.split(",") if q.strip()] if questions else None,
-        gold_format=gold_format.value, seed=seed, records=records, media_root=media_root,
-        media_url_prefix=media_url_prefix, config_out=config_out,
+        gold_format=gold_format.value, seed=seed, records=records, media_root=document_root,
+        media_url_prefix=url_prefix, config_out=config_out,
     )  # fmt: skip
     result = run_review(settings)
     for note in result.notes:
         stderr.print(f"note: {note}", markup=False)
     stderr.print(f"wrote {output}: {result.records:,} of {plural(result.candidates, 'record')}", markup=False)
+
+
+def renamed(value: Any, old: Any, name: str, old_name: str) -> Any:
+    """An option given by its old name still works, with a warning naming the new one (`clef
+    review --media-root` named a folder URLs are made from, where `clef score --media-root` is a
+    fence); both names at once are refused."""
+    if old is None:
+        return value
+    if value is not None:
+        raise UsageError(f"{old_name} is the old name of {name}: give {name} only")
+    stderr.print(f"warning: {old_name} is now {name}; the old name will go", markup=False)
+    return old

@@ -22,7 +22,9 @@ from clef_cli.choices import (
 )
 from clef_cli.cli.console import stderr
 from clef_cli.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RECORDS_FAILED
+from clef_cli.cli.media_options import with_media_limits
 from clef_cli.cli.options import (
+    ColumnsOption,
     DeviceOption,
     Dtype,
     MaxLengthOption,
@@ -31,17 +33,16 @@ from clef_cli.cli.options import (
     QuestionsOption,
     RevisionOption,
     SpecialTokensOption,
+    StateColumnsOption,
     StructNullsOption,
-    with_media_limits,
 )
 from clef_cli.cli.progress import RichProgress, print_dry_run, print_summary
 from clef_cli.cli.score_options import (
     RAY_ONLY,
     VLLM_ONLY,
+    AllowEmptyOption,
     BlockRecordsOption,
     CalibrationOption,
-    CheckpointOption,
-    ColumnsOption,
     CpuKvCacheOption,
     CpusPerWorkerOption,
     DryRunOption,
@@ -60,6 +61,7 @@ from clef_cli.cli.score_options import (
     MaxBatchSizeOption,
     MaxBatchTokensOption,
     MaxModelLenOption,
+    MaxRecordBytesOption,
     OutputOption,
     RayActorsOption,
     RayAddressOption,
@@ -69,7 +71,6 @@ from clef_cli.cli.score_options import (
     ScoreDtypeOption,
     ScoreQuietOption,
     StallTimeoutOption,
-    StateColumnsOption,
     StatsJsonOption,
     TensorParallelSizeOption,
     VerifyMediaOption,
@@ -79,6 +80,7 @@ from clef_cli.cli.score_options import (
     score_settings,
 )
 from clef_cli.cli.stopping import STOPS
+from clef_cli.cli.store_options import CacheDirOption, CheckpointOption, ConfirmRestartOption, SyncEveryOption
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError
@@ -125,6 +127,7 @@ def score(
     columns: ColumnsOption = None,
     state_columns: StateColumnsOption = None,
     max_length: MaxLengthOption = None,
+    max_record_bytes: MaxRecordBytesOption = "64M",  # type: ignore[assignment]  # parsed by `size`
     on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
     special_tokens: SpecialTokensOption = SpecialTokens.text,
@@ -135,14 +138,18 @@ def score(
     layout: LayoutOption = Layout.wide,
     keep_columns: KeepColumnsOption = None,
     limit: LimitOption = None,
+    allow_empty: AllowEmptyOption = False,
     workers: WorkersOption = None,
     window: WindowOption = 8192,
     checkpoint: CheckpointOption = None,
+    cache_dir: CacheDirOption = None,
+    sync_every: SyncEveryOption = 30.0,
     hidden_states: HiddenStatesOption = HiddenStates.keep,
     keep_below: KeepBelowOption = 0.6,
     keep_sample: KeepSampleOption = 0.02,
     hidden_dtype: HiddenDtypeOption = HiddenDtype.bfloat16,
     restart: RestartOption = False,
+    confirm_restart: ConfirmRestartOption = False,
     verify_media: VerifyMediaOption = False,
     rehead: ReheadOption = None,
     calibration: CalibrationOption = None,
@@ -167,15 +174,6 @@ def score(
     """Score records into Parquet: one row per input record, in input order, with a probability
     for every option of every question. Prompts already in the checkpoint (a store keyed by
     prompt: an interrupted run, last night's table) are not run again.
-
-    \b
-    Examples:
-      clef score sample_data/records.jsonl -o out.parquet
-      clef score sample_data/posts.jsonl --questions sample_data/questions.json -o posts.parquet --device cpu
-      clef score records.jsonl -o out.parquet --engine vllm --max-model-len 32768
-      clef score records.jsonl -o out.parquet --hidden-states selective --keep-below 0.7
-      clef score records.jsonl -o out.parquet --media-root /data/media
-      clef score s3://bucket/records/ -o out.parquet --ray --ray-address ray://head-node:10001 --ray-actors 16
     """
     refuse_impossible(ctx, ray, rehead, engine)
     settings = score_settings(ctx.params, limits)
@@ -187,7 +185,7 @@ def score(
     summary = run_engine(settings, ctx.params, progress, quiet=quiet or not stderr.is_terminal)
     if stats_json is not None:  # first: a reader that stops reading the summary must not cost the file
         summary.final_stats().write_json(stats_json)
-    print_summary(summary)
+    print_summary(summary, settings.layout)
     if summary.interrupted or STOPS.requested():  # a request as the job ended counts too
         raise typer.Exit(EXIT_INTERRUPTED)
     raise typer.Exit(EXIT_RECORDS_FAILED if summary.failed else EXIT_OK)

@@ -18,12 +18,15 @@ from clef_cli.cli.options import (
     PANEL_RAY,
     PANEL_STORE,
     Dtype,
+    size,
     writable_file_or_stdout,
     writable_location,
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
+from clef_cli.locations.uris import is_object_uri, object_uri
 from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
+from clef_cli.sizes import parse_size
 from clef_cli.store.remote_output import staged_output
 
 # What to read and write
@@ -63,25 +66,17 @@ KeepColumnsOption = Annotated[
         "--keep-columns", rich_help_panel=PANEL_OUTPUT, help="Input columns to pass through, comma-separated."
     ),
 ]
-ColumnsOption = Annotated[
-    str | None,
-    typer.Option(
-        "--columns",
-        rich_help_panel=PANEL_INPUTS,
-        help="FIELD=COLUMN[,...]: the input columns (Parquet columns, JSONL keys) the record fields "
-        "id, state, questions, images, audio, videos come from.",
-    ),
-]
-StateColumnsOption = Annotated[
-    str | None,
-    typer.Option(
-        "--state-columns",
-        rich_help_panel=PANEL_INPUTS,
-        help="COL[,...]: the state is a JSON object of these input columns, keyed by column name.",
-    ),
-]
 LimitOption = Annotated[
     int | None, typer.Option("--limit", min=1, rich_help_panel=PANEL_INPUTS, help="Score only the first N records.")
+]
+AllowEmptyOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-empty",
+        rich_help_panel=PANEL_INPUTS,
+        help="Inputs with no record write an output of 0 rows (replacing the last one); without it they are "
+        "refused (exit 2) and nothing is written, so a failed export never wipes yesterday's table.",
+    ),
 ]
 CalibrationOption = Annotated[
     Path | None,
@@ -144,16 +139,7 @@ ScoreQuietOption = Annotated[
     typer.Option("--quiet", "-q", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
 ]
 
-# The checkpoint
-CheckpointOption = Annotated[
-    str | None,  # as given: a Path would fold `s3://b/ck` into the local `s3:/b/ck` (settings refuses a URI)
-    typer.Option(
-        "--checkpoint",
-        metavar="DIR",
-        rich_help_panel=PANEL_STORE,
-        help="Checkpoint folder, a store of results by prompt any run may share (default: OUTPUT.ckpt).",
-    ),
-]
+# The checkpoint (where it lives: cli/store_options.py)
 HiddenStatesOption = Annotated[
     HiddenStates,
     typer.Option(
@@ -197,8 +183,9 @@ VerifyMediaOption = Annotated[
     typer.Option(
         "--verify-media",
         rich_help_panel=PANEL_STORE,
-        help="Hash every local media file again to key it, instead of trusting the checkpoint's stat cache of "
-        "unchanged files (device, inode, size, mtime, ctime).",
+        help="Hash every media file and object again to key it (objects are downloaded again), instead of "
+        "trusting the checkpoint's cache of unchanged ones (a file's device, inode, size, mtime and ctime; an "
+        "object's size and last-modified).",
     ),
 ]
 ReheadOption = Annotated[
@@ -325,6 +312,18 @@ EnforceEagerOption = Annotated[
 ]
 VLLM_ONLY = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "cpu_kv_cache_gib", "enforce_eager")
 
+MaxRecordBytesOption = Annotated[
+    int,
+    typer.Option(
+        "--max-record-bytes",
+        parser=size,
+        metavar="SIZE",
+        rich_help_panel=PANEL_INPUTS,
+        help="Largest record read (bytes, or with K/M/G suffix): a bigger JSONL line, table cell or state is "
+        "that record's error, read past without being held (so a .gz that inflates far costs nothing); a CSV "
+        "row longer than this cannot be read.",
+    ),
+]
 SELECTIVE_ONLY = ("keep_below", "keep_sample")
 NOT_WITH_REHEAD = ("hidden_states", *SELECTIVE_ONLY)
 """A rehead keeps every state it computes (`on_demand.states_settings`): no keep policy applies."""
@@ -340,11 +339,16 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
     same = ("inputs", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
     same += ("max_batch_tokens",)
     same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
-    same += ("verify_media",)
+    same += ("verify_media", "cache_dir", "sync_every", "confirm_restart", "allow_empty", "max_record_bytes")
     output, upload = options["output"], None
     if isinstance(output, str):  # an object URI (`writable_location`)
-        checkpoint = options["checkpoint"]  # the option's text (`ScoreSettings` checks it is a local folder)
-        output, upload = staged_output(output, Path(checkpoint) if checkpoint else None), output
+        checkpoint = options["checkpoint"]  # the option's text (`ScoreSettings` checks what it names)
+        if checkpoint and is_object_uri(checkpoint):  # staged in the bucket store's cache (`ScoreSettings`)
+            output, upload = Path(object_uri(output, "-o").rsplit("/", 1)[1]), output
+        else:
+            output, upload = staged_output(output, Path(checkpoint) if checkpoint else None), output
+    if isinstance(options["max_record_bytes"], str):  # the default as written in the signature
+        options["max_record_bytes"] = parse_size(options["max_record_bytes"])
     return ScoreSettings(
         **{name: options[name] for name in same},
         output=output,

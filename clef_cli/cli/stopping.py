@@ -12,11 +12,20 @@ A second request ends the process at once with 130 (`os._exit`): no exception is
 whatever the main thread was doing (a rich live refresh, a torch call), and no interpreter
 shutdown runs while other threads are still inside C++ (which is how `terminate called without
 an active exception` / `Aborted` came about). Everything committed before it stays committed:
-the checkpoint store survives a kill at any instant, and the next run continues from it.
+the checkpoint store survives a kill at any instant, and the next run continues from it. The
+job's lock files go with it (`locks.abandon_held`); what else such an exit leaves is in
+docs/scoring.md ("Stopping a job").
+
+The console script ends the same way after its command (`exit_when_done`): Python's own shutdown
+gives SIGINT back to its default action once the exit functions have run (`_PySignal_Fini`), so
+a request during the teardown that follows (torch's, a second or more) killed the process by
+SIGINT instead of exiting 130. The last exit function ends the process with the command's exit
+status instead, after every other exit function ran and the streams were flushed.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -27,6 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from clef_cli.cli.console import stderr
+from clef_cli.store.locks import abandon_held
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 EXIT_INTERRUPTED = 130
@@ -51,12 +61,28 @@ class StopRequests:
         inside the console) nor start a thread (it may hold threading's own lock); a SimpleQueue
         is safe to put to from a signal handler."""
         self._noting: threading.Thread | None = None
+        self.status = 0
+        """The console script's exit status, once its command has ended (`exit_when_done`)."""
 
     def install_for_process(self) -> None:
         """The console script's: the handler for the process's whole life, so a request before
-        or after the command (its parsing, the interpreter's shutdown) ends it 130 at once too."""
+        or after the command (its parsing, the interpreter's shutdown) ends it 130 at once too.
+        Call it first: its exit function must be the last to run (see the module's note)."""
         self._install()
         self._for_process = True
+        atexit.register(self._exit_when_done)
+
+    def exit_when_done(self, status: object) -> None:
+        """The command ended with `status` (its `SystemExit` code): the process ends with it."""
+        self.status = 0 if status is None else status if isinstance(status, int) else 1
+
+    def _exit_when_done(self) -> None:
+        """The last exit function: the streams flushed, the process ends with the command's status
+        before the interpreter's teardown, where a signal would have its default action."""
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(self.status)
 
     @contextlib.contextmanager
     def command(self) -> Iterator[None]:
@@ -127,6 +153,8 @@ def stop_now() -> None:
             stream.flush()
     with contextlib.suppress(OSError):
         os.write(2, text.encode())
+    with contextlib.suppress(Exception):
+        abandon_held()
     os._exit(EXIT_INTERRUPTED)
 
 

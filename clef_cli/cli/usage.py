@@ -1,11 +1,17 @@
 """The command classes of `clef`: usage lines name arguments as `SCORED`, the convention of man
-pages and of the README, where Typer writes `{scored}`; a long command lists its options in
-sections (`PanelledCommand`)."""
+pages and of the README, where Typer writes `{scored}`; a value outside a fixed choice is
+answered with the allowed values in clef's words (`--layout flatt`: "'flatt' is not one of
+wide, long or flat"), not a validation library's; a long command lists its options in sections
+(`PanelledCommand`)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
+import typer
 from typer.core import TyperCommand
 
 from clef_cli.cli.options import PANELS
@@ -25,6 +31,9 @@ class ClefCommand(TyperCommand):
         for param in self.params:
             if param.param_type_name == "argument" and param.metavar is None and param.name:
                 param.metavar = param.name.upper()
+            allowed = choices_of(param)
+            if allowed:
+                param.process_value = _in_own_words(param, param.process_value, allowed)  # type: ignore[method-assign]
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -36,6 +45,32 @@ class ClefCommand(TyperCommand):
             name = name if param.required else f"[{name}]"
             pieces.append(name + ("..." if param.nargs != 1 else ""))
         return pieces
+
+
+def choices_of(param: Any) -> tuple[str, ...]:
+    """The allowed values of an option of a fixed choice (an `Enum`), as typed; () for others.
+    Typer keeps them in its type descriptor (0.16 on) or a click `Choice` (before)."""
+    descriptor = getattr(param, "type_descriptor", None)
+    found = getattr(descriptor, "choices", None) if getattr(descriptor, "is_choice", False) else None
+    found = found or getattr(getattr(param, "type", None), "choices", None)
+    return tuple(str(choice.value if isinstance(choice, Enum) else choice) for choice in found or ())
+
+
+def _in_own_words(param: Any, process_value: Callable[..., Any], allowed: tuple[str, ...]) -> Callable[..., Any]:
+    """`process_value` that answers a value outside the choice in clef's words (exit 2, click's usage lines)."""
+    settings = getattr(getattr(param, "type_descriptor", None), "parameter_info", None) or getattr(param, "type", None)
+    folded = getattr(settings, "case_sensitive", True) is False
+
+    @functools.wraps(process_value)
+    def checked(ctx: Any, value: Any) -> Any:
+        if isinstance(value, str) and not isinstance(value, Enum):
+            known = {choice.casefold() for choice in allowed} if folded else set(allowed)
+            if (value.casefold() if folded else value) not in known:
+                listed = f"{', '.join(allowed[:-1])} or {allowed[-1]}" if len(allowed) > 1 else allowed[0]
+                raise typer.BadParameter(f"{value!r} is not one of {listed}", ctx=ctx, param=param)
+        return process_value(ctx, value)
+
+    return checked
 
 
 class PanelledCommand(ClefCommand):

@@ -9,17 +9,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
-from clef_cli.inputs.media_cells import SAMPLE_RATE, InlineBytes, InlineSamples
+from clef_cli.inputs.media_cells import SAMPLE_RATE, InlineBytes, InlineSamples, RefusedInline
 
 if TYPE_CHECKING:
     from typing import BinaryIO
 
 
-def open_inline(entry: InlineBytes | InlineSamples, limits: MediaLimits) -> io.BytesIO | InlineSamples:
+def open_inline(
+    entry: InlineBytes | InlineSamples | RefusedInline, limits: MediaLimits
+) -> io.BytesIO | InlineSamples:
     """A cell's bytes as a file's would be read (--max-file-bytes against the cell's length; a
-    BytesIO over the record's own bytes object, not a copy), or its samples as they are."""
+    BytesIO over the record's own bytes object, not a copy), or its samples as they are; a cell
+    refused unread (too large to hold) is the media error it was refused with."""
     if isinstance(entry, InlineSamples):
         return entry
+    if isinstance(entry, RefusedInline):
+        raise MediaError(entry.reason)
     if len(entry.data) > limits.max_file_bytes:
         raise MediaError(f"inline media is {len(entry.data)} bytes, over the limit of {limits.max_file_bytes}")
     return io.BytesIO(entry.data)

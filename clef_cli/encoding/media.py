@@ -5,7 +5,7 @@ Images: Pillow, RGB. Audio: the first audio stream through PyAV's resampler to 1
 first video stream at 2 fps, frames capped at 262144 pixels with even sides, an even frame count,
 plus the soundtrack when there is one.
 
-Where the bytes come from (`open_source`): a local path (fenced by `media_root` under
+Where the bytes come from (`open_source`): a local path (fenced by `locations/fence` under
 --media-root), a data: URL, an http(s) URL through the one checked fetcher (`remote_fetch`), or
 an object in a store (`remote_objects`, confined to the input's folder and --media-root URIs),
 the remote ones read from the job's copy (`remote_spool`) when it has one; or the record itself,
@@ -35,8 +35,8 @@ from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_objects import object_bytes
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.media_cells import InlineSamples, MediaEntry
-from clef_cli.inputs.sources import MediaBase, names_object
-from clef_cli.locations.fence import open_confined
+from clef_cli.locations.fence import MediaBase, open_confined, place
+from clef_cli.locations.uris import LocationProblem, shown
 
 AUDIO_SAMPLE_RATE = 16000
 VIDEO_FPS = 2.0
@@ -68,36 +68,51 @@ root, or pre-decoded audio samples (only `decode_audio` takes those)."""
 def open_source(entry: MediaEntry, base_dir: MediaBase, limits: MediaLimits, field: str | None = None) -> Source:
     """A local path (checked; an open file under --media-root) or the bytes of a data: / http(s)
     URL, of an object in a store (`remote_objects`) or of the record's own cell, within the byte
-    limit. The caller closes it (`close_source`)."""
+    limit, once the one fence (`fence.place`) allowed the entry. The caller closes it
+    (`close_source`)."""
     if not isinstance(entry, str):
         return open_inline(entry, limits)
-    if entry.startswith("data:"):
+    try:
+        where = place(entry, base_dir, limits.roots)
+    except LocationProblem as problem:
+        raise MediaError(str(problem), transient=problem.transient) from None
+    if where.kind == "data":
         _check_data_url_type(entry, field)
         return io.BytesIO(_data_url_bytes(entry, limits))
-    if entry.startswith(("http://", "https://")):
+    if where.kind == "url":
         return io.BytesIO(remote_bytes(entry, limits))
-    if names_object(entry, base_dir):
-        return io.BytesIO(object_bytes(entry, base_dir, limits))
-    path = Path(entry)
-    if not path.is_absolute():
-        if base_dir is None:
-            raise MediaError(f"relative media path {entry!r} in a remote input: use absolute paths or data: URLs")
-        path = base_dir / path
+    if where.kind == "object":
+        return io.BytesIO(object_bytes(str(where.location), limits))
+    return _local_file(Path(where.location), where.shown, limits)
+
+
+def _local_file(path: Path, name: str, limits: MediaLimits) -> Source:
+    """A local file the fence allowed: opened inside --media-root when there are local roots,
+    else its path once checked; messages name it as the record wrote it (`name`)."""
     if limits.media_roots:
-        return open_confined(path, limits.media_roots, limits.max_file_bytes)
+        try:
+            return open_confined(path, limits.media_roots, limits.max_file_bytes, name)
+        except LocationProblem as problem:
+            raise MediaError(str(problem)) from None
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise MediaError(f"file not found: {path}") from None
+        raise MediaError(f"file not found: {name}") from None
     except OSError as error:  # a symlink loop, a path too long, no permission
-        raise MediaError(f"cannot read {path}: {error.strerror}") from None
-    except ValueError as error:  # a NUL byte, or text with no file-system form
-        raise MediaError(f"not a usable path ({error}): {entry!r}") from None
+        raise MediaError(f"cannot read {name}: {error.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise MediaError(f"not a regular file: {path}")
+        raise MediaError(f"not a regular file: {name}")
     if info.st_size > limits.max_file_bytes:
-        raise MediaError(f"file is {info.st_size} bytes, over the limit of {limits.max_file_bytes}: {path}")
+        raise MediaError(f"file is {info.st_size} bytes, over the limit of {limits.max_file_bytes}: {name}")
     return str(path)
+
+
+def as_written(error: MediaError, source: Source, entry: MediaEntry) -> MediaError:
+    """`error` naming the medium as the record wrote it: a decoder (PyAV, Pillow) quotes the path
+    it opened, which is the host's, not the record's."""
+    if isinstance(source, str) and isinstance(entry, str) and source in str(error):
+        return MediaError(str(error).replace(source, shown(entry)), transient=error.transient)
+    return error
 
 
 def close_source(source: Source) -> None:

@@ -12,7 +12,9 @@ from typing import Any
 from clef_cli.encoding.public_address import allow_list_problem
 from clef_cli.encoding.remote_fetch import FetchPolicy
 from clef_cli.errors import UsageError
-from clef_cli.locations.object_store import ObjectProblem, is_object_uri, normalized
+from clef_cli.inputs.record_size import MAX_FILE_BYTES
+from clef_cli.locations.fence import Roots
+from clef_cli.locations.uris import LocationProblem, is_object_uri, masked, normalized, option_location
 
 KEY_FIELDS = ("max_image_pixels", "max_audio_seconds", "max_video_seconds", "max_file_bytes", "allow_remote")
 """The fields that shape a prompt, in `as_dict` (every record key hashes them): never add one here
@@ -27,10 +29,11 @@ SECONDS = {
 
 class MediaError(Exception):
     """A media entry that cannot be used; the encoder attaches the record and field. `transient`:
-    it may work next time (a remote fetch that failed), so the result is not stored as final."""
+    it may work next time (a remote fetch that failed), so the result is not stored as final.
+    Credentials in a URI it quotes are masked (`uris.masked`): it becomes an error cell."""
 
     def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(masked(message))
         self.transient = transient
 
 
@@ -41,7 +44,7 @@ class MediaLimits:
     max_image_pixels: int = 40_000_000
     max_audio_seconds: float = 1800.0
     max_video_seconds: float = 300.0
-    max_file_bytes: int = 256 * 1024 * 1024
+    max_file_bytes: int = MAX_FILE_BYTES
     allow_remote: bool = False
     remote_timeout_seconds: float = 30.0
     allowed_media_domains: tuple[str, ...] = ()
@@ -76,6 +79,11 @@ class MediaLimits:
         object.__setattr__(self, "object_roots", _object_roots(self.object_roots))
         object.__setattr__(self, "allowed_media_domains", tuple(domains))
         object.__setattr__(self, "media_roots", tuple(Path(root) for root in roots))
+
+    @property
+    def roots(self) -> Roots:
+        """--media-root, local folders and object folders: the fence's allow-list (`fence.place`)."""
+        return Roots(self.media_roots, self.object_roots)
 
     def as_dict(self) -> dict[str, Any]:
         """The limits that shape a prompt (in the record key's prompt digest). Where media may
@@ -126,6 +134,7 @@ def _check_root(root: Any) -> None:
     where a worker runs, a missing one or a file could not hold any media."""
     if not isinstance(root, (str, Path)) or not str(root).strip():
         raise UsageError(f"--media-root: {str(root)!r} is empty; give a folder, like --media-root /data/media")
+    option_location(root, "--media-root")
     path = Path(root)
     if not path.is_absolute():
         raise UsageError(f"--media-root: '{path}' is not an absolute path; resolve it first (Path.resolve)")
@@ -146,6 +155,6 @@ def _object_roots(roots: Any) -> tuple[str, ...]:
             raise UsageError(f"--media-root: {root!r} is not an object-store URI, like s3://bucket/media/")
         try:
             found.append(normalized(root, folder=True))
-        except ObjectProblem as problem:
+        except LocationProblem as problem:
             raise UsageError(f"--media-root: {problem}") from None
     return tuple(found)

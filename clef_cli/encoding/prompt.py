@@ -19,6 +19,7 @@ from clef_cli.encoding.encoded import EncodedQuestion, EncodedRecord
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.encoding.record_text import SegmentTokenizer
 from clef_cli.encoding.render import render, render_instructions, render_option
+from clef_cli.encoding.text_cut import NoCut
 from clef_cli.errors import ClefError, RecordError, unexpected_error
 from clef_cli.families.base import Family, MediaSegment
 from clef_cli.inputs.records import Question, Record
@@ -81,7 +82,7 @@ class PromptEncoder:
             texts.append(f"\nFIELD {number}\nID: {question.id}\nTYPE: {question.type}\nINSTRUCTION: ")
             texts.append(render_instructions(question))
             texts.extend(render_option(option_id, description) for option_id, description in question.options)
-        variable = iter(self.segments.record(texts))
+        variable = iter(self._schema_segments(texts))
 
         ids = list(self._cached_tokens(SCHEMA_HEADER))
         encoded: list[EncodedQuestion] = []
@@ -110,6 +111,20 @@ class PromptEncoder:
             )
         return ids, encoded
 
+    def _schema_segments(self, texts: list[str]) -> list[list[int]]:
+        """The ids of the schema's record segments; a segment longer than --max-length tokens is
+        cut before it is tokenized (text_cut.py), and the schema then cannot fit."""
+        found = self._leading(texts, self.max_length + 1)
+        if not all(whole for _, whole in found):
+            raise _Overflow(f"schema requires more than {self.max_length} tokens; maximum is {self.max_length}")
+        return [ids for ids, _ in found]
+
+    def _leading(self, texts: list[str], most: int) -> list[tuple[list[int], bool]]:
+        try:
+            return self.segments.leading(texts, most)
+        except NoCut as error:
+            raise _no_place_to_cut(error.limit) from None
+
     # ------------------------------------------------------------------- record
 
     def encode(self, record: Record) -> EncodedRecord:
@@ -135,7 +150,9 @@ class PromptEncoder:
         return replace(planned, media=tensors)
 
     def _assembled(self, record: Record, media: MediaSegment) -> EncodedRecord:
-        state_ids = _guarded(record, "state", lambda: self.segments.record([render(record.state)])[0])
+        # a long state is cut before it is tokenized, to a part holding every token --max-length
+        # can keep (text_cut.py); `whole` says whether its ids are all of the state's
+        state_ids, whole = _guarded(record, "state", lambda: self._state_ids(record))
         schema_ids, questions = _guarded(record, "questions", lambda: self._schema(record.questions))
         start = len(self._prefix) + len(media.input_ids)
         fixed = start + len(schema_ids) + len(self._suffix)
@@ -149,10 +166,11 @@ class PromptEncoder:
         room = self.max_length - fixed
         cut = max(0, len(state_ids) - room)
         if cut and self.overflow is OverflowPolicy.error:
+            size = f"{len(state_ids)} tokens" if whole else f"more than {len(state_ids)} tokens"
             raise RecordError(
                 record.id,
                 "state",
-                f"state is {len(state_ids)} tokens but only {room} fit in max length {self.max_length} "
+                f"state is {size} but only {room} fit in max length {self.max_length} "
                 "(--on-overflow error refuses instead of truncating)",
                 kind="overflow",
             )
@@ -171,6 +189,21 @@ class PromptEncoder:
         )
 
 
+    def _state_ids(self, record: Record) -> tuple[list[int], bool]:
+        return self._leading([render(record.state)], self.max_length)[0]
+
+
+class _Overflow(Exception):
+    """A record text too long to take (the field's `overflow` error, made by `_guarded`)."""
+
+
+def _no_place_to_cut(limit: int) -> _Overflow:
+    return _Overflow(
+        f"no place to cut this text in its first {limit:,} bytes that keeps its first tokens exact (a run "
+        "of spaces, symbols or letters with no word or number boundary in it); refused, not tokenized whole"
+    )
+
+
 def _guarded(record: Record, field: str, step: Callable[[], T]) -> T:
     """One encoding step; an exception no check foresaw becomes this record's error naming the
     field (a last guard: validation in records.py is what should refuse the value). A job's
@@ -180,6 +213,8 @@ def _guarded(record: Record, field: str, step: Callable[[], T]) -> T:
         return step()
     except (RecordError, ClefError):
         raise
+    except _Overflow as error:
+        raise RecordError(record.id, field, str(error), kind="overflow") from None
     except Exception as error:
         raise unexpected_error(record.id, field, error) from error
 

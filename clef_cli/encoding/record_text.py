@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from clef_cli.choices import SpecialTokens
+from clef_cli.encoding.text_cut import WHOLE_CHARS, TextCutter
 from clef_cli.errors import ModelLoadError
 
 
@@ -52,6 +53,7 @@ class SegmentTokenizer:
         self.tokenizer = tokenizer
         self.mode = SpecialTokens(mode)
         self._literal = literal_backend(tokenizer) if self.mode is SpecialTokens.text else None
+        self._cutter: TextCutter | None = None
 
     def template(self, text: str) -> list[int]:
         """The ids of the prompt's own text: its special-token strings are control tokens."""
@@ -65,3 +67,22 @@ class SegmentTokenizer:
         if self._literal is None:
             return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
         return [list(encoding.ids) for encoding in self._literal.encode_batch(texts, add_special_tokens=False)]
+
+    def leading(self, texts: list[str], most: int) -> list[tuple[list[int], bool]]:
+        """(ids, whole) of each text from the record: a text of up to `most` + WHOLE_CHARS
+        characters tokenized whole (in one batched call), a longer one cut first (text_cut.py) to
+        a part whose ids are at least `most` of the whole text's first ones (whole False)."""
+        found: list[tuple[list[int], bool] | None] = [None] * len(texts)
+        short = [number for number, text in enumerate(texts) if len(text) <= most + WHOLE_CHARS]
+        for number, ids in zip(short, self.record([texts[number] for number in short]), strict=True):
+            found[number] = (ids, True)
+        for number, text in enumerate(texts):
+            if found[number] is None:
+                found[number] = self.cutter().leading(text, most, lambda part: self.record([part])[0])
+        return [item for item in found if item is not None]
+
+    def cutter(self) -> TextCutter:
+        """The cutter for this tokenizer, made when a first long text needs it."""
+        if self._cutter is None:
+            self._cutter = TextCutter(getattr(self.tokenizer, "backend_tokenizer", None))
+        return self._cutter

@@ -31,6 +31,7 @@ from clef_cli.encoding.public_address import (
     literal_address,
     spelling_problem,
 )
+from clef_cli.locations.uris import masked
 
 MAX_REDIRECTS = 5
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -42,10 +43,11 @@ PRIVATE_HINT = "pass --allow-private-media-hosts to fetch from a local server"
 
 class FetchError(Exception):
     """A remote medium that was not fetched. `transient`: it may work next time (a network
-    failure); a refusal (an address, a domain, a size) is not, so it is never retried."""
+    failure); a refusal (an address, a domain, a size) is not, so it is never retried. A URL it
+    quotes has its credentials masked (`uris.masked`)."""
 
     def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(masked(message))
         self.transient = transient
 
 

@@ -52,9 +52,18 @@ class RemoteSpool:
     def digest_with(self, name: str, fill: Callable[[BinaryIO], object]) -> str:
         """`digest` for any source: `fill` writes the bytes of `name` (a URL or an object's URI)
         into the handle it is given, or raises a `FetchError`, which is kept as that name's."""
+        return file_sha256(self.filled(name, fill))
+
+    def holds(self, name: str) -> bool:
+        """Whether this job already has `name`'s bytes or its failure (nothing to fetch)."""
+        body, failed = self._paths(name)
+        return body.exists() or failed.exists()
+
+    def filled(self, name: str, fill: Callable[[BinaryIO], object]) -> Path:
+        """The file of `name`'s bytes, written by `fill` if no one has yet (`digest_with`)."""
         body, failed = self._paths(name)
         if body.exists():
-            return file_sha256(body)
+            return body
         self._raise_failure(failed)
         partial = self.folder / f".{body.name}.{uuid.uuid4().hex[:8]}.tmp"
         try:
@@ -71,7 +80,7 @@ class RemoteSpool:
             partial.unlink(missing_ok=True)
             raise
         os.replace(partial, body)
-        return file_sha256(body)
+        return body
 
     def stored(self, url: str) -> bytes | None:
         """The bytes this job fetched for `url` (or its stored `FetchError`); None when the job

@@ -27,11 +27,11 @@ from clef_cli.progress import Progress
 from clef_cli.release import DEFAULT_MODEL
 from clef_cli.settings import ScoreSettings
 from clef_cli.sizes import plural
-from clef_cli.store.checkpoint import SHARDS
 from clef_cli.store.keep_policy import KEEP
-from clef_cli.store.manifest import read_manifest, scored_model, stored_engine
+from clef_cli.store.location import store_location
+from clef_cli.store.manifest import scored_model, stored_engine
+from clef_cli.store.opening import stored_hidden_dtype, stored_manifest
 
-SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 PLACEHOLDER_OUTPUT = "on-demand.parquet"
 """The output a train-head computation names for its locks (never written)."""
 
@@ -61,9 +61,9 @@ def states_settings(settings: ScoreSettings) -> ScoreSettings:
     """The settings of the run that fills the states in: the store's model, engine and dtype (so
     its manifest matches: a vLLM store gets its states from vLLM), states kept, nothing else of
     the caller's run (head, calibration)."""
-    manifest = read_manifest(settings.checkpoint_path) if settings.checkpoint_path.is_dir() else None
+    manifest = stored_manifest(settings.store)
     if manifest is None:
-        raise UsageError(f"no checkpoint at {settings.checkpoint_path} to compute hidden states for")
+        raise UsageError(f"no checkpoint at {settings.store} to compute hidden states for")
     dtype = (manifest.get("settings") or {}).get("dtype")
     return replace(
         settings,
@@ -71,28 +71,11 @@ def states_settings(settings: ScoreSettings) -> ScoreSettings:
         engine=stored_engine(manifest),
         dtype=dtype,
         hidden_states=KEEP,
-        hidden_dtype=stored_hidden_dtype(settings.checkpoint_path) or settings.hidden_dtype,
+        hidden_dtype=stored_hidden_dtype(settings.store) or settings.hidden_dtype,
         rehead=None,
         restart=False,
         calibration=None,
     )
-
-
-def stored_hidden_dtype(checkpoint: Path) -> str | None:
-    """The dtype the store's states are kept in (its first hidden shard's), so that states
-    computed on demand match those stored at scoring time; None when it holds none."""
-    from safetensors import SafetensorError, safe_open
-
-    for path in sorted((checkpoint / SHARDS).glob("*.hidden.safetensors")):
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                names = handle.keys()
-                name = next((key for key in names if key.startswith("hidden.")), None)
-                if name is not None:
-                    return SAFETENSORS_DTYPES.get(handle.get_slice(name).get_dtype())
-        except (SafetensorError, OSError):
-            continue
-    return None
 
 
 def compute_missing_states(
@@ -118,7 +101,7 @@ def compute_missing_states(
             missing = counts.run - counts.unhidden - counts.retried  # a retried key has its stored row
             if missing:
                 raise ClefError(
-                    f"checkpoint {job.checkpoint.path} holds {counts.records - counts.invalid - missing} of "
+                    f"checkpoint {job.checkpoint.where} holds {counts.records - counts.invalid - missing} of "
                     f"{counts.records - counts.invalid} records of this job; finish the job before --rehead"
                 )
         else:
@@ -136,7 +119,7 @@ def compute_missing_states(
 
 
 def gold_states(
-    checkpoint: Path,
+    checkpoint: Path | str,
     records: Sequence[str | Path],
     gold: Path,
     gold_format: str = "auto",
@@ -154,7 +137,7 @@ def gold_states(
     rows, _ = read_gold_rows(gold, gold_format)
     settings = ScoreSettings(
         inputs=list(records),
-        output=checkpoint / PLACEHOLDER_OUTPUT,
+        output=store_location(checkpoint).folder / PLACEHOLDER_OUTPUT,
         model=model,
         questions=questions,
         device=device,

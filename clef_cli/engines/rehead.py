@@ -29,7 +29,8 @@ from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store import durable
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HiddenShardFile, StoredRecord, check_shard, pad_states, read_shard
-from clef_cli.store.manifest import describe_differences, read_manifest, scored_model, stored_engine
+from clef_cli.store.manifest import describe_differences, scored_model, stored_engine
+from clef_cli.store.opening import stored_manifest
 
 REHEAD_BATCH_TOKENS = 65536
 
@@ -57,7 +58,7 @@ def _check_same_backbone(source: Checkpoint, current: dict[str, Any]) -> None:
     }
     differences = describe_differences(keep(source.manifest), keep(current))
     if differences:
-        raise ClefError(f"checkpoint {source.path} was scored with another backbone: " + "; ".join(differences))
+        raise ClefError(f"checkpoint {source.where} was scored with another backbone: " + "; ".join(differences))
 
 
 def _check_complete(job: Job) -> None:
@@ -68,12 +69,12 @@ def _check_complete(job: Job) -> None:
     missing = counts.run - counts.unhidden - counts.retried  # a retried key has its stored (error) row
     if missing:
         raise ClefError(
-            f"checkpoint {source.path} holds {counts.records - counts.invalid - missing} of "
+            f"checkpoint {source.where} holds {counts.records - counts.invalid - missing} of "
             f"{counts.records - counts.invalid} records of this job; finish the job before --rehead"
         )
     if counts.unhidden:
         raise ClefError(
-            f"{counts.unhidden} scored records in {source.path} have no stored hidden states and computing "
+            f"{counts.unhidden} scored records in {source.where} have no stored hidden states and computing "
             "them failed; rerun the job with --hidden-states keep"
         )
 
@@ -104,10 +105,11 @@ def rehead(
     progress = progress or Progress()
     head_dir = Path(settings.rehead)
     check_head_folder(head_dir)
-    path = settings.checkpoint_path
-    manifest = read_manifest(path) if path.is_dir() else None
+    manifest = stored_manifest(settings.store)
     if manifest is None:
-        raise UsageError(f"no checkpoint at {path}; --rehead re-scores a finished job's checkpoint (see --checkpoint)")
+        raise UsageError(
+            f"no checkpoint at {settings.store}; --rehead re-scores a finished job's checkpoint (see --checkpoint)"
+        )
     settings = replace(settings, model=scored_model(manifest, settings.model) or DEFAULT_MODEL)
     settings = replace(settings, engine=stored_engine(manifest))  # the store's own: its states, its metadata
     head = load_joint_head(head_dir)
@@ -145,7 +147,7 @@ def _rehead_job(job: Job, head: JointSchemaHead, head_dir: Path, computed: OnDem
         # the summary's time is the whole command's, the states computed first included
         job.summary.rehead_states_computed = computed.records
         job.started -= computed.seconds
-        described = {"clef.rehead_from": str(source.path), "clef.rehead_states_computed": str(computed.records)}
+        described = {"clef.rehead_from": source.where, "clef.rehead_states_computed": str(computed.records)}
         return job.finish(job.results(target), described, manifest=manifest)
     finally:
         target.close()

@@ -17,6 +17,7 @@ import torch
 from clef_cli.encoding.media import (
     MediaError,
     MediaLimits,
+    as_written,
     close_source,
     decode_image,
     image_size,
@@ -51,6 +52,8 @@ def decode_entries(record: Record, name: str, decoder: Callable[[Any, MediaLimit
             source = open_source(entry, record.base_dir, limits, name)
             try:
                 decoded.append(decoder(source, limits))
+            except MediaError as error:
+                raise as_written(error, source, entry) from None
             finally:
                 close_source(source)
         except MediaError as error:
@@ -98,17 +101,12 @@ def image_ids_from_headers(
     full encodes).
     """
     sizes = decode_entries(record, "images", image_size, limits)
-    image_processor, pad = processor.image_processor, processor.image_token_id
-    size = image_kwargs.get("size")  # the processor's own bounds unless the family sets them
-    bounds = {} if size is None else {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]}
+    pad = processor.image_token_id
     ids = list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
     if ids.count(pad) != len(sizes):
         raise ValueError(f"{ids.count(pad)} image placeholders for {len(sizes)} images")
     try:
-        counts = [
-            image_processor.get_number_of_image_patches(height, width, bounds) // image_processor.merge_size**2
-            for width, height in sizes
-        ]
+        counts = [image_token_count(processor.image_processor, width, height, image_kwargs) for width, height in sizes]
     except ValueError as error:  # the same smart_resize refusal a full encode would meet
         raise RecordError(record.id, "media", f"the processor refused the media: {error}") from None
     expanded: list[int] = []
@@ -116,6 +114,22 @@ def image_ids_from_headers(
     for token in ids:
         expanded.extend([token] * next(repeats) if token == pad else [token])
     return expanded
+
+
+def image_token_count(image_processor: Any, width: int, height: int, image_kwargs: dict[str, Any]) -> int:
+    """The tokens one image of this size expands to: one per merged patch of the image as the
+    processor's `smart_resize` scales it between the size bounds (`image_kwargs["size"]`, else the
+    processor's own). Counted here, not by `get_number_of_image_patches`, because that reads the
+    bounds from `min_pixels`/`max_pixels` up to transformers 5.24 and from `size` from 5.25 on
+    (warning that the old keys go): each spelling is ignored in silence by one of those releases."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    bounds = image_kwargs.get("size") or image_processor.size
+    patch, merge = image_processor.patch_size, image_processor.merge_size
+    resized_height, resized_width = smart_resize(
+        height, width, patch * merge, min_pixels=bounds["shortest_edge"], max_pixels=bounds["longest_edge"]
+    )
+    return (resized_height // patch) * (resized_width // patch) // merge**2
 
 
 def image_tensors(

@@ -23,6 +23,7 @@ from typing import Any
 from clef_cli.errors import RecordError, UsageError
 from clef_cli.inputs.fields import RECORD_FIELDS
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
+from clef_cli.inputs.record_size import OversizeCell
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,10 @@ class ColumnMapping:
         --struct-nulls when they are Parquet struct columns)."""
         return (self.source_of("state"), self.source_of("questions"), *self.state_columns)
 
-    def apply(self, raw: Mapping[str, Any], index: int) -> dict[str, Any]:
+    def apply(self, raw: Mapping[str, Any], record_id: str) -> dict[str, Any]:
         """The row with the record's fields taken from their columns; a field whose column this
-        row does not have is missing (a JSONL line without that key)."""
+        row does not have is missing (a JSONL line without that key). `record_id`: the id its
+        errors name (records.py reads it first, from `source_of("id")`)."""
         row = dict(raw)
         for name, column in self.fields:
             if column in raw:
@@ -78,10 +80,10 @@ class ColumnMapping:
             missing = [column for column in self.state_columns if column not in raw]
             if missing:
                 message = f"no column {missing[0]!r} in this record (--state-columns)"
-                raise RecordError(_row_id(row, index), "state", message)
+                raise RecordError(record_id, "state", message)
             state = {column: raw[column] for column in self.state_columns}
-            ambiguous = [value for value in state.values() if isinstance(value, AmbiguousNulls)]
-            row["state"] = ambiguous[0] if ambiguous else state  # a struct column's nulls: refused as for state
+            refused = [value for value in state.values() if isinstance(value, (AmbiguousNulls, OversizeCell))]
+            row["state"] = refused[0] if refused else state  # a struct column's nulls, a cell too large: as for state
         return row
 
     def as_metadata(self) -> str:
@@ -95,12 +97,6 @@ def mapping_from_metadata(text: str | None) -> ColumnMapping | None:
         return None
     found = json.loads(text)
     return ColumnMapping(tuple(found.get("fields", {}).items()), tuple(found.get("state_columns", ())))
-
-
-def _row_id(row: Mapping[str, Any], index: int) -> str:
-    """The id an error names (records.record_id_of checks it properly later)."""
-    value = row.get("id")
-    return value if isinstance(value, str) and value else str(value if isinstance(value, int) else index)
 
 
 def parse_columns(columns: str | None, state_columns: str | None) -> ColumnMapping | None:

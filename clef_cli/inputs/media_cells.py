@@ -15,12 +15,14 @@ the record's error naming it, never a silent resample.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from clef_cli.errors import RecordError
 from clef_cli.inputs.json_values import kind_of, text_problem
+from clef_cli.inputs.record_size import OversizeCell
 
 SAMPLE_RATE = 16000
 """The rate pre-decoded audio must have: the model's (encoding/media.py resamples files to it)."""
@@ -40,6 +42,11 @@ class InlineBytes:
         """The SHA-256 a file of these bytes is keyed by."""
         return hashlib.sha256(self.data).hexdigest()
 
+    @property
+    def key(self) -> str:
+        """The entry's part of the record key (store/record_key.py): as a file of these bytes."""
+        return "sha256:" + self.digest
+
 
 @dataclass(frozen=True)
 class InlineSamples:
@@ -55,9 +62,28 @@ class InlineSamples:
     def digest(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
+    @property
+    def key(self) -> str:
+        return "samples:" + self.digest
 
-MediaEntry = str | InlineBytes | InlineSamples
-"""One media entry of a record: a location, or the medium itself."""
+
+@dataclass(frozen=True)
+class RefusedInline:
+    """A medium the record carries that was refused unread, too large to hold (its size told by
+    the table's metadata: inputs/parquet_pages.py): no bytes, only why; the record's `media`
+    error when it is encoded, and keyed by why, as a file over the limit is."""
+
+    reason: str
+    data: bytes = field(default=b"", repr=False)
+    """Nothing: what holding it costs (`inline_size`)."""
+
+    @property
+    def key(self) -> str:
+        return "refused:" + self.reason
+
+
+MediaEntry = str | InlineBytes | InlineSamples | RefusedInline
+"""One media entry of a record: a location, the medium itself, or one refused unread."""
 MEDIA_STRUCT_KEYS = frozenset({"bytes", "path"})
 SAMPLES_KEYS = frozenset({"array", "sampling_rate"})
 
@@ -67,16 +93,38 @@ def inline_size(*fields: tuple[MediaEntry, ...]) -> int:
     return sum(len(entry.data) for entries in fields for entry in entries if not isinstance(entry, str))
 
 
-def media_entries(value: Any, name: str, record_id: str) -> tuple[MediaEntry, ...]:
+def media_entries(value: Any, name: str, record_id: str, text: bool = False) -> tuple[MediaEntry, ...]:
     """The entries of one media field's cell (None: no media), or the record's error naming the
-    entry. A list cell holds one entry per item; any other cell is one entry."""
+    entry. A list cell holds one entry per item; any other cell is one entry. `text`: the cell
+    is a text table's (CSV, TSV: `text_cell`)."""
+    if text and isinstance(value, str):
+        value = text_cell(value, name, record_id)
     if value is None:
         return ()
+    if isinstance(value, OversizeCell):
+        return (RefusedInline(value.reason),)
     if isinstance(value, str) or _is_entry(value):  # one path, URL or medium is a list of one
         return (_entry(value, name, f"{name}[0]", record_id),)
     if isinstance(value, Mapping) or (not isinstance(value, Sequence) and not hasattr(value, "tolist")):
         raise RecordError(record_id, name, f"must be a list of media entries, got {kind_of(value)}")
     return tuple(_entry(item, name, f"{name}[{i}]", record_id) for i, item in enumerate(value))
+
+
+def text_cell(value: str, name: str, record_id: str) -> Any:
+    """A media cell of a table whose cells are all text (CSV, TSV), as a typed cell would hold
+    it: empty is no media (None), text starting with `[` a JSON list of entries, other text one
+    entry."""
+    if not value:
+        return None
+    if not value.lstrip().startswith("["):
+        return value
+    try:
+        listed = json.loads(value)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        listed = None
+    if not isinstance(listed, list):
+        raise RecordError(record_id, name, "a cell starting with [ must be a JSON list of paths")
+    return listed
 
 
 def _is_entry(value: Any) -> bool:
@@ -132,10 +180,17 @@ def samples_entry(array: Any, rate: Any, where: str, record_id: str) -> InlineSa
             f"decoded audio at {shown} Hz: the model takes {SAMPLE_RATE} Hz samples and clef never resamples "
             "them (resample first, e.g. datasets' cast_column(..., Audio(sampling_rate=16000)), or give the bytes)",
         )
+    not_numbers = RecordError(record_id, f"{where}.array", "decoded audio must be an array of numbers")
+    not_samples = (bool, np.bool_, str, bytes, complex)  # what np.asarray would turn into floats anyway
+    values = array if array is not None else []
+    if isinstance(values, np.ndarray) and values.dtype.kind not in "iuf" and values.size:
+        raise not_numbers  # booleans, text, complex or objects
+    if isinstance(values, (list, tuple)) and any(issubclass(kind, not_samples) for kind in set(map(type, values))):
+        raise not_numbers  # numpy would read True as 1.0 and "0.5" as 0.5
     try:
-        samples = np.asarray(array if array is not None else [], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise RecordError(record_id, f"{where}.array", "decoded audio must be an array of numbers") from None
+        samples = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise not_numbers from None
     if samples.ndim != 1:
         raise RecordError(
             record_id,

@@ -1,4 +1,4 @@
-"""Reading and validating input records (JSONL, JSON, Parquet) into `Record` objects.
+"""Reading and validating input records (JSONL, JSON, Parquet, CSV) into `Record` objects.
 
 Readers stream: a Parquet file is read batch by batch and a JSONL file line by line, so a job
 over millions of records never holds them all. Every problem with one record becomes an
@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, unexpected_error
 from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.fields import MEDIA_FIELDS as MEDIA_FIELDS  # the field names live in fields.py
-from clef_cli.inputs.fields import near_miss, near_miss_message
+from clef_cli.inputs.fields import RECORD_FIELDS, near_miss, near_miss_message
+from clef_cli.inputs.formats import Cells
 from clef_cli.inputs.json_values import child_path, json_problem, kind_of, shown, text_problem, unreadable_json
 from clef_cli.inputs.media_cells import MediaEntry, media_entries
 from clef_cli.inputs.parquet_rows import AmbiguousNulls
+from clef_cli.inputs.record_size import OversizeCell
 from clef_cli.inputs.seen_ids import SeenIds
+from clef_cli.locations.fence import MediaBase
 
 QUESTION_TYPES: dict[str, int] = {"noul": 0, "choice": 1, "score": 2}
 """Question type names and the ids the head's type embedding uses."""
@@ -69,8 +71,10 @@ class Record:
     images: tuple[MediaEntry, ...] = ()
     audio: tuple[MediaEntry, ...] = ()
     videos: tuple[MediaEntry, ...] = ()
-    base_dir: Path | None = None
-    """Where relative media paths resolve (the input file's folder); None for remote inputs."""
+    base_dir: MediaBase = None
+    """Where relative media paths resolve and where the record came from (`fence.MediaBase`): the
+    input file's local folder, an object folder's URI (a remote input: its records name no local
+    file), or None (built by a library caller, no folder)."""
 
     @property
     def has_media(self) -> bool:
@@ -81,7 +85,9 @@ class Record:
 class InvalidRecord:
     """A record that failed validation; it still takes its place in the output."""
 
-    id: str
+    id: str | None
+    """None when the record's id cannot be read (not an object, not JSON, an id of another type):
+    its row's id is null, so it is never taken for a real record's; `index` says which it is."""
     index: int
     error: str
 
@@ -195,9 +201,11 @@ def parse_questions(questions: Any, record_id: str) -> tuple[Question, ...]:
     return tuple(parsed)
 
 
-def parse_media(raw: Mapping[str, Any], name: str, record_id: str) -> tuple[MediaEntry, ...]:
+def parse_media(
+    raw: Mapping[str, Any], name: str, record_id: str, cells: Cells = Cells.values
+) -> tuple[MediaEntry, ...]:
     """The field's entries: locations or inline media (inputs/media_cells.py reads the cell)."""
-    return media_entries(raw.get(name), name, record_id)
+    return media_entries(raw.get(name), name, record_id, text=cells is Cells.text)
 
 
 def _decode_json_text(value: Any, record_id: str, name: str) -> Any:
@@ -234,44 +242,53 @@ class RecordBuilder:
         if self.columns is not None:  # a column the mapping reads has its use: no near miss
             self.claimed = self.claimed | frozenset(self.columns.columns)
 
-    def build(self, raw: Any, index: int, base_dir: Path | None, json_text: bool = False) -> Record | InvalidRecord:
-        """The record, or its error; never raises for what a record holds."""
+    def build(self, raw: Any, index: int, base_dir: MediaBase, cells: Cells = Cells.values) -> Record | InvalidRecord:
+        """The record, or its error; never raises for what a record holds. `cells`: how the
+        input's cells hold the fields (formats.Cells), read per field after the mapping renamed
+        the columns, so a mapped column reads exactly as a column of the field's own name."""
         if not isinstance(raw, Mapping):
-            return InvalidRecord(str(index), index, f"record {index}: a record must be a JSON object")
-        record_id = str(index)
+            error = RecordError(None, None, "a record must be a JSON object", index=index)
+            return InvalidRecord(None, index, str(error))
+        record_id: str | None = None  # until it is read: a row whose id cannot be read has none
         try:
-            if self.columns is not None:
-                raw = self.columns.apply(raw, index)
-            record_id = record_id_of(raw, index)
+            source = self.columns.source_of("id") if self.columns is not None else "id"
+            if isinstance(raw.get(source), OversizeCell):
+                raise RecordError(None, "id", raw[source].reason, index=index)
+            record_id = record_id_of({"id": raw.get(source)}, index)
             if self.check_duplicates:
                 first = self._seen_ids.first_use(record_id, index)
                 if first is not None:
                     raise RecordError(record_id, "id", f"duplicate record id (first used by record {first})")
-            return self._validate(raw, record_id, index, base_dir, json_text)
+            if self.columns is not None:
+                raw = self.columns.apply(raw, record_id)
+            raw = _oversize_checked(raw)
+            return self._validate(raw, record_id, index, base_dir, Cells(cells))
         except RecordError as error:
-            return InvalidRecord(error.record_id if record_id == str(index) else record_id, index, str(error))
+            return InvalidRecord(record_id, index, str(error))
         except Exception as error:  # a last guard: a value validation missed is this record's error
-            return InvalidRecord(record_id, index, str(unexpected_error(record_id, None, error)))
+            return InvalidRecord(record_id, index, str(unexpected_error(record_id, None, error, index)))
 
     def _validate(
         self,
         raw: Mapping[str, Any],
         record_id: str,
         index: int,
-        base_dir: Path | None,
-        json_text: bool,
+        base_dir: MediaBase,
+        cells: Cells,
     ) -> Record:
         for name in ("state", "questions"):
             if isinstance(raw.get(name), AmbiguousNulls):
                 raise raw[name].error(record_id)
+            if isinstance(raw.get(name), OversizeCell):
+                raise RecordError(record_id, name, raw[name].reason)
         missed = near_miss((key for key, value in raw.items() if value is not None), self.claimed)
         if missed is not None:
             raise RecordError(record_id, None, near_miss_message(*missed))
         if "state" not in raw or raw["state"] is None:
             raise RecordError(record_id, "state", "missing state")
         state = raw["state"]
-        questions = raw.get("questions")
-        if json_text:
+        questions = own_questions(raw, cells)
+        if cells is not Cells.values:
             state = _decode_json_container(state, record_id)
             questions = _decode_json_text(questions, record_id, "questions")
         check_json(state, record_id, "state")
@@ -282,11 +299,27 @@ class RecordBuilder:
             index=index,
             state=state,
             questions=parse_questions(questions, record_id),
-            images=parse_media(raw, "images", record_id),
-            audio=parse_media(raw, "audio", record_id),
-            videos=parse_media(raw, "videos", record_id),
+            images=parse_media(raw, "images", record_id, cells),
+            audio=parse_media(raw, "audio", record_id, cells),
+            videos=parse_media(raw, "videos", record_id, cells),
             base_dir=base_dir,
         )
+
+
+def own_questions(raw: Mapping[str, Any], cells: Cells) -> Any:
+    """The questions a record carries (None: none of its own, so --questions applies); a text
+    table's empty cell is none."""
+    questions = raw.get("questions")
+    return None if cells is Cells.text and questions == "" else questions
+
+
+def _oversize_checked(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A row with cells refused unread (`OversizeCell`): a column the record does not read is as
+    if absent; the state, questions and media carry theirs on (each the error of its field; a
+    medium's, a `media` error when encoded)."""
+    if not any(isinstance(value, OversizeCell) for value in raw.values()):
+        return raw
+    return {name: value for name, value in raw.items() if name in RECORD_FIELDS or not isinstance(value, OversizeCell)}
 
 
 def _decode_json_container(value: Any, record_id: str) -> Any:
@@ -302,6 +335,10 @@ def _decode_json_container(value: Any, record_id: str) -> Any:
     return decoded if isinstance(decoded, (dict, list)) else value
 
 
+NO_ID = "the row's id is null (its record_index is the record's position)"
+"""How the error of a record whose id cannot be read ends: its row never shows a made-up id."""
+
+
 def record_id_of(raw: Mapping[str, Any], index: int) -> str:
     """The record's id as text: a string or an integer; none (null or "") is its position. A
     float that is a whole number (`1.0`: pandas makes an integer column with a missing value
@@ -314,15 +351,12 @@ def record_id_of(raw: Mapping[str, Any], index: int) -> str:
         return str(index)
     if isinstance(value, str):
         if text_problem(value):
-            raise RecordError(str(index), "id", f"an id that is {text_problem(value)}; this row shows its position")
+            raise RecordError(None, "id", f"an id that is {text_problem(value)}; {NO_ID}", index=index)
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if isinstance(value, float) and value.is_integer():  # a pandas int column with a missing value
         return str(int(value))
     raise RecordError(
-        str(index),
-        "id",
-        f"an id must be a string or an integer, got {kind_of(value)} {shown(value)}; "
-        "this row shows the record's position instead",
+        None, "id", f"an id must be a string or an integer, got {kind_of(value)} {shown(value)}; {NO_ID}", index=index
     )

@@ -1,8 +1,9 @@
 """Input files: local paths or URIs that pyarrow's filesystems understand (s3://, gs://, ...).
 
-Every input location, from the command line or a library call, is resolved here and only here:
-a URI of pyarrow's local filesystem (`file:///abs`, `file:/abs`, `local:///abs`) becomes the
-local path it names, so media paths resolve against its folder exactly as for a plain path.
+Every input, from the command line or a library call, is expanded here into its files, its
+location told apart by `locations/uris.py`: a URI of pyarrow's local filesystem (`file:///abs`,
+`file:/abs`, `local:///abs`) becomes the local path it names, so media paths resolve against its
+folder exactly as for a plain path.
 A folder (local or remote) stands for its parts, `key=value` subfolders included (Hive
 partitions), and a glob for the files it matches, in name order, so a job's record order is
 stable from one run to the next (listing.py). `-`, `/dev/stdin` and other pipes are read once
@@ -15,98 +16,21 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
-import re
 import shutil
 import tempfile
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from clef_cli.errors import UsageError
 from clef_cli.inputs.formats import READABLE, Format, format_of
-from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts
+from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts, local_part
 from clef_cli.inputs.streams import spooled_stream, stream_input
-from clef_cli.locations.object_store import ObjectProblem, is_object_uri, is_under, joined, normalized, parent
-
-LOCAL_SCHEMES = ("file", "local")
-"""pyarrow's schemes for the local filesystem; they also work without `//` (`file:/abs`)."""
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
-
-
-def is_uri(location: str | Path) -> bool:
-    """A string with a scheme (`s3://...`, `file:/...`); a `Path` is always local."""
-    if isinstance(location, Path):
-        return False
-    match = _SCHEME.match(location)
-    return match is not None and ("://" in location or match.group(1).lower() in LOCAL_SCHEMES)
-
-
-def local_path(location: str | Path) -> Path | None:
-    """The local path a location names (a plain path or a local-filesystem URI); None if remote,
-    told by the scheme alone (no filesystem is opened, so a bucket is never asked)."""
-    if not is_uri(location):
-        return Path(location)
-    match = _SCHEME.match(str(location))
-    if match is None or match.group(1).lower() not in LOCAL_SCHEMES:
-        return None
-    import pyarrow.fs as pafs
-
-    filesystem, path = _filesystem(str(location))
-    return Path(path) if isinstance(filesystem, pafs.LocalFileSystem) else None
-
-
-def _filesystem(uri: str) -> tuple[Any, str]:
-    import pyarrow.fs as pafs
-
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except (ValueError, OSError, ImportError) as error:
-        raise UsageError(f"cannot open {uri}: {error}") from None
-
-
-MediaBase = Path | str | None
-"""Where an input's relative media entries resolve: a local folder, an object folder's URI
-(`s3://b/records/`), or None (an input with no folder)."""
-
-
-def media_base(text: str | None) -> MediaBase:
-    """A `MediaBase` carried as text (a Ray row): an object folder's URI stays a URI."""
-    if not text:
-        return None
-    return text if is_object_uri(text) else Path(text)
-
-
-def names_object(entry: str, base: MediaBase) -> bool:
-    """Whether a media entry (not data: or http(s)) names an object in a store: an object URI,
-    or a relative path in an input that is itself an object."""
-    return is_object_uri(entry) or (isinstance(base, str) and not Path(entry).is_absolute())
-
-
-def media_location(entry: str, base: MediaBase) -> Path | str:
-    """Where a media entry that is neither a data: nor an http(s) URL lies: a local path, or a
-    normalised object URI; a relative entry resolves against its input's folder, local or remote
-    (`..` resolved, so the confinement test sees the object that is read). An `ObjectProblem`
-    when it cannot resolve."""
-    if is_object_uri(entry):
-        return normalized(entry)
-    if isinstance(base, str) and not Path(entry).is_absolute():
-        return joined(base, entry)
-    path = Path(entry)
-    if not path.is_absolute():
-        if base is None:
-            raise ObjectProblem(f"relative media path {entry!r} in an input without a folder: use absolute paths")
-        path = base / path
-    return path
-
-
-def check_object_allowed(uri: str, base: MediaBase, roots: tuple[str, ...]) -> None:
-    """An object may be read when it lies under the folder of the input that names it or under a
-    --media-root URI; else an `ObjectProblem` naming --media-root (the job's credentials must not
-    read what the user did not point clef at)."""
-    allowed = (base,) if isinstance(base, str) else ()
-    if not any(is_under(uri, root) for root in (*allowed, *roots)):
-        raise ObjectProblem(f"{uri} is outside the input's folder and the media roots (--media-root)")
+from clef_cli.locations.fence import MediaBase
+from clef_cli.locations.object_store import NoSuchBucket, ObjectStoreError, _classify, _retried
+from clef_cli.locations.object_store import filesystem as store_filesystem
+from clef_cli.locations.uris import LocationProblem, is_uri, local_path, normalized, option_location, parent
 
 
 @dataclass(frozen=True)
@@ -120,11 +44,22 @@ class InputFile:
     base: str | None = None
     """Where relative media paths resolve, when not the file's folder (stdin: the working directory)."""
     shown: str | None = None
-    """The name messages use, when not the file's own (`stdin` for a spooled stream)."""
+    """The name messages use, when not the file's own: a folder's or glob's part by its path as
+    the folder or glob was spelled (`data/lang=en/part-0.parquet`: the parts of two partitions
+    share a file name), `stdin` for a spooled stream."""
+    given: str | None = field(default=None, compare=False)
+    """A file named directly: its path (or URI) as the user gave it."""
 
     @property
     def name(self) -> str:
+        """What a record's error names its file by: a part's or stream's `shown`, else the file's name."""
         return self.shown or self.location.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def path_given(self) -> str:
+        """What a refusal names the file by: its path as given (a part's: `shown`), never a
+        path the user did not write."""
+        return self.shown or self.given or self.location
 
     @property
     def format(self) -> Format:
@@ -146,32 +81,100 @@ class InputFile:
             return Path(self.location).parent
         try:
             return parent(normalized(self.location))
-        except ObjectProblem:  # a URI with a query string: its media must be absolute
-            return None
+        except LocationProblem:  # a URI with a query string: no folder (its media must be absolute
+            return self.location  # URIs), but still a remote origin, which names no local file
 
     def open_binary(self, decompress: bool = True) -> BinaryIO:
         """The file's bytes, decompressed when its name says it is compressed (`.gz`, `.zst`)
         unless `decompress` is False (the stored bytes, which a fingerprint hashes)."""
         compression = self.format.compression if decompress else None
+        remote = is_uri(self.location)
+        if not remote and compression is None:
+            return open(self.location, "rb")
+        stream = self._arrow_stream(compression)
+        checked = _Checked(stream, self.path_given, compression, self.location if remote else None)
+        # pyarrow's streams read but cannot iterate lines; a buffered reader over them can.
+        return io.BufferedReader(checked, buffer_size=1 << 20)
+
+    def open_native(self) -> Any:
+        """The file's (decompressed) bytes as pyarrow's own stream, for a pyarrow reader that reads
+        ahead on threads of its own: handed a Python file, they call back into Python, and one
+        that did as the interpreter ended aborted the process (exit 134). Its failures are named
+        by `read_failure`."""
+        return self._arrow_stream(self.format.compression)
+
+    def _arrow_stream(self, compression: str | None) -> Any:
+        """pyarrow's input stream over the file, local or in a store, decompressing `compression`."""
         if not is_uri(self.location):
-            if compression is None:
-                return open(self.location, "rb")
             import pyarrow as pa
 
-            stream = pa.input_stream(self.location, compression=compression)
-        else:
-            filesystem, path = _filesystem(self.location)
-            stream = filesystem.open_input_stream(path, compression=compression)
-        # pyarrow's streams read but cannot iterate lines; a buffered reader over them can.
-        return io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
+            return pa.input_stream(self.location, compression=compression)
+        return in_store(self.location, lambda fs, path: fs.open_input_stream(path, compression=compression))
+
+    def read_failure(self, error: OSError) -> Exception:
+        """What a failed read of this file's bytes is: see `_failure`."""
+        remote = self.location if is_uri(self.location) else None
+        return _failure(error, self.path_given, self.format.compression, remote)
 
     def parquet(self) -> Any:
         import pyarrow.parquet as pq
 
         if not is_uri(self.location):
             return pq.ParquetFile(self.location)
-        filesystem, path = _filesystem(self.location)
-        return pq.ParquetFile(filesystem.open_input_file(path))
+        return pq.ParquetFile(in_store(self.location, lambda fs, path: fs.open_input_file(path)))
+
+
+T = TypeVar("T")
+
+
+def in_store(uri: str, call: Callable[[Any, str], T], listing: bool = False) -> T:
+    """`call(filesystem, path)` for an input in an object store, through the one object client
+    (`locations/object_store`: its timeouts, its sorting of failures): what no record causes
+    (credentials, the endpoint) is the store's one line (exit 1), as for media and the output; a
+    missing bucket or object, refused before anything is done, the input's usage error."""
+    try:
+        filesystem, path = store_filesystem(uri)
+        return _retried(uri, listing, lambda: call(filesystem, path))
+    except NoSuchBucket as error:
+        raise UsageError(str(error)) from None
+    except LocationProblem as problem:
+        raise UsageError(f"input {uri}: {problem}") from None
+
+
+class _Checked(io.RawIOBase):
+    """An input's bytes as pyarrow's stream gives them, its failures named: a damaged or truncated
+    compressed stream (a bare `OSError` naming no file) is the job's usage error naming the input;
+    a store failing under a remote one (`uri`) is sorted as every store failure is."""
+
+    def __init__(self, stream: Any, name: str, compression: str | None, uri: str | None) -> None:
+        self._stream, self._name, self._compression, self._uri = stream, name, compression, uri
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            return self._stream.readinto(buffer)
+        except OSError as error:
+            raise _failure(error, self._name, self._compression, self._uri) from None
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
+
+
+def _failure(error: OSError, name: str, compression: str | None, uri: str | None) -> Exception:
+    """A failed read of an input's bytes: a store failing under a remote one is sorted as every
+    store failure is (exit 1); a damaged or truncated compressed stream (a bare `OSError` naming no
+    file) is the job's usage error naming the input."""
+    problem = _classify(error, uri) if uri is not None else None
+    if isinstance(problem, ObjectStoreError):
+        return problem
+    if problem is not None and not compression:
+        return ObjectStoreError(f"input {uri}: {problem}")
+    if compression:
+        return UsageError(f"{name} is not a readable {compression} file: {error}")
+    return UsageError(f"{name}: cannot read it: {error}")
 
 
 def _check_suffix(location: str) -> None:
@@ -192,13 +195,15 @@ def local_copy(location: str | Path, what: str) -> Path:
     into a temporary folder (removed when the process ends) under its own name, so readers tell
     its format by its suffix and fingerprint it as a file. A missing object is a usage error
     naming `what`; errors no file causes (credentials, the endpoint) an `ObjectStoreError`."""
+    option_location(location, what)
     found = local_path(location)
     if found is not None:
         return found
     text = str(location)
     if text in _copies:
         return _copies[text]
-    from clef_cli.locations.object_store import object_uri, read_object
+    from clef_cli.locations.object_store import read_object
+    from clef_cli.locations.uris import object_uri
 
     uri = object_uri(text, what)
     if not _copy_folder:
@@ -209,7 +214,7 @@ def local_copy(location: str | Path, what: str) -> Path:
     try:
         with open(target, "wb") as into:
             read_object(uri, NO_SIZE_LIMIT, into)
-    except ObjectProblem as problem:
+    except LocationProblem as problem:
         raise UsageError(f"{what} {text!r}: {problem}") from None
     _copies[text] = target
     return target
@@ -218,8 +223,11 @@ def local_copy(location: str | Path, what: str) -> Path:
 # ----------------------------------------------------------------------------- expansion
 
 
-def _files(parts: list[Part]) -> list[InputFile]:
-    return [InputFile(part.location, part.size, part.partitions) for part in parts]
+def _files(parts: list[Part], given: str | None = None) -> list[InputFile]:
+    """Parts as input files; `given`: a file named directly, as the user gave it."""
+    return [
+        InputFile(part.location, part.size, part.partitions, part.base, part.shown or None, given) for part in parts
+    ]
 
 
 def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
@@ -230,7 +238,7 @@ def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
         return _files(folder_parts(str(path), None))
     if path.is_file():
         _check_suffix(str(path))
-        return [InputFile(str(path.resolve()), path.stat().st_size)]
+        return _files([local_part(path)], str(given))
     if GLOB_CHARACTERS.search(str(given)):
         return _files(glob_parts(str(path), None))
     raise UsageError(f"input not found: {given}")
@@ -239,15 +247,19 @@ def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
 def _expand_uri(uri: str) -> list[InputFile]:
     import pyarrow.fs as pafs
 
-    filesystem, path = _filesystem(uri)
-    info = filesystem.get_file_info(path)
-    if info.type == pafs.FileType.Directory:
-        return _files(folder_parts(uri, _filesystem))
-    if info.type == pafs.FileType.File:
-        _check_suffix(uri)
-        return [InputFile(uri, info.size or 0)]
-    if GLOB_CHARACTERS.search(path):
-        return _files(glob_parts(uri, _filesystem))
+    info = in_store(uri, lambda filesystem, path: filesystem.get_file_info(path), listing=True)
+    try:
+        if info.type == pafs.FileType.Directory:
+            return _files(folder_parts(uri, store_filesystem))
+        if info.type == pafs.FileType.File:
+            _check_suffix(uri)
+            return [InputFile(uri, info.size or 0, given=uri)]
+        if GLOB_CHARACTERS.search(uri.partition("://")[2]):
+            return _files(glob_parts(uri, store_filesystem))
+    except NoSuchBucket as error:
+        raise UsageError(str(error)) from None
+    except LocationProblem as problem:
+        raise UsageError(f"input {uri}: {problem}") from None
     raise UsageError(f"input not found: {uri}")
 
 

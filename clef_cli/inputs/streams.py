@@ -5,8 +5,9 @@ columns), and a pipe gives its bytes only once. So a stream is copied into a spo
 time it is named, and every later reader of this process reads the spool. The spool is JSONL
 (the stream's format: Parquet and gzip/zstd streams are told by their first bytes), its relative
 media paths resolve against the working directory, and it is removed when the process ends.
-A record's key never holds where the record came from, so the same line piped or in a file in
-the working directory has the same key.
+A stream that holds a CSV or TSV (its first line is no JSON) is refused once, since nothing names
+its format. A record's key never holds where the record came from, so the same line piped or in
+a file in the working directory has the same key.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.formats import format_of
 
 STDIN_NAMES = ("-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0")
 MAGIC = ((b"PAR1", ".parquet"), (b"\x1f\x8b", ".jsonl.gz"), (b"\x28\xb5\x2f\xfd", ".jsonl.zst"))
 """A stream's first bytes that say it is not plain JSONL."""
-
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,43 @@ def _spool(location: str, key: str) -> Spool:
         raise UsageError(f"cannot read {location}: {error}") from None
     suffix = next((suffix for magic, suffix in MAGIC if head.startswith(magic)), ".jsonl")
     named = target.rename(target.with_name(target.stem + suffix))
+    if suffix != ".parquet":
+        _check_jsonl(named, location)
     return Spool(str(named), named.stat().st_size, os.getcwd(), key)
+
+
+HEAD_BYTES = 1 << 16
+"""How much of a text stream's start is read to tell JSONL from a CSV or TSV."""
+
+
+def _check_jsonl(spool: Path, location: str) -> None:
+    """A stream is read as JSONL: one whose first line is neither a JSON value nor the start of
+    an object or array (a CSV or TSV header: `id,state`) is refused once, rather than read as a
+    job of records that are all "invalid JSON". A first JSONL line that is broken stays that
+    record's error, as in a file."""
+    import json
+
+    import pyarrow as pa
+
+    found = format_of(spool.name)
+    compression = found.compression if found is not None else None
+    try:
+        with pa.input_stream(str(spool), compression=compression) as stream:
+            head = stream.read(HEAD_BYTES)
+    except OSError:
+        return  # a damaged compressed stream: its reading names the problem
+    line = next((line for line in head.decode("utf-8", "replace").splitlines() if line.strip()), "")
+    line = line.lstrip("\ufeff").strip()
+    if not line or line.startswith(("{", "[")):
+        return
+    try:
+        json.loads(line)
+    except ValueError:
+        raise UsageError(
+            f"{location}: a stream is read as JSONL (or Parquet, or gzip/zstd JSONL), and its first line "
+            f"{line[:60]!r} is not JSON: a CSV or TSV header? save it as a file named .csv or .tsv and give "
+            "that path (`... > export.csv && clef score export.csv ...`)"
+        ) from None
 
 
 def _open_stream(location: str, key: str) -> AbstractContextManager[BinaryIO]:

@@ -10,6 +10,7 @@ than the field it is mapped to (a column of `Image` features mapped to `audio`).
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from typing import Any
 from clef_cli.errors import UsageError
 from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.fields import RECORD_FIELDS
-from clef_cli.inputs.readers import raw_rows
+from clef_cli.inputs.first_window import FIRST_WINDOW
+from clef_cli.inputs.formats import Cells
+from clef_cli.inputs.readers import parquet_schema, raw_rows
 from clef_cli.inputs.sources import InputFile, expand_inputs
 
 MEDIA_FEATURES = {"Image": "images", "Audio": "audio", "Video": "videos"}
@@ -35,8 +38,10 @@ class TableShape:
     columns: dict[str, str]
     features: dict[str, str]
     """Column -> `datasets` media feature (`Image`, `list of Audio`), from the file's metadata."""
-    first_record_only: bool = False
-    """JSON input: `columns` are its first record's keys, so a key missing there may be in others."""
+    sampled: bool = False
+    """A JSON input longer than the records read: `columns` are the keys of its first
+    `FIRST_WINDOW` records, so a key missing there may be in later ones."""
+    cells: Cells = Cells.typed
 
 
 def hf_media_features(metadata: Mapping[bytes, bytes] | None) -> dict[str, str]:
@@ -69,43 +74,64 @@ def _media_kind(feature: Any) -> str | None:
 
 
 def table_shape(source: InputFile) -> TableShape:
-    """A Parquet file's schema and features; a JSON input's keys of its first record."""
+    """A Parquet file's schema (with its Hive partition keys, columns like any other) and
+    features; a JSON input's keys of its first record."""
     if source.is_parquet:
         try:
-            schema = source.parquet().schema_arrow
+            schema = parquet_schema(source)
         except Exception as error:  # pyarrow raises several types for a damaged file
-            raise UsageError(f"{source.location} is not a readable Parquet file: {error}") from None
+            raise UsageError(f"{source.path_given} is not a readable Parquet file: {error}") from None
         columns = {name: str(schema.field(name).type) for name in schema.names}
-        return TableShape(source.name, columns, hf_media_features(schema.metadata))
-    sampled = source.format.kind not in ("csv", "tsv")  # a CSV's header names every row's columns
-    for raw, problem in raw_rows(source):
-        if problem is None and isinstance(raw, Mapping):
-            return TableShape(source.name, {str(key): _json_kind(value) for key, value in raw.items()}, {}, sampled)
-    return TableShape(source.name, {}, {}, sampled)
+        return TableShape(source.path_given, columns, hf_media_features(schema.metadata))
+    cells = source.format.cells
+    columns: dict[str, str] = {}
+    rows = raw_rows(source)
+    for raw, problem in itertools.islice(rows, 1 if cells is Cells.text else FIRST_WINDOW):
+        if problem is None and isinstance(raw, Mapping):  # a CSV's header names every row's columns
+            for key, value in raw.items():
+                if columns.get(str(key), "null") == "null":  # the kind of its first value that is not null
+                    columns[str(key)] = _json_kind(value)
+    sampled = cells is not Cells.text and next(rows, None) is not None
+    return TableShape(source.path_given, columns, {}, sampled, cells)
 
 
 def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
     return {dict: "object", list: "array", str: "text"}.get(type(value), "value")
 
 
 def check_columns(mapping: ColumnMapping, inputs: Iterable[str | Path]) -> list[TableShape]:
-    """Refuse (exit 2) a mapping that names a column an input lacks (JSON inputs: its first
-    record), or maps a `datasets` media column to another field; the inputs' shapes."""
+    """Refuse (exit 2) a mapping that names a column an input lacks, or maps a `datasets` media
+    column to another field; the inputs' shapes. A table's columns (a Parquet schema, a CSV
+    header) are every row's, so each table must have the column. A JSON record may lack a key
+    others have (an optional attachment): a column is refused there only when no record of the
+    JSON inputs has it, known when they were read whole; however the records are ordered or
+    split into files, the answer is the same (first_window warns of one the window lacks)."""
     shapes = [table_shape(source) for source in expand_inputs(inputs)]
     for shape in shapes:
-        if not shape.columns:
-            continue  # an input with no readable record: its records are the errors
-        for column in mapping.columns:
-            if column not in shape.columns:
-                raise UsageError(
-                    f"no column {column!r} in {shape.name} (mapped by --columns/--state-columns); "
-                    f"its columns: {', '.join(shape.columns) or 'none'}"
-                )
+        if shape.columns and shape.cells is not Cells.values:  # none: its records are the errors
+            for column in mapping.columns:
+                if column not in shape.columns:
+                    raise UsageError(
+                        f"no column {column!r} in {shape.name} (mapped by --columns/--state-columns); "
+                        f"its columns: {', '.join(shape.columns) or 'none'}"
+                    )
         for field, column in mapping.fields:
             feature = shape.features.get(column, "")
             belongs = MEDIA_FEATURES.get(feature.removeprefix("list of "))
             if belongs is not None and belongs != field:
                 raise UsageError(f"column {column!r} of {shape.name} holds datasets {feature} features, not {field}")
+    documents = [shape for shape in shapes if shape.cells is Cells.values and shape.columns]
+    if documents and not any(shape.sampled for shape in documents):
+        keys = {key: None for shape in documents for key in shape.columns}
+        names = ", ".join(shape.name for shape in documents[:3]) + (", ..." if len(documents) > 3 else "")
+        for column in mapping.columns:
+            if column not in keys:
+                raise UsageError(
+                    f"no column {column!r} in {names}: no record has it (mapped by --columns/--state-columns); "
+                    f"their columns: {', '.join(keys)}"
+                )
     return shapes
 
 
@@ -120,18 +146,27 @@ def field_sources(mapping: ColumnMapping | None, shape: TableShape) -> list[str]
         column = mapping.source_of(field)
         if column not in shape.columns:
             hint = " (the --questions file, if given)" if field == "questions" else ""
-            if shape.first_record_only:
-                lines.append(f"{field} <- {column}: not in the first record (read from each record that has it){hint}")
+            if shape.sampled:
+                lines.append(
+                    f"{field} <- {column}: not in the first {FIRST_WINDOW} records (read from each record that has "
+                    f"it){hint}"
+                )
             else:
                 lines.append(f"{field}: no column {column!r}{hint}")
             continue
-        lines.append(f"{field} <- {column}: {_reading(field, shape.features.get(column), shape.columns[column])}")
+        feature, kind = shape.features.get(column), shape.columns[column]
+        lines.append(f"{field} <- {column}: {_reading(field, feature, kind, shape.cells)}")
     return lines
 
 
-def _reading(field: str, feature: str | None, kind: str) -> str:
+def _reading(field: str, feature: str | None, kind: str, cells: Cells = Cells.typed) -> str:
     if feature is not None:
         return f"datasets {feature}, inline bytes (a path where a cell has no bytes)"
+    if cells is Cells.text and field in ("state", "questions", "images", "audio", "videos"):
+        return {
+            "state": "text (JSON object or array text read as JSON)",
+            "questions": "text (JSON text; an empty cell: none of its own)",
+        }.get(field, "text: a location, or a JSON list of them (an empty cell: none)")
     if field in ("images", "audio", "videos"):
         if kind in ("binary", "large_binary") or kind.startswith("fixed_size_binary"):
             return "binary, inline bytes, one a cell"

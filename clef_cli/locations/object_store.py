@@ -1,17 +1,24 @@
-"""Objects in the stores pyarrow's filesystems open (s3://, gs://, abfs://, hdfs://), read as media.
+"""The one client for objects in the stores pyarrow's filesystems open (s3://, gs://, abfs://,
+hdfs://): one filesystem per bucket, retries, listings, stamps and reads. Locations come here
+normalised (`uris.normalized`) and already fenced (`fence`). Stamps (size, last-modified) come
+from one LIST per folder, cached per process, so a night over unchanged objects costs a LIST per
+prefix and no GET (`store/media_stats.py`).
 
-A record's object URI is untrusted text the job's credentials would act on, so this module is
-strict about what it reads: a location is normalised once (`normalized`: the scheme in lower
-case, `.` and `..` resolved as in a path, no query string, which could point the credentials at
-another endpoint) and the same text is then tested against the roots (`is_under`, separator
-aware) and read. Stamps (size, last-modified) come from one LIST per folder, cached per process,
-so a night over unchanged objects costs a LIST per prefix and no GET (`store/media_stats.py`).
+Every object the job touches goes through here, wherever it is (an input, a record's media, the
+output, the store), so a store's failure reads the same and takes the same time everywhere:
 
-Failures are sorted three ways (`_classify`): a missing object or one the record may not read is
-that record's `ObjectProblem`; throttling, 5xx answers and timeouts are retried with backoff and
-then a transient `ObjectProblem` (the next run retries the record); what no record can cause (no
-or expired credentials, access denied listing a folder, an unknown bucket, an endpoint that does
-not answer) is an `ObjectStoreError`, which ends the job with one line (exit 1).
+- One timeout policy (`filesystem`): an S3 request gets `CONNECT_SECONDS` to connect and fails
+  when no byte comes for `REQUEST_SECONDS`, tried `ATTEMPTS` times by the client with its own
+  backoff, so an endpoint that does not answer ends the job in about ten seconds.
+- One sorting of failures (`_classify`, the contract every caller of a store follows, pyarrow's
+  or another client's; `_retried` asks through it): a missing object, or one the record may not
+  read, is that record's `LocationProblem`; throttling, 5xx answers and timeouts of a store that
+  has answered this process are retried after each of `RETRY_DELAYS` and then a transient
+  `LocationProblem` (the next run retries the record); what no record can cause is an
+  `ObjectStoreError` with one line (exit 1): missing, expired or refused credentials, access
+  denied listing a folder or before any object of the bucket was read, an unknown bucket
+  (`NoSuchBucket`), an endpoint that has not answered this process (refused, unknown, or timed
+  out, however often tried).
 """
 
 from __future__ import annotations
@@ -24,17 +31,21 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
-from clef_cli.errors import ClefError, UsageError
+from clef_cli.errors import ClefError
+from clef_cli.locations.uris import LocationProblem, bucket_root, parent
 
-_OBJECT_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(/[^?#]*)?$")
-NOT_OBJECT_SCHEMES = ("http", "https", "data", "file", "local")
-"""Schemes that are not an object store: http(s) media go through the checked fetcher, data: URLs
-are bytes, file:/local: are local paths."""
 RETRY_DELAYS = (2.0,)
-"""Seconds before each further try of a throttled, failing (5xx) or timed-out request, after the
-filesystem's own retries (pyarrow's S3 client already retries with backoff, for about 6 s over
-some 30 requests against a store that answers 503 throughout); then the record's error is
+"""Seconds before each further try of a throttled, failing (5xx) or timed-out request of a store
+that has answered this process, after the client's own `ATTEMPTS`; then the record's error is
 `transient` and the next run tries it again."""
+CONNECT_SECONDS = 2.0
+"""An S3 connection not made in this time is a failed try (the AWS SDK's default is 1 s)."""
+REQUEST_SECONDS = 3.0
+"""A request that receives no byte for this long is a failed try (curl's low-speed limit; the
+time a large object takes to arrive does not count)."""
+ATTEMPTS = 3
+"""Tries of one request by the S3 client (with its backoff), then `RETRY_DELAYS` for a store that
+has answered: an endpoint that never answers fails in about 3 × 2-3 s plus the backoff."""
 LISTINGS_KEPT = 64
 """Folders whose listing a process keeps (each one LIST, paginated): bounded, so memory stays flat."""
 CHUNK = 16 << 20
@@ -45,12 +56,14 @@ class ObjectStoreError(ClefError):
     """The store refuses the job, not a record (credentials, a bucket, the endpoint): exit 1."""
 
 
-class ObjectProblem(Exception):
-    """One object cannot be used: that record's media error (`transient`: try again next run)."""
+class MissingObject(LocationProblem):
+    """The object is not there (404): a record's error, for a listing an empty folder, for the
+    remote store a fact to act on."""
 
-    def __init__(self, message: str, transient: bool = False) -> None:
-        super().__init__(message)
-        self.transient = transient
+
+class NoSuchBucket(ObjectStoreError):
+    """The bucket does not exist: the job's error (exit 1); where the job has done nothing yet (an
+    input's expansion, the output's check, `uploads.check_writable`), a usage error (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -63,136 +76,111 @@ class ObjectStamp:
     etag: str = ""
 
 
-def is_object_uri(location: str) -> bool:
-    """A URI of an object store (`s3://b/k`), not http(s), data: or a local-filesystem URI."""
-    match = _OBJECT_URI.match(location) if "://" in location else None
-    return match is not None and match.group(1).lower() not in NOT_OBJECT_SCHEMES
-
-
-def normalized(uri: str, folder: bool = False) -> str:
-    """`uri` with its scheme in lower case and `.`/`..`/empty segments resolved; a query string,
-    a fragment or a climb above the bucket is refused (an `ObjectProblem`). `folder`: end in `/`."""
-    match = _OBJECT_URI.match(uri)
-    if match is None:
-        raise ObjectProblem(f"not a usable object URI (no query strings or fragments): {uri!r}")
-    scheme, bucket, path = match.group(1).lower(), match.group(2), match.group(3) or "/"
-    if not bucket:
-        raise ObjectProblem(f"no bucket in {uri!r}")
-    parts: list[str] = []
-    for segment in path.split("/"):
-        if segment == "..":
-            if not parts:
-                raise ObjectProblem(f"{uri!r} climbs above its bucket")
-            parts.pop()
-        elif segment not in ("", "."):
-            parts.append(segment)
-    tail = "/".join(parts)
-    if folder or (path.endswith("/") and tail):
-        tail = tail + "/" if tail else ""
-    return f"{scheme}://{bucket}/{tail}"
-
-
-def object_uri(text: str, what: str) -> str:
-    """`text` as one object's normalised URI (not a folder), or a usage error naming `what` (the
-    option or table it came as)."""
-    try:
-        uri = normalized(text)
-    except ObjectProblem as problem:
-        raise UsageError(f"{what} {text!r}: {problem}") from None
-    if uri.endswith("/"):
-        raise UsageError(f"{what} {text!r}: give an object's URI, not a folder")
-    return uri
-
-
-def joined(folder: str, entry: str) -> str:
-    """A relative media entry resolved against an object folder, as a path is against a folder."""
-    return normalized(normalized(folder, folder=True) + entry)
-
-
-def is_under(uri: str, root: str) -> bool:
-    """Whether normalised `uri` lies inside the folder `root` (`s3://b/media-x/a` is not under
-    `s3://b/media`): the root is compared with its trailing separator."""
-    return uri.startswith(normalized(root, folder=True)) and not uri.endswith("/")
-
-
-def parent(uri: str) -> str:
-    return uri.rsplit("/", 1)[0] + "/"
-
-
 # --------------------------------------------------------------------------- the filesystems
 
 _filesystems: dict[str, tuple[Any, str]] = {}
 _readable: set[str] = set()
 """Buckets this process has read an object from: access denied there is one object's ACL (the
 record's error); before any read, it is the job's credentials (the job's error)."""
+_answered: set[str] = set()
+"""Buckets whose store has answered a request of this process: a timeout there is the moment's
+(retried, then transient); before any answer, the endpoint's (the job's error)."""
 _lock = threading.Lock()
-
-
-def _bucket_root(uri: str) -> str:
-    scheme, _, rest = uri.partition("://")
-    return f"{scheme}://{rest.partition('/')[0]}"
 
 
 def filesystem(uri: str) -> tuple[Any, str]:
     """(pyarrow filesystem, its path for `uri`); one filesystem per bucket and process."""
     import pyarrow.fs as pafs
 
-    root = _bucket_root(uri)
+    root = bucket_root(uri)
     key = uri[len(root) + 1 :]
     with _lock:
         found = _filesystems.get(root)
     if found is None:
         try:
-            found = pafs.FileSystem.from_uri(root)
+            opened, base = pafs.FileSystem.from_uri(root)
+            found = _with_policy(opened), base
         except (ValueError, OSError, ImportError) as error:
-            raise ObjectProblem(f"cannot open {root}: {_short(error)}") from None
+            raise LocationProblem(f"cannot open {root}: {_short(error)}") from None
         with _lock:
             _filesystems[root] = found
     fs, base = found
     return fs, (base.rstrip("/") + "/" + key) if key else base
 
 
+def _with_policy(fs: Any) -> Any:
+    """`fs` (as `from_uri` configured it from the URI and the environment) with the module's
+    timeouts and tries; a filesystem other than S3 as it is."""
+    import pyarrow.fs as pafs
+
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    _, (options,) = fs.__reduce__()  # every option from_uri set (region, endpoint, credentials)
+    options |= {"connect_timeout": CONNECT_SECONDS, "request_timeout": REQUEST_SECONDS}
+    return pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=ATTEMPTS))
+
+
 def _short(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    text = str(error).split("Debug source:", 1)[0]  # obstore appends its error's whole tree
+    text = " ".join(text.split())
     return re.sub(r"\s*\(Request ID: [^)]*\)", "", text)[:300]
 
 
-_TRANSIENT = ("SLOW_DOWN", "THROTTL", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "REQUEST_TIMEOUT", "curlCode: 28")
-_TRANSIENT_STATUS = re.compile(r"HTTP (status|response code):? (5\d\d|429)|timed? ?out", re.I)
+_TRANSIENT = ("SLOW_DOWN", "THROTTL", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "REQUEST_TIMEOUT")
+_TRANSIENT += ("SlowDown", "Throttl", "ServiceUnavailable", "InternalError", "RequestTimeout")
+_TRANSIENT_STATUS = re.compile(r"HTTP (status|response code):? (5\d\d|429)|status code: (5\d\d|429)", re.I)
+_TIMED_OUT = re.compile(r"curlCode: 28|\btimed out\b|Timeout was reached", re.I)
+"""pyarrow's (curl's) and obstore's (reqwest's) timeouts; not obstore's `retry_timeout:` setting."""
 _CREDENTIALS = ("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "EXPIRED_TOKEN", "MISSING_AUTHENTICATION")
+_CREDENTIALS += ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "MissingAuthentication")
 _UNREACHABLE = ("curlCode: 6,", "curlCode: 7,", "Could not connect", "Could not resolve")
+_UNREACHABLE += ("error sending request", "dns error", "Connection refused")
+_NO_BUCKET = ("NO_SUCH_BUCKET", "NoSuchBucket")
+"""Marks in the failures of pyarrow's S3 client (upper case) and obstore's (S3's own codes)."""
 
 
-def _classify(error: OSError, uri: str, listing: bool) -> BaseException:
-    """The exception a store's failure becomes (see the module's note)."""
-    text = _short(error)
+def _classify(error: BaseException, uri: str, listing: bool = False) -> BaseException:
+    """What a store's failure for `uri` becomes, the same wherever the object is and whichever
+    client met it (an `OSError` of pyarrow, any failure of obstore, locations/buckets.py; see the
+    module's note): an `ObjectStoreError` (the job's, one line naming the URI and what to check),
+    a transient `LocationProblem` (retry later), or a `LocationProblem` (the record's).
+    `listing`: the failure was a folder's listing (access denied there is the job's)."""
+    text = _short(error)  # what the message shows; the marks are looked for in the whole text
+    whole = " ".join(str(error).split())
+    root = bucket_root(uri)
+    with _lock:
+        answered, readable = root in _answered, root in _readable
+    if any(mark in whole for mark in _NO_BUCKET):
+        return NoSuchBucket(f"bucket of {uri} does not exist ({text})")
     if isinstance(error, FileNotFoundError):
-        return ObjectProblem(f"object not found: {uri}")
-    if "NO_SUCH_BUCKET" in text:
-        return ObjectStoreError(f"bucket of {uri} does not exist ({text})")
-    if any(mark in text for mark in _CREDENTIALS):
-        return ObjectStoreError(f"the store refused the job's credentials reading {uri} ({text})")
-    if any(mark in text for mark in _UNREACHABLE):
-        return ObjectStoreError(f"the object store does not answer for {uri} ({text})")
-    if any(mark in text for mark in _TRANSIENT) or _TRANSIENT_STATUS.search(text):
-        return ObjectProblem(f"the store kept failing for {uri}: {text}", transient=True)
-    if "ACCESS_DENIED" in text or "AccessDenied" in text or "403" in text:
-        with _lock:
-            readable = _bucket_root(uri) in _readable
+        return MissingObject(f"object not found: {uri}")
+    if any(mark in whole for mark in _CREDENTIALS):
+        return ObjectStoreError(f"the object store refused the job's credentials for {uri} ({text})")
+    if any(mark in whole for mark in _UNREACHABLE) or (_TIMED_OUT.search(whole) and not answered):
+        return ObjectStoreError(f"the object store does not answer for {uri} (check the endpoint): {text}")
+    if any(mark in whole for mark in _TRANSIENT) or _TRANSIENT_STATUS.search(whole) or _TIMED_OUT.search(whole):
+        return LocationProblem(f"the store kept failing for {uri}: {text}", transient=True)
+    if "ACCESS_DENIED" in whole or "AccessDenied" in whole or "403" in whole:
         if listing or not readable:  # the folder or the bucket: every record in it would fail alike
-            return ObjectStoreError(f"access denied reading {uri} (check the job's credentials): {text}")
-        return ObjectProblem(f"access denied: {uri}")
-    return ObjectProblem(f"cannot read {uri}: {text}")
+            return ObjectStoreError(f"access denied for {uri} (check the job's credentials): {text}")
+        return LocationProblem(f"access denied: {uri}")
+    return LocationProblem(f"cannot read {uri}: {text}")
 
 
-def _retried(uri: str, listing: bool, call: Any) -> Any:
-    """`call()`, retried after each of `RETRY_DELAYS` while it fails transiently."""
+def _retried(uri: str, listing: bool, call: Any, errors: tuple[type[BaseException], ...] = (OSError,)) -> Any:
+    """`call()`, a request to the store of `uri`, its failure sorted (`_classify`) and retried
+    after each of `RETRY_DELAYS` while transient; the store marked as having answered. `errors`:
+    the failures of the client `call` uses (pyarrow's are `OSError`s)."""
     for delay in (*RETRY_DELAYS, None):
         try:
-            return call()
-        except OSError as error:
+            found = call()
+        except errors as error:
             problem = _classify(error, uri, listing)
-        if not (isinstance(problem, ObjectProblem) and problem.transient) or delay is None:
+        else:
+            with _lock:
+                _answered.add(bucket_root(uri))
+            return found
+        if not (isinstance(problem, LocationProblem) and problem.transient) or delay is None:
             raise problem
         time.sleep(delay)
     raise AssertionError("unreachable")
@@ -228,7 +216,7 @@ def _list(folder: str) -> dict[str, ObjectStamp]:
     selector = pafs.FileSelector(path.rstrip("/"), recursive=False)
     try:
         infos = _retried(folder, True, lambda: fs.get_file_info(selector))
-    except ObjectProblem as problem:
+    except LocationProblem as problem:
         if problem.transient:
             raise
         infos = []  # no object under the prefix (an unknown bucket is an ObjectStoreError)
@@ -243,7 +231,7 @@ def stamp(uri: str) -> ObjectStamp:
     """The object's size and last-modified from its folder's listing (no GET, no HEAD)."""
     found = _listing(parent(uri)).get(uri.rsplit("/", 1)[1])
     if found is None:
-        raise ObjectProblem(f"object not found: {uri}")
+        raise LocationProblem(f"object not found: {uri}")
     return found
 
 
@@ -255,6 +243,7 @@ def forget() -> None:
         _listing_locks.clear()
         _filesystems.clear()
         _readable.clear()
+        _answered.clear()
 
 
 def _seconds(ns: int) -> int:
@@ -298,9 +287,9 @@ def read_object(uri: str, max_bytes: int, into: BinaryIO) -> ObjectStamp:
     try:
         found = _retried(uri, False, copy)
     except _Oversize as oversize:
-        raise ObjectProblem(f"object is {oversize.size} bytes, over the limit of {max_bytes}: {uri}") from None
+        raise LocationProblem(f"object is {oversize.size} bytes, over the limit of {max_bytes}: {uri}") from None
     with _lock:
-        _readable.add(_bucket_root(uri))
+        _readable.add(bucket_root(uri))
     return found
 
 

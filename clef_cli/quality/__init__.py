@@ -3,8 +3,9 @@
 The rooms, lowest first; a module imports only from its own room, the shared modules here, or a
 room listed before its own (tests/test_architecture.py checks it):
 
-- `labels/`: labels in and out: gold files and tool exports, the scored Parquet reader, the
-  inputs eval and calibrate read, the stored states of gold records;
+- `labels/`: labels in and out: gold files and tool exports, CSV cells a spreadsheet opens as
+  text, the scored Parquet reader, the inputs eval and calibrate read, the stored states of gold
+  records;
 - shared here: `metrics` (the numbers every command reports), `text_table` (tables for a
   terminal, a pipe or a file), `figures` (the HTML reports' plots);
 - `calibrate/`: temperature scaling (fit, apply, save);

@@ -7,7 +7,7 @@
 - A named pipe, a character device (`/dev/null`) or `-` (stdout) would be destroyed by a rename,
   so the bytes are streamed into it, without a temporary file.
 - An object URI (`s3://bucket/out/stats.json`) is written into a local temporary file and
-  uploaded whole (`remote_output.upload_whole`): the object appears complete or not at all.
+  uploaded whole (`locations/uploads.py`): the object appears complete or not at all.
 
 `ensure_writable` refuses, before any work, an output that could only fail after it (a missing or
 unwritable folder, a folder given for a file). Torch-free on purpose, so commands that only read
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.locations.object_store import is_object_uri
+from clef_cli.locations.uris import is_object_uri
 from clef_cli.store import durable
 
 STDOUT = "-"
@@ -65,7 +65,7 @@ def write_file(path: Path | str, write: Writer, before_rename: Callable[[], None
 def _upload(uri: str, write: Writer) -> None:
     import tempfile
 
-    from clef_cli.store.remote_output import upload_whole
+    from clef_cli.locations.uploads import upload_whole
 
     with tempfile.TemporaryDirectory(prefix="clef-upload-") as folder:
         local = Path(folder) / "body"
@@ -163,7 +163,10 @@ def ensure_writable(path: Path | str, option: str, stdout: bool = False) -> None
             raise UsageError(f"{option} cannot be - (stdout): give a file")
         return
     if isinstance(path, str) and is_object_uri(path):
-        return  # uploaded whole at the end; the store's answer is the job's error then
+        from clef_cli.locations.uploads import check_writable
+
+        check_writable(path, option)  # uploaded whole at the end: the bucket is asked now
+        return
     path = Path(path)
     try:
         target = _resolved(path)

@@ -25,10 +25,11 @@ Opening only to read (`checkpoint info`, `--rehead`, train-head) checks hidden s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload, HiddenReader, HiddenShardFile
     from clef_cli.store.ledger import Ledger
 
+Fetch = Callable[["Checkpoint", "ShardEntry", str], None]
+
 JOURNAL = "journal.jsonl"
 SHARDS = "shards"
 
@@ -68,10 +71,18 @@ class ShardEntry:
     records: int
     files: dict[str, dict[str, Any]]
     run: str
+    remote: dict[str, Any] | None = None
+    """A part of a segment of a store in a bucket (store/remote/): where its files lie there. They
+    are downloaded into shards/ when first read (`Checkpoint.fetch`), so a missing one is no damage."""
 
     @property
     def has_hidden(self) -> bool:
         return "hidden" in self.files
+
+    def line(self) -> str:
+        """The entry's journal line (a local shard's has no `remote`, as before there was one)."""
+        body = {key: value for key, value in self.__dict__.items() if key != "remote" or value is not None}
+        return json.dumps(body, sort_keys=True) + "\n"
 
 
 def require_folder(path: Path) -> None:
@@ -105,12 +116,17 @@ class Checkpoint:
         self._names = ShardNames()
         self.dropped: list[ShardEntry] = []
         """Shards found damaged on open; their records are computed again."""
+        self.fetch: Fetch | None = None
+        """Downloads a remote part's file (checkpoint, entry, kind) into shards/ (store/remote/cache.py)."""
 
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def open(cls, path: Path, manifest: dict[str, Any], restart: bool = False) -> Checkpoint:
-        """Create, or reuse after checking that the stored scoring fingerprint matches this run's."""
+    def open(
+        cls, path: Path, manifest: dict[str, Any], restart: bool = False, fetch: Fetch | None = None
+    ) -> Checkpoint:
+        """Create, or reuse after checking that the stored scoring fingerprint matches this run's;
+        `fetch`: where remote parts' files come from (a store in a bucket's cache)."""
         if restart and path.exists():
             discard(path)
         durable.mkdir(path)
@@ -124,6 +140,7 @@ class Checkpoint:
                 raise CheckpointMismatch(mismatch_message(path, stored, manifest))
             durable.mkdir(path / SHARDS)
         checkpoint = cls(path, stored)
+        checkpoint.fetch = fetch
         lines = checkpoint._read_journal(hidden_states=True)
         checkpoint._repair(lines)
         checkpoint._remember_verified()
@@ -131,7 +148,7 @@ class Checkpoint:
         return checkpoint
 
     @classmethod
-    def open_existing(cls, path: Path) -> Checkpoint:
+    def open_existing(cls, path: Path, fetch: Fetch | None = None) -> Checkpoint:
         """For reading (info, rehead, train-head): the checkpoint must exist; its shards are not
         changed (the key index is brought up to date with the journal)."""
         require_folder(path)
@@ -139,6 +156,7 @@ class Checkpoint:
         if manifest is None:
             raise UsageError(f"{path} is not a clef checkpoint (no {MANIFEST})")
         checkpoint = cls(path, manifest)
+        checkpoint.fetch = fetch
         checkpoint._read_journal()
         checkpoint._open_index()
         return checkpoint
@@ -155,7 +173,8 @@ class Checkpoint:
         for entry in self.entries:
             if entry.name not in indexed or entry.name in stale:
                 results = self.shards_path / files[entry.name]
-                run_seq = index.begin_run(entry.run or "unknown", started=results.stat().st_mtime)
+                started = results.stat().st_mtime if results.exists() else None  # a remote part not yet read
+                run_seq = index.begin_run(entry.run or "unknown", started=started)
                 missing.append((entry.name, self.shard_table(entry.name), entry.has_hidden, run_seq, files[entry.name]))
         if stale or missing:
             index.reconcile(stale, missing)
@@ -169,7 +188,13 @@ class Checkpoint:
         )
         return self.run_seq
 
-    def close(self) -> None:
+    @property
+    def where(self) -> str:
+        """The store as messages and provenance name it (a bucket store: its URI)."""
+        return str(self.path)
+
+    def close(self, quiet: bool = False) -> None:
+        """Close the key index (`quiet`: the job is failing; a store that syncs raises nothing more)."""
         if self.index is not None:
             self.index.close()
 
@@ -184,7 +209,8 @@ class Checkpoint:
                 seen_lines += 1
                 try:
                     raw = json.loads(line)
-                    parsed.append(ShardEntry(raw["name"], int(raw["records"]), raw["files"], raw.get("run", "")))
+                    run, remote = raw.get("run", ""), raw.get("remote")
+                    parsed.append(ShardEntry(raw["name"], int(raw["records"]), raw["files"], run, remote))
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     continue  # a line cut short by a kill: its shard never counted
         memo = read_verified(self.path) if hidden_states else {}
@@ -201,15 +227,17 @@ class Checkpoint:
             self._rewrite_journal()
 
     def _verify(self, entry: ShardEntry, hidden_states: bool, memo: dict[str, Stamp]) -> bool:
-        """Every file of the shard matches its journal line (store/shard_checks.py)."""
+        """Every file of the shard matches its journal line (store/shard_checks.py); a remote part's
+        file not yet downloaded is checked when it is."""
         return all(
             file_matches(self.shards_path / described["name"], kind, described, hidden_states, memo)
             for kind, described in entry.files.items()
+            if not _in_bucket(entry, described) or (self.shards_path / described["name"]).exists()
         )
 
     def _remember_verified(self) -> None:
         hidden = [self.shards_path / entry.files["hidden"]["name"] for entry in self.entries if entry.has_hidden]
-        remember_verified(self.path, hidden)
+        remember_verified(self.path, [path for path in hidden if path.exists()])
 
     def _remove_unjournaled(self) -> None:
         """Shard files without a journal line, and temporaries a killed write left (the caller
@@ -222,8 +250,7 @@ class Checkpoint:
             durable.unlink(path)
 
     def _rewrite_journal(self) -> None:
-        lines = "".join(json.dumps(entry.__dict__, sort_keys=True) + "\n" for entry in self.entries)
-        write_text(self.path / JOURNAL, lines)
+        write_text(self.path / JOURNAL, "".join(entry.line() for entry in self.entries))
 
     # ------------------------------------------------------------------ committing
 
@@ -260,7 +287,7 @@ class Checkpoint:
         elif hidden_file is not None:
             files["hidden"] = hidden_file
         entry = ShardEntry(name=name, records=table.num_rows, files=files, run=self.run_id)
-        durable.append(self.path / JOURNAL, (json.dumps(entry.__dict__, sort_keys=True) + "\n").encode("utf-8"))
+        durable.append(self.path / JOURNAL, entry.line().encode("utf-8"))
         self.entries.append(entry)
         if self.index is not None:
             self.index.add_shard(name, table, entry.has_hidden, self.run_seq, files["results"]["name"])
@@ -280,7 +307,7 @@ class Checkpoint:
         """One committed shard's results, memory-mapped, not kept open by the checkpoint (the
         output's bounded reader closes what it no longer needs)."""
         entry = self._names.entry(self.entries, name)
-        source = pa.memory_map(str(self.shards_path / entry.files["results"]["name"]))
+        source = pa.memory_map(str(self.local_file(entry, "results")))
         return ipc.open_file(source).read_all()
 
     def results(self) -> pa.Table:
@@ -296,53 +323,45 @@ class Checkpoint:
         for entry in self.entries:
             if entry.has_hidden:
                 described = entry.files["hidden"]
-                shards.append(HiddenShardFile(self.shards_path / described["name"], entry.records, described["crc32"]))
+                fetch = functools.partial(self.local_file, entry, "hidden") if _in_bucket(entry, described) else None
+                path = self.shards_path / described["name"]
+                shards.append(HiddenShardFile(path, entry.records, described["crc32"], fetch))
         return shards
+
+    def local_file(self, entry: ShardEntry, kind: str) -> Path:
+        """The shard's `kind` file (results, hidden), downloaded first when it is a remote part's."""
+        path = self.shards_path / entry.files[kind]["name"]
+        if _in_bucket(entry, entry.files[kind]) and self.fetch is not None and not path.exists():
+            self.fetch(self, entry, kind)
+        return path
+
+    @property
+    def hidden_target(self) -> str:
+        """Where a `--ray` actor writes a batch's hidden-state shard (`shard_files.put_hidden_shard`)."""
+        return str(self.shards_path.resolve())
+
+    @property
+    def needs_shared_disk(self) -> bool:
+        """Whether `--ray` actors must see `hidden_target` on a disk every node mounts."""
+        return True
 
     def hidden_reader(self) -> HiddenReader:
         from clef_cli.store.hidden_store import HiddenReader
 
         return HiddenReader(self.hidden_shards())
 
-    def size_on_disk(self) -> int:
-        return sum(path.stat().st_size for path in self.path.rglob("*") if path.is_file())
-
-    def keys_with_states(self) -> int:
-        """Scored keys whose hidden states the store holds: the live rows without an error of the
-        shards that have states (a failed record's row has none)."""
-        assert self.index is not None
-        count = 0
-        for entry in self.entries:
-            if entry.has_hidden:
-                rows = self.index.live_rows(entry.name)
-                errors = self.shard_table(entry.name).column("error").take(pa.array(rows, pa.int64()))
-                count += errors.null_count
-        return count
-
     def info(self) -> dict[str, Any]:
-        """The scoring fingerprint, the keys, the size by kind, and the runs that used the store."""
-        manifest = self.manifest
-        sizes = {"results": 0, "hidden": 0}
-        for entry in self.entries:
-            for kind, described in entry.files.items():
-                sizes[kind] = sizes.get(kind, 0) + int(described["bytes"])
-        assert self.index is not None
-        return {
-            "path": str(self.path),
-            "keys": self.index.count(),
-            "shards": len(self.entries),
-            "shards_with_hidden_states": sum(entry.has_hidden for entry in self.entries),
-            "keys_with_hidden_states": self.keys_with_states(),
-            "size_bytes": self.size_on_disk(),
-            "results_bytes": sizes["results"],
-            "hidden_bytes": sizes["hidden"],
-            "model": manifest.get("model", {}),
-            "settings": manifest.get("settings", {}),
-            "created": manifest.get("created"),
-            "damaged_shards": [entry.name for entry in self.dropped],
-            "damaged_records": sum(entry.records for entry in self.dropped),
-            "runs": self.index.runs(),
-        }
+        """The scoring fingerprint, the keys, the size by kind, and the runs that used the store
+        (store/checkpoint_info.py)."""
+        from clef_cli.store.checkpoint_info import local_info
+
+        return local_info(self)
+
+
+def _in_bucket(entry: ShardEntry, described: dict[str, Any]) -> bool:
+    """The file lies in a bucket store (a remote part's, or a `--ray` actor's upload), so missing
+    here it is no damage: it is downloaded when read."""
+    return entry.remote is not None or "object" in described
 
 
 def _absolute(location: str | Path) -> str:
@@ -351,10 +370,17 @@ def _absolute(location: str | Path) -> str:
     return text if "://" in text else str(Path(text).absolute())
 
 
-def discard(path: Path) -> None:
-    """Remove a checkpoint folder (only one that looks like a checkpoint)."""
+def discard(path: Path, keep_logs: bool = False) -> None:
+    """Remove a checkpoint folder (only one that looks like a checkpoint). `keep_logs`: a failed
+    job's engine log (`vllm.log`, `ray.log`), which its one-line error names, stays alone in it."""
     if not path.exists():
         return
     if not (path / MANIFEST).exists() and any(path.iterdir()):
         raise ClefError(f"refusing to delete {path}: it does not look like a clef checkpoint")
-    durable.rmtree(path)
+    logs = [item for item in path.iterdir() if item.suffix == ".log" and item.is_file()] if keep_logs else []
+    if not logs:
+        durable.rmtree(path)
+        return
+    for item in path.iterdir():
+        if item not in logs:
+            durable.rmtree(item) if item.is_dir() and not item.is_symlink() else durable.unlink(item)

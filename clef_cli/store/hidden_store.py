@@ -17,8 +17,8 @@ loads the states of chosen records on demand, so a job's states are never all in
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -124,17 +124,56 @@ def hidden_payload(records: Sequence[EncodedRecord], hidden_states: torch.Tensor
 
 # ----------------------------------------------------------------------------- reading
 
+STATE_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+MAX_HEADER = 1 << 30
+
+
+def states_dtype(read: Callable[[int, int], bytes]) -> str | None:
+    """The dtype a hidden shard keeps its states in, from its header alone (`read(start, end)`:
+    the file's bytes in that range, a local file's or an object's by a ranged GET); None when the
+    bytes are no hidden shard or it holds no states."""
+    try:
+        length = int.from_bytes(read(0, 8), "little")
+        if not 2 <= length <= MAX_HEADER:
+            return None
+        header = json.loads(read(8, 8 + length))
+        name = next((key for key in header if key.startswith("hidden.")), None)
+        return STATE_DTYPES.get(header[name]["dtype"]) if name is not None else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def file_states_dtype(path: Path) -> str | None:
+    """`states_dtype` of a local hidden shard (None when it cannot be read)."""
+
+    def read(start: int, end: int) -> bytes:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            return handle.read(end - start)
+
+    try:
+        return states_dtype(read)
+    except OSError:
+        return None
+
 
 @dataclass(frozen=True)
 class HiddenShardFile:
-    """A committed hidden shard: where it is and the CRC32 its journal line promises."""
+    """A committed hidden shard: where it is and the CRC32 its journal line promises; `fetch`
+    downloads it first when it is a part of a store in a bucket (read only when needed)."""
 
     path: Path
     records: int
     crc32: int
+    fetch: Callable[[], object] | None = field(default=None, compare=False)
+
+    def local(self) -> Path:
+        if self.fetch is not None and not self.path.exists():
+            self.fetch()
+        return self.path
 
     def verify(self) -> bool:
-        return file_crc32(self.path) == self.crc32
+        return file_crc32(self.local()) == self.crc32
 
 
 @dataclass(frozen=True)
@@ -244,10 +283,12 @@ class HiddenReader:
     def num_records(self) -> int:
         return sum(shard.records for shard in self.shards)
 
-    def verify(self) -> None:
-        """Check every shard's checksum (one sequential read of the states) before a long job."""
+    def verify(self, only: Collection[Path] | None = None) -> None:
+        """Check every shard's checksum (one sequential read of the states) before a long job;
+        only those at the paths in `only` when given (a store in a bucket downloads what it checks)."""
         for shard in self.shards:
-            check_shard(shard)
+            if only is None or shard.path in only:
+                check_shard(shard)
 
     def by_shard(
         self, states: bool = True, verify: bool = True
@@ -256,7 +297,7 @@ class HiddenReader:
         for shard in self.shards:
             if verify and states:
                 check_shard(shard)
-            yield shard, read_shard(shard.path, states)
+            yield shard, read_shard(shard.local(), states)
 
     def records(self, states: bool = True, verify: bool = True) -> Iterator[StoredRecord]:
         for _, stored in self.by_shard(states, verify):

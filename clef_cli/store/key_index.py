@@ -19,7 +19,7 @@ import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,30 @@ class KeyIndex:
         with self.transaction() as db:
             _insert_shard(db, name, table, has_hidden, run_seq, file)
 
+    def add_keys(self, shards: Sequence[tuple[str, str]], rows: Iterable[tuple[str, str, int, int, int, int]]) -> None:
+        """Index shards from their keys alone, in one transaction: `shards` (name, results file),
+        `rows` (key, shard, row, final, hidden, run seq); the parts of a store's segments
+        (store/remote/cache.py), whose results are downloaded only when read."""
+        with self.transaction() as db:
+            _upsert(db, ((key, shard, 0, row, final, hidden, run) for key, shard, row, final, hidden, run in rows))
+            db.executemany("INSERT OR REPLACE INTO shards(name, seq, file) VALUES (?, 0, ?)", shards)
+
+    def merge_runs(self, runs: dict[str, dict[str, Any]]) -> dict[str, int]:
+        """Runs other machines recorded in the store's manifest (run id -> its record), added to
+        this index's history or completed in it; run id -> seq."""
+        seqs = {}
+        with self.transaction() as db:
+            for run_id, run in runs.items():
+                started = run.get("started") or 0
+                db.execute("INSERT OR IGNORE INTO runs(run_id, started) VALUES (?, ?)", (run_id, started))
+                fields = {name: run.get(name) for name in ("finished", "interrupted", "output") if run.get(name)}
+                fields |= {name: json.dumps(run[name]) for name in ("counts", "inputs") if run.get(name)}
+                if fields:
+                    sets = ", ".join(f"{name} = ?" for name in fields)
+                    db.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", (*fields.values(), run_id))
+                seqs[run_id] = int(db.execute("SELECT seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()[0])
+        return seqs
+
     def reconcile(self, stale: set[str], missing: Sequence[tuple[str, pa.Table, bool, int, str | None]]) -> None:
         """In one transaction: forget the `stale` shards (no longer journaled: pruned, damaged;
         or rewritten by a prune) and index the `missing` ones (name, table, has_hidden, run seq,
@@ -282,19 +306,26 @@ def _insert_shard(
     kinds = table.column("error_kind").to_pylist()
     errors = table.column("error").to_pylist()
     seq = int(name) if name.isdigit() else 0
-    rows = [
+    rows = (
         (key, name, seq, row, int(kind not in RETRIED_KINDS), int(has_hidden or error is not None), run_seq)
         for row, (key, kind, error) in enumerate(zip(keys, kinds, errors, strict=True))
         if key is not None
-    ]
+    )
+    _upsert(db, rows)
+    db.execute("INSERT OR REPLACE INTO shards(name, seq, file) VALUES (?, ?, ?)", (name, seq, file))
+
+
+def _upsert(db: sqlite3.Connection, rows: Iterable[tuple[str, str, int, int, int, int, int]]) -> None:
+    """Index (key, shard, seq, row, final, hidden, run seq) rows: a later shard's row wins, and a
+    final result is never replaced by a transient one, nor one with hidden states by one without."""
     db.executemany(
         "INSERT INTO keys(key, shard, seq, row, final, hidden, last_run) VALUES (?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT(key) DO UPDATE SET shard = excluded.shard, seq = excluded.seq, row = excluded.row, "
         "final = excluded.final, hidden = excluded.hidden, last_run = MAX(keys.last_run, excluded.last_run) "
-        "WHERE excluded.seq >= keys.seq AND (excluded.final = 1 OR keys.final = 0)",
+        "WHERE excluded.seq >= keys.seq AND (excluded.final = 1 OR keys.final = 0) "
+        "AND (excluded.hidden = 1 OR keys.hidden = 0 OR keys.final = 0)",
         rows,
     )
-    db.execute("INSERT OR REPLACE INTO shards(name, seq, file) VALUES (?, ?, ?)", (name, seq, file))
 
 
 def _json_or(text: str | None, default: Any) -> Any:

@@ -18,7 +18,7 @@ from itertools import repeat
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, error_of_copy
 from clef_cli.inputs.record_chunks import record_chunks
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.results import RESULT_SCHEMA, FailedRecord, RunCounts, results_table
@@ -237,6 +237,10 @@ class Ledger:
             by_shard.setdefault(shard, []).append((row, position, record_id))
         for shard, wanted in by_shard.items():
             taken = shards.take(shard, [row for row, _, _ in wanted])
+            if taken.column("error").null_count < len(taken):  # a failed prompt: each copy names itself
+                errors = zip(taken.column("error").to_pylist(), taken.column("id").to_pylist(), wanted, strict=True)
+                named = [error and error_of_copy(error, stored, rid) for error, stored, (_, _, rid) in errors]
+                taken = taken.set_column(taken.schema.get_field_index("error"), "error", pa.array(named, pa.string()))
             taken = taken.set_column(0, "id", pa.array([rid for _, _, rid in wanted], pa.string()))
             taken = taken.set_column(1, "record_index", pa.array([pos for _, pos, _ in wanted], pa.int64()))
             yield taken.cast(RESULT_SCHEMA)

@@ -21,6 +21,9 @@ from clef_cli.errors import ClefError
 from clef_cli.store import durable
 from clef_cli.store.atomic import is_character_device
 
+_held: dict[int, JobLock] = {}
+"""The locks this process holds now, by id: what a process ended at once lets go (`abandon_held`)."""
+
 
 class LockedError(ClefError):
     """Another live job holds the lock."""
@@ -72,8 +75,10 @@ class JobLock:
         durable.write_at(descriptor, self.path, json.dumps(self.owner).encode("utf-8"))
         durable.fsync(descriptor, self.path)
         self._descriptor = descriptor
+        _held[id(self)] = self
 
     def release(self) -> None:
+        _held.pop(id(self), None)
         if self._descriptor is None:
             return
         with contextlib.suppress(FileNotFoundError):
@@ -87,6 +92,20 @@ class JobLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def abandon_held() -> None:
+    """Remove the lock files this process holds, for a process about to end at once (a second
+    Ctrl-C, `cli/stopping.py`): the kernel drops the `flock` itself, and without this the files
+    would stay until the next run took them over. Only a file that is still this lock's (same
+    inode) goes; nothing here raises."""
+    for lock in list(_held.values()):
+        descriptor = lock._descriptor
+        if descriptor is None:
+            continue
+        with contextlib.suppress(OSError):
+            if os.stat(lock.path).st_ino == os.fstat(descriptor).st_ino:
+                durable.unlink(lock.path)
 
 
 @contextlib.contextmanager

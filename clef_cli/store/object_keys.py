@@ -19,12 +19,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from clef_cli.encoding.media_limits import MediaError, MediaLimits
+from clef_cli.encoding.media_limits import MediaLimits
 from clef_cli.encoding.remote_fetch import FetchError
-from clef_cli.encoding.remote_objects import object_location, spool_filler
+from clef_cli.encoding.remote_objects import spool_filler
 from clef_cli.encoding.remote_spool import RemoteSpool
-from clef_cli.inputs.sources import MediaBase
-from clef_cli.locations.object_store import ObjectProblem, ObjectStamp, read_object, stamp
+from clef_cli.locations.object_store import ObjectStamp, read_object, stamp
+from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.media_stats import ObjectStats
 
 
@@ -56,12 +56,9 @@ class ObjectKeys:
     _keys: OrderedDict[str, str] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def entry(self, entry: str, base: MediaBase) -> str:
-        """The entry's key part (threads may call it at once: `MediaHasher.prefetch`)."""
-        try:
-            uri = object_location(entry, base, self.limits)
-        except MediaError as error:
-            return f"refused:{entry}:{error}"
+    def entry(self, uri: str) -> str:
+        """The key part of an object the fence allowed (`fence.place`: a normalised URI); threads
+        may call it at once (`MediaHasher.prefetch`)."""
         with self._lock:
             if uri in self._keys:
                 self._keys.move_to_end(uri)
@@ -76,7 +73,7 @@ class ObjectKeys:
     def _key(self, uri: str) -> str:
         try:
             listed = stamp(uri)
-        except ObjectProblem as problem:
+        except LocationProblem as problem:
             return f"unfetched:{uri}" if problem.transient else f"missing:{uri}"
         if listed.size > self.limits.max_file_bytes:
             return f"oversize:{uri}:{listed.size}"
@@ -86,7 +83,7 @@ class ObjectKeys:
         seen: list[ObjectStamp] = []
         try:
             digest = "sha256:" + self._read(uri, seen)
-        except (ObjectProblem, FetchError) as problem:
+        except (LocationProblem, FetchError) as problem:
             return f"unfetched:{uri}" if problem.transient else f"refused:{uri}:{problem}"
         if self.stats is not None and seen:
             read = seen[-1]

@@ -51,6 +51,8 @@ class PruneReport:
     dry_run: bool = False
     drops_every_key: bool = False
     """Every key would go (refused unless forced; a dry run only says so)."""
+    objects_deleted: int = 0
+    """A store in a bucket: objects no manifest names any more, deleted after the grace period."""
 
 
 def check_limits(keep_runs: int | None, older_than_days: float | None) -> None:

@@ -20,7 +20,10 @@ Version 1 of the key hashes, in this order, as one canonical JSON document:
   URL is scored again), an object in a store's bytes (`object_keys.py`: unchanged objects from
   the store's cache, no download). Without --allow-remote-media a URL is keyed by its text (`url:`). An
   entry that cannot be read is keyed by why (`missing:`, `unreadable:`, `oversize:` with the
-  path; `refused:` a URL or a path outside --media-root with the reason; `unfetched:` a fetch
+  path; `refused:` with the reason, for an entry the fence refuses (`fence.place`: outside
+  --media-root or the input's folder, a local file named by a record from an object store, a
+  control character or credentials in it: decided from its text alone) or a URL the fetcher
+  refuses; `unfetched:` a fetch
   that may work next time), so the record is tried again once the file exists. Bytes the
   record carries itself (a binary cell, a `datasets` `{bytes, path}` struct) are keyed as a
   file of those bytes is, `sha256:` of them, so a store made from files is reused by the same
@@ -58,14 +61,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_cli.encoding.media_limits import MediaError, MediaLimits
+from clef_cli.encoding.media_limits import MediaLimits
 from clef_cli.encoding.remote_fetch import FetchError, fetch
+from clef_cli.encoding.remote_objects import object_uris
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
-from clef_cli.inputs.media_cells import InlineBytes, MediaEntry
+from clef_cli.inputs.media_cells import MediaEntry
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
-from clef_cli.inputs.sources import MediaBase, names_object
-from clef_cli.locations.fence import open_confined
+from clef_cli.locations.fence import MediaBase, Place, open_confined, place
+from clef_cli.locations.uris import LocationProblem
 from clef_cli.release import file_sha256
 from clef_cli.store.media_stats import MediaStats, stamp_of
 from clef_cli.store.object_keys import ObjectKeys
@@ -184,21 +188,21 @@ class MediaHasher:
 
     def _prefetch_objects(self, records: list[Record]) -> None:
         """Objects in a store, keyed `fetch_threads` at a time (the same listing serves them all)."""
-        pairs = {
-            (entry, record.base_dir): None
-            for record in records
-            for name in MEDIA_FIELDS
-            for entry in getattr(record, name)
-            if isinstance(entry, str)  # not the record's own bytes
-            and not entry.startswith(("data:", "http://", "https://"))
-            and names_object(entry, record.base_dir)
-        }
-        if len(pairs) < 2:
+        uris = list(dict.fromkeys(uri for record in records for uri in object_uris(record, self.limits)))
+        if len(uris) < 2:
             return
-        objects = self.objects
-        with ThreadPoolExecutor(min(self.fetch_threads, len(pairs)), thread_name_prefix="clef-objects") as pool:
-            for _ in pool.map(lambda pair: objects.entry(*pair), pairs):
+        with ThreadPoolExecutor(min(self.fetch_threads, len(uris)), thread_name_prefix="clef-objects") as pool:
+            for _ in pool.map(self.objects.entry, uris):
                 pass
+
+    def _place(self, entry: str, base_dir: MediaBase) -> Place | str:
+        """Where the entry leads (`fence.place`, the one fence decoding applies too), or the key
+        part of a refused entry: why, decided from the text before any file or object is looked
+        at, so the key says nothing of what exists."""
+        try:
+            return place(entry, base_dir, self.limits.roots)
+        except LocationProblem as problem:
+            return f"refused:{problem}"
 
     def _url(self, url: str) -> str:
         if not self.limits.allow_remote:
@@ -240,8 +244,11 @@ class MediaHasher:
 
     def entry(self, entry: MediaEntry, base_dir: MediaBase) -> str:
         if not isinstance(entry, str):  # the record's own bytes: keyed as a file of them is
-            return ("sha256:" if isinstance(entry, InlineBytes) else "samples:") + entry.digest
-        if entry.startswith("data:"):
+            return entry.key
+        where = self._place(entry, base_dir)
+        if isinstance(where, str):
+            return where
+        if where.kind == "data":
             header, _, payload = entry.partition(",")
             declared = header.removeprefix("data:").split(";")[0].strip().lower()  # its MIME type is checked
             try:
@@ -252,24 +259,20 @@ class MediaHasher:
                 return f"sha256:{digest}" if untyped else f"sha256:{digest}:type={declared}"
             except (binascii.Error, ValueError):
                 return "undecodable:" + hashlib.sha256(entry.encode()).hexdigest()
-        if entry.startswith(("http://", "https://")):
+        if where.kind == "url":
             return self._url(entry)
-        if names_object(entry, base_dir):
-            return self.objects.entry(entry, base_dir)
-        path = Path(entry)
-        if not path.is_absolute():
-            if base_dir is None:
-                return "unresolvable:" + entry
-            path = base_dir / path
-        return self._confined(path) if self.limits.media_roots else self._file(path)
+        if where.kind == "object":
+            return self.objects.entry(str(where.location))
+        path = Path(where.location)
+        return self._confined(path, where.shown) if self.limits.media_roots else self._file(path)
 
-    def _confined(self, path: Path) -> str:
+    def _confined(self, path: Path, name: str) -> str:
         """A file under --media-root, read through the same confined open as its decoding."""
         before = time.time_ns()  # dates a stat cache entry: taken before the stat (media_stats.py)
         try:
-            handle = open_confined(path, self.limits.media_roots, self.limits.max_file_bytes)
-        except MediaError as error:
-            return f"refused:{path}:{error}"
+            handle = open_confined(path, self.limits.media_roots, self.limits.max_file_bytes, name)
+        except LocationProblem as error:
+            return f"refused:{error}"
         with handle:
             info = os.fstat(handle.fileno())
             cached = (str(path), info.st_size, info.st_mtime_ns)

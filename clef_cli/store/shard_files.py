@@ -46,3 +46,27 @@ def ipc_bytes(table: pa.Table) -> bytes:
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def put_hidden_shard(target: str, payload_chunks: Sequence[bytes | memoryview]) -> dict[str, Any]:
+    """A hidden-state shard written where a store's writers put them (`Checkpoint.hidden_target`):
+    a local shards folder (the file, not yet counted), or a store in a bucket (an object named by
+    its content under `segments/`, uploaded now: a `--ray` actor on a node that shares no disk
+    with the driver). The journal description names the object as `object` then."""
+    import uuid
+
+    from clef_cli.locations.uris import is_object_uri
+
+    name = f"ray-{uuid.uuid4().hex}.hidden.safetensors"
+    if not is_object_uri(target):
+        return write_shard_file(Path(target), name, payload_chunks, "crc32")
+    from clef_cli.locations.buckets import bucket
+
+    chunks = list(payload_chunks)
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    obj = f"segments/{digest.hexdigest()[:32]}.hidden"
+    store = bucket(target)
+    store.put(store.key(target) + obj, lambda: iter(chunks))
+    return described_file(name, chunks, "crc32") | {"object": obj}

@@ -14,6 +14,9 @@ class ShardNames:
         self.entries: list | None = None
         self.scanned = self.highest = 0
         self.by_name: dict[str, Any] = {}
+        self.floor = 0
+        """Numbers at or below this are taken even when no entry has them (a bucket store's cache
+        whose synced shards were replaced by a compacted segment: store/remote/)."""
 
     def _follow(self, entries: list) -> None:
         if entries is not self.entries or self.scanned > len(entries):
@@ -25,9 +28,9 @@ class ShardNames:
         self.scanned = len(entries)
 
     def next_name(self, entries: list) -> str:
-        """One past the highest numbered name."""
+        """One past the highest numbered name (and the floor)."""
         self._follow(entries)
-        return f"{self.highest + 1:08d}"
+        return f"{max(self.highest, self.floor) + 1:08d}"
 
     def entry(self, entries: list, name: str) -> Any:
         """The entry named `name` (a KeyError when there is none)."""

@@ -3,7 +3,9 @@
 Two kinds of work share the pool: encoding the records of the batches about to run (urgent:
 the GPU waits on them) and planning the next window (measuring prompt lengths). A dispatcher
 keeps only a few tasks in the pool at once and always hands it the most urgent one, so planning
-never delays a batch. With `workers=0` everything runs inline, in order.
+never delays a batch. With `workers=0` everything runs inline, in order. A window's records are
+planned once their objects in a store are in the job's spool (`ObjectPrefetch`, started for the
+whole window first), so no worker waits on the network.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from clef_cli.encoding.object_prefetch import ObjectPrefetch
 from clef_cli.engines.local.workers import (
     EncoderSpec,
     encode_record,
@@ -68,9 +71,10 @@ class EncodePool:
     again is that record's error, the others are unaffected.
     """
 
-    def __init__(self, spec: EncoderSpec, workers: int) -> None:
+    def __init__(self, spec: EncoderSpec, workers: int, stop: threading.Event | None = None) -> None:
         self.spec = spec
         self.workers = workers
+        self._prefetch = ObjectPrefetch(spec.limits, stop)
         self._in_flight = max(2, 2 * workers)
         self._queue: list[_Task] = []
         self._suspects: list[_Task] = []
@@ -94,17 +98,48 @@ class EncodePool:
             initargs=(self.spec,),
         )
 
-    def _submit(self, priority: int, function: Callable[[Any], Any], argument: Any, crashed: Any) -> Future:
+    def _submit(
+        self, priority: int, function: Callable[[Any], Any], argument: Any, crashed: Any, result: Future | None = None
+    ) -> Future:
         if self.workers == 0:
             return self._executor.submit(function, argument)
-        task = _Task(priority, next(self._order), function, argument, crashed, Future())
+        task = _Task(priority, next(self._order), function, argument, crashed, result or Future())
         with self._condition:
+            if self._closed:  # a window's record whose objects arrived as the pool closed
+                task.result.cancel()
+                return task.result
             heapq.heappush(self._queue, task)
             self._condition.notify()
         return task.result
 
     def plan(self, record: Record) -> Future:
         return self._submit(BACKGROUND, plan_record, record, planning_crashed)
+
+    def plan_window(self, records: list[Record]) -> list[Future]:
+        """`plan` for each of a window's records once its objects are in the spool, the window's
+        reads all started first; a future fails with `PrefetchStopped` after a stop request."""
+        fetched = self._prefetch.records(records)
+        return [self._plan_after(record, ready) for record, ready in zip(records, fetched, strict=True)]
+
+    def _plan_after(self, record: Record, ready: Future | None) -> Future:
+        if ready is None:
+            return self.plan(record)
+        if self.workers == 0:  # planned inline on this thread, never on a read's
+            if (error := ready.exception()) is not None:
+                failed: Future = Future()
+                failed.set_exception(error)
+                return failed
+            return self.plan(record)
+        planned: Future = Future()
+        ready.add_done_callback(lambda done: self._plan_read(record, done, planned))
+        return planned
+
+    def _plan_read(self, record: Record, ready: Future, planned: Future) -> None:
+        """On the thread that finished the record's last read: its planning queued, into `planned`."""
+        if (error := ready.exception()) is not None:
+            planned.set_exception(error)
+        else:
+            self._submit(BACKGROUND, plan_record, record, planning_crashed, planned)
 
     def encode(self, record: Record) -> Future:
         return self._submit(URGENT, encode_record, record, encoding_crashed)
@@ -164,6 +199,7 @@ class EncodePool:
             self._condition.notify_all()
 
     def close(self) -> None:
+        self._prefetch.close()  # outside the lock: its reads' callbacks queue plans here
         with self._condition:
             self._closed = True
             for task in self._queue + self._suspects:

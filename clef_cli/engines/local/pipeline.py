@@ -161,7 +161,9 @@ class ScoreJob:
                 stats.backbone_on_cpu = _on_cpu(job.settings)
                 dtype = compute_dtype(job.settings)
                 media_dtype = None if dtype == "float32" else dtype
-                pool = encode_pool(job.settings, job.release, workers, spool, media_dtype, images_from_headers=True)
+                pool = encode_pool(
+                    job.settings, job.release, workers, spool, media_dtype, images_from_headers=True, stop=job.stop
+                )
             with pool:
                 executor = BatchExecutor(
                     job, pool, committer, lambda: self._load_scorer(job), self.stop, self._budget_lowered

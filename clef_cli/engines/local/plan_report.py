@@ -33,6 +33,7 @@ from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex
 from clef_cli.store.ledger import Ledger, ToRun
+from clef_cli.store.opening import open_existing_store
 from clef_cli.store.record_key import MediaHasher
 
 T = TypeVar("T")
@@ -179,11 +180,11 @@ def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, new: int, unhid
 def _from_store(settings: ScoreSettings, read: Callable[[Checkpoint], T]) -> T | None:
     """`read(checkpoint)` on the job's existing checkpoint; None without one, with --restart, or
     when it cannot be opened (a dry run changes nothing and refuses nothing)."""
-    path = settings.checkpoint_path
-    if settings.restart or not (path / MANIFEST).exists():
+    location = settings.store
+    if settings.restart or not (location.remote or (location.folder / MANIFEST).exists()):
         return None
-    with contextlib.suppress(ClefError):
-        checkpoint = Checkpoint.open_existing(path)
+    with contextlib.suppress(ClefError):  # a bucket store: its cache brought up to date, the bucket only read
+        checkpoint = open_existing_store(location, locked=False)
         try:
             return read(checkpoint)
         finally:

@@ -5,12 +5,14 @@ current one runs. Shared by the scoring run and the dry run.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clef_cli.encoding.object_prefetch import PrefetchStopped
 from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers
 from clef_cli.engines.local.workers import EncoderSpec, Planned, within_budget
@@ -45,9 +47,11 @@ def encode_pool(
     spool: Path | None = None,
     media_dtype: str | None = None,
     images_from_headers: bool = False,
+    stop: threading.Event | None = None,
 ) -> EncodePool:
     """`media_dtype`: the model's compute dtype, when the workers should cast media to it;
-    `images_from_headers`: plan image records without decoding them (a run, not a dry run)."""
+    `images_from_headers`: plan image records without decoding them (a run, not a dry run);
+    `stop`: the job's stop requests, which end the reads of objects ahead of planning."""
     threads = decode_threads_per_worker(workers)
     spec = EncoderSpec(
         release.path,
@@ -61,7 +65,7 @@ def encode_pool(
         images_from_headers,
         settings.special_tokens,
     )
-    return EncodePool(spec, workers)
+    return EncodePool(spec, workers, stop)
 
 
 def hidden_bytes_per_token(settings: ScoreSettings, hidden_size: int) -> int:
@@ -103,7 +107,7 @@ def planned_windows(
 
     def submit(chunk: list[Record | InvalidRecord]) -> tuple[list[FailedRecord], list[Future]]:
         failures = [FailedRecord(item.id, item.index, item.error) for item in chunk if isinstance(item, InvalidRecord)]
-        futures = [pool.plan(item) for item in chunk if isinstance(item, Record)]
+        futures = pool.plan_window([item for item in chunk if isinstance(item, Record)])
         return failures, futures
 
     pending = (record for record in records if record.index not in skip)
@@ -115,7 +119,10 @@ def planned_windows(
         planned: list[Planned] = []
         budget = [media_budget]
         for future in futures:
-            result: Planned = future.result()
+            try:
+                result: Planned = future.result()
+            except PrefetchStopped:  # a stop request: the window is left for the next run
+                return
             if result.error is not None:
                 failures.append(
                     FailedRecord(result.record.id, result.record.index, result.error, kind=result.error_kind)

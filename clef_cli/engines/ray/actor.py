@@ -7,13 +7,20 @@ one vLLM worker (a child process on the actor's GPUs, `--tensor-parallel-size` o
 ends with the actor: closed when Ray lets the actor go, killed with it otherwise (the worker asks
 Linux for that), and the shared-memory files of a killed actor are removed by the next actor on
 the node that starts a worker (transport.remove_orphans).
+
+A block's objects in a store are read ahead of its encoding, a few at a time (`ObjectPrefetch`),
+into the job's copy where this node sees it (keying filled it: an object costs one GET per job),
+else into a folder of the actor's own in the node's temporary folder, emptied after each block.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +29,13 @@ import pyarrow as pa
 from clef_cli import faults
 from clef_cli.encoding.batching import PlanEntry, plan_batches
 from clef_cli.encoding.encoded import EncodedRecord
+from clef_cli.encoding.media_limits import MediaLimits
+from clef_cli.encoding.object_prefetch import ObjectPrefetch
+from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.engines.ray.hidden import tag, write_hidden
 from clef_cli.errors import RecordError
-from clef_cli.inputs.records import InvalidRecord, RecordBuilder
-from clef_cli.inputs.sources import media_base
+from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder
+from clef_cli.locations.fence import media_base
 from clef_cli.model.scoring import BatchOutcome, BatchRunner
 from clef_cli.release import resolve_release
 from clef_cli.results import FailedRecord, results_table
@@ -53,6 +63,17 @@ def _log_folder(folder: str | None) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def node_spool(limits: MediaLimits) -> tuple[MediaLimits, RemoteSpool | None]:
+    """The limits the actor encodes with, and its own spool: the job's copy of its objects where
+    this node sees it (None), else a fresh folder of the actor's own in the node's temporary
+    folder, so a block's objects are read ahead on any node."""
+    folder = limits.remote_spool
+    if folder is None or folder.is_dir():
+        return limits, None
+    own = RemoteSpool.fresh(Path(tempfile.mkdtemp(prefix="clef-actor-media-")))
+    return replace(limits, remote_spool=own.folder), own
+
+
 class ScoreActor:
     """One scorer per actor; scores blocks of rows with the single-process job's own pieces."""
 
@@ -71,8 +92,12 @@ class ScoreActor:
         from clef_cli.release import load_processor
 
         self.engine = None
+        self.own_spool: RemoteSpool | None = None
         release = resolve_release(settings.model, revision=settings.revision)
         settings = settings.for_release(release)
+        limits, self.own_spool = node_spool(settings.limits)
+        settings = replace(settings, limits=limits)
+        self.prefetch = ObjectPrefetch(limits)
         set_decode_threads(_assigned_cpus())  # video decoding uses the actor's CPUs (frame threading)
         self.encoder = PromptEncoder(
             load_processor(release),
@@ -91,7 +116,8 @@ class ScoreActor:
             default_questions=questions, check_duplicates=False, columns=settings.columns, claimed=claimed
         )
         self.max_batch_size = settings.max_batch_size
-        self.hidden_dir = Path(hidden_dir) if hidden_dir else None
+        self.hidden_dir = hidden_dir
+        """Where the store's writers put hidden-state shards (a folder, or a store in a bucket)."""
         self.keep = (keep or KeepPolicy()) if self.hidden_dir is not None else KeepPolicy(DROP)
         """Whose states are written (the driver's policy, its sample drawn from the driver's ledger)."""
         self.hidden_dtype = HIDDEN_DTYPES[settings.hidden_dtype]
@@ -100,15 +126,40 @@ class ScoreActor:
         """Ray lets the actor go (the pool is done): the engine's worker ends with it."""
         if getattr(self, "engine", None) is not None:
             self.engine.close()
+        if getattr(self, "prefetch", None) is not None:
+            self.prefetch.close()
+        if getattr(self, "own_spool", None) is not None:
+            shutil.rmtree(self.own_spool.folder, ignore_errors=True)
 
-    def _encode(self, row: dict[str, Any]) -> EncodedRecord | FailedRecord:
+    def _record(self, row: dict[str, Any]) -> Record | FailedRecord:
         index = row["record_index"]
         if row["problem"] is not None:
-            return FailedRecord(str(index), index, row["problem"])
+            return FailedRecord(None, index, row["problem"])  # a line whose id cannot be read
         base_dir = media_base(row["base_dir"])
-        record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, json_text=row["parquet"])
+        record = self.builder.build(pickle.loads(row["payload"]), index, base_dir, row["cells"])
         if isinstance(record, InvalidRecord):
             return FailedRecord(record.id, record.index, record.error)
+        return record
+
+    def _encoded(self, rows: list[dict[str, Any]]) -> Iterator[EncodedRecord | FailedRecord]:
+        """The block's records in order, each encoded once its objects are in the spool (the
+        block's reads all started first); the actor's own spool is emptied after the block."""
+        built = [self._record(row) for row in rows]
+        records = [item for item in built if isinstance(item, Record)]
+        ready = dict(zip((record.index for record in records), self.prefetch.records(records), strict=True))
+        try:
+            for item in built:
+                if isinstance(item, FailedRecord):
+                    yield item
+                    continue
+                if (reading := ready[item.index]) is not None:
+                    reading.result()  # a record's own failure is kept in the spool, for the encoder
+                yield self._encode(item)
+        finally:
+            if self.own_spool is not None:
+                self.own_spool = RemoteSpool.fresh(self.own_spool.folder)
+
+    def _encode(self, record: Record) -> EncodedRecord | FailedRecord:
         faults.in_ray_actor(record.id)
         try:
             encoded = self.encoder.encode(record)
@@ -123,8 +174,7 @@ class ScoreActor:
     def __call__(self, block: pa.Table) -> pa.Table:
         failures: list[FailedRecord] = []
         encoded: dict[int, EncodedRecord] = {}
-        for row in block.to_pylist():
-            item = self._encode(row)
+        for item in self._encoded(block.to_pylist()):
             if isinstance(item, FailedRecord):
                 failures.append(item)
             else:

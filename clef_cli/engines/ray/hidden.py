@@ -6,8 +6,11 @@ tags that batch's result rows with the file's name, size and CRC. The driver com
 each file as one shard whose journal line names the file, so the file counts only once that line
 is written; files from a killed run are never journaled and the next run deletes them.
 
-The actors must see the checkpoint folder: on a cluster of several machines it has to be on a
-filesystem every node mounts, which is checked before any work.
+With a folder store the actors must see its folder: on a cluster of several machines it has to
+be on a filesystem every node mounts, which is checked before any work. With a store in a bucket
+they upload each shard straight to the bucket instead (an object named by its content, with the
+node's own credentials), and the driver's shard names that object: the nodes share nothing but
+the bucket, and an upload no manifest came to name is an orphan `checkpoint prune` deletes.
 """
 
 from __future__ import annotations
@@ -23,20 +26,25 @@ import pyarrow.compute as pc
 from clef_cli.errors import UsageError
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HiddenPayload
-from clef_cli.store.shard_files import write_shard_file
+from clef_cli.store.shard_files import put_hidden_shard
 
 HIDDEN_FILE, HIDDEN_BYTES, HIDDEN_CRC = "hidden_file", "hidden_bytes", "hidden_crc32"
-TAGS = pa.schema([(HIDDEN_FILE, pa.string()), (HIDDEN_BYTES, pa.int64()), (HIDDEN_CRC, pa.int64())])
+HIDDEN_OBJECT = "hidden_object"
+TAGS = pa.schema(
+    [(HIDDEN_FILE, pa.string()), (HIDDEN_BYTES, pa.int64()), (HIDDEN_CRC, pa.int64()), (HIDDEN_OBJECT, pa.string())]
+)
 
 
-def write_hidden(folder: Path, payload: HiddenPayload) -> dict[str, Any]:
-    """Write one batch's hidden shard into the checkpoint's shard folder (not counted yet)."""
-    return write_shard_file(folder, f"ray-{uuid.uuid4().hex}.hidden.safetensors", payload.chunks(), "crc32")
+def write_hidden(target: str, payload: HiddenPayload) -> dict[str, Any]:
+    """Write one batch's hidden shard where the store's writers put them (not counted yet)."""
+    return put_hidden_shard(target, payload.chunks())
 
 
 def tag(results: pa.Table, described: dict[str, Any] | None) -> pa.Table:
     """The result rows of one batch, each naming the hidden shard that holds its states."""
-    values = (None, None, None) if described is None else (described["name"], described["bytes"], described["crc32"])
+    values = (None,) * 4
+    if described is not None:
+        values = (described["name"], described["bytes"], described["crc32"], described.get("object"))
     for field, value in zip(TAGS, values, strict=True):
         results = results.append_column(field, pa.array([value] * results.num_rows, type=field.type))
     return results
@@ -55,6 +63,8 @@ def commit_block(checkpoint: Checkpoint, block: pa.Table) -> None:
         chosen = pc.equal(names, name)
         first = block.filter(chosen).slice(0, 1).to_pylist()[0]
         described = {"name": name, "bytes": first[HIDDEN_BYTES], "crc32": first[HIDDEN_CRC]}
+        if first[HIDDEN_OBJECT]:
+            described["object"] = first[HIDDEN_OBJECT]
         checkpoint.commit(results.filter(chosen), hidden_file=described)
 
 

@@ -38,7 +38,7 @@ from clef_cli.engines.ray.resources import (
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.errors import ClefError, RecordError
 from clef_cli.inputs.parquet_rows import RECORD_COLUMNS
-from clef_cli.inputs.readers import load_questions_file
+from clef_cli.inputs.readers import load_questions_file, read_limits
 from clef_cli.inputs.seen_ids import SeenIds
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job import open_job
@@ -136,6 +136,8 @@ def mark_duplicates(results: Iterable[pa.Table]) -> Iterator[pa.Table]:
             duplicates: dict[int, str] = {}
             ids, indices = chunk.column("id").to_pylist(), chunk.column("record_index").to_pylist()
             for record_id, index in zip(ids, indices, strict=True):
+                if record_id is None:  # a record whose id cannot be read: its row's id is null
+                    continue
                 first = seen.first_use(record_id, index)
                 if first is not None:
                     error = RecordError(record_id, "id", f"duplicate record id (first used by record {first})")
@@ -215,7 +217,7 @@ class RayScoreJob:
                 actors = fit_actors(
                     alive_nodes(), cluster.num_workers, cluster.cpus_per_worker, cluster.gpus_per_worker
                 )
-                if settings.hidden_states != DROP:
+                if settings.hidden_states != DROP and checkpoint.needs_shared_disk:
                     check_every_node_sees(checkpoint.shards_path)
                 slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
                 self.progress.start(len(to_run), len(to_run) - to_run.count)
@@ -252,7 +254,7 @@ class RayScoreJob:
         are read and dispatched; the read tasks get one byte per record saying which."""
         settings, cluster = self.settings, self.ray_settings
         done = to_run.done_bytes()
-        hidden_dir = str(checkpoint.shards_path.resolve()) if settings.hidden_states != DROP else None
+        hidden_dir = checkpoint.hidden_target if settings.hidden_states != DROP else None
         arguments = {"settings": settings, "questions": questions, "hidden_dir": hidden_dir, "keep": self.keep}
         env = actor_inline_env() | faults.ray_env() | self.engine.actor_env()
         dataset = (
@@ -264,6 +266,7 @@ class RayScoreJob:
                     "limit": settings.limit,
                     "struct_nulls": settings.struct_nulls,
                     "nested": settings.columns.nested_columns if settings.columns else RECORD_COLUMNS,
+                    "limits": read_limits(settings.read_limits, settings.columns),
                 },
                 num_cpus=DATA_TASK_CPUS,
             )

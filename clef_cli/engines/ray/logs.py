@@ -37,4 +37,3 @@ def ray_output_to(path: Path | None) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(log)
-

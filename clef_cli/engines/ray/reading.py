@@ -11,8 +11,9 @@ from typing import Any
 
 from clef_cli.errors import RecordError
 from clef_cli.inputs.json_values import MAX_NESTING
-from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls, parquet_rows
-from clef_cli.inputs.readers import parse_jsonl_line, raw_rows, with_partitions
+from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls
+from clef_cli.inputs.readers import jsonl_record, raw_rows, row_group_rows, with_partitions
+from clef_cli.inputs.record_size import MAX_RECORD_BYTES, PIECE_BYTES, Oversize, ReadLimits, bounded_lines
 from clef_cli.inputs.sources import InputFile
 
 JSONL_RANGE_BYTES = 64 << 20
@@ -49,28 +50,31 @@ def _slice(source: InputFile, kind: str, part: int, stop: int, first_index: int,
 def _count_range(location: str, size: int, start: int, stop: int) -> tuple[int, int]:
     """(records, lines) whose first byte lies in [start, stop) of a JSONL file."""
     records = lines = 0
-    for _, line in _range_lines(InputFile(location, size), start, stop):
+    for _, line in _range_lines(InputFile(location, size), start, stop, MAX_RECORD_BYTES):
         lines += 1
-        records += bool(line.strip())
+        records += isinstance(line, Oversize) or bool(line.strip())
     return records, lines
 
 
-def _range_lines(source: InputFile, start: int, stop: int) -> Any:
+def _range_lines(source: InputFile, start: int, stop: int, limit: int) -> Any:
+    """(position, line) of each line starting in [start, stop); a line over `limit` bytes is
+    `Oversize`, read past in pieces (`record_size.bounded_lines`), as is one under way at `start`."""
     with source.open_binary() as handle:
         position = 0
         if start > 0:
             while position < start - 1:  # streams from remote filesystems cannot seek
                 position += len(handle.read(min(1 << 24, start - 1 - position)))
+            position += 1
             if handle.read(1) != b"\n":  # the line under way belongs to the previous range
-                position += 1 + len(handle.readline())
-            else:
-                position += 1
-        while position < stop:
-            line = handle.readline()
-            if not line:
+                while piece := handle.readline(PIECE_BYTES):
+                    position += len(piece)
+                    if piece.endswith(b"\n"):
+                        break
+        for line in bounded_lines(handle, limit):
+            if position >= stop:
                 return
             yield position, line
-            position += len(line)
+            position += line.size if isinstance(line, Oversize) else len(line)
 
 
 def plan_slices(sources: list[InputFile], limit: int | None) -> list[Slice]:
@@ -110,7 +114,7 @@ def _pickled(raw: Any, index: int) -> tuple[bytes | None, str | None]:
         return pickle.dumps(raw), None
     except RecursionError:
         message = f"nested deeper than {MAX_NESTING} levels of arrays and objects"
-        return None, str(RecordError(str(index), None, message))
+        return None, str(RecordError(None, None, message, index=index))
 
 
 def read_slice(
@@ -119,9 +123,12 @@ def read_slice(
     limit: int | None,
     struct_nulls: StructNulls = StructNulls.refuse,
     nested: tuple[str, ...] = RECORD_COLUMNS,
+    limits: ReadLimits | None = None,
 ) -> list[dict[str, Any]]:
-    """The records of one slice as rows {record_index, payload, problem, base_dir, parquet};
-    `nested`: the columns read under `struct_nulls` (a column mapping's state and questions)."""
+    """The records of one slice as rows {record_index, payload, problem, base_dir, cells};
+    `nested`: the columns read under `struct_nulls` (a column mapping's state and questions);
+    `limits`: the sizes refused unread (`record_size.py`)."""
+    limits = limits or ReadLimits()
     piece = Slice(**row)
     source = piece.source()
     base_dir = str(source.base_dir) if source.base_dir is not None else None
@@ -141,27 +148,25 @@ def read_slice(
                     "payload": payload,
                     "problem": problem,
                     "base_dir": base_dir,
-                    "parquet": source.format.text_cells,
+                    "cells": source.format.cells.value,
                 }
             )
 
     index = piece.first_index
     if piece.kind == "parquet":
-        records = parquet_rows(source.parquet().read_row_group(piece.part), struct_nulls, nested)
+        records = row_group_rows(source, source.parquet(), piece.part, struct_nulls, nested, limits)
         for record, _ in with_partitions(((record, None) for record in records), source.partitions):
             add(index, record, None)
             index += 1
     elif piece.kind == "json":
-        for raw, problem in raw_rows(source):
+        for raw, problem in raw_rows(source, limits=limits):
             add(index, raw, problem)
             index += 1
     else:
         line_number = piece.first_line
-        for _, line in _range_lines(source, piece.part, piece.stop):
-            if line.strip():
-                add(index, *parse_jsonl_line(line, source.name, line_number))
+        for _, line in _range_lines(source, piece.part, piece.stop, limits.record_bytes):
+            for raw, problem in jsonl_record(line, source.name, line_number, limits.record_bytes):
+                add(index, raw, problem)
                 index += 1
             line_number += 1
     return rows
-
-

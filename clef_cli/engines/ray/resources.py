@@ -91,4 +91,3 @@ def alive_nodes() -> list[dict[str, float]]:
     import ray
 
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]
-

@@ -123,4 +123,3 @@ def waiting_for() -> str:
     except Exception:
         pass
     return "; ".join(parts)
-

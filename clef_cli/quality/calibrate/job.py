@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clef_cli.errors import UsageError
 from clef_cli.quality.calibrate.temperature import Calibration, CalibrationRun, calibrate, load_calibration
 from clef_cli.quality.labels.inputs import Inputs, no_usable_gold
 from clef_cli.quality.labels.scored import Labelled, labelled
 
 
 def run_calibrate(inputs: Inputs, method: str = "auto", bins: int = 15) -> tuple[CalibrationRun, Labelled]:
+    if inputs.scored.no_logits:  # a calibrated flat file: no logits to fit on
+        raise UsageError(inputs.scored.no_logits)
     data = labelled(inputs.scored, inputs.gold)
     if not data.questions:
         raise no_usable_gold(inputs.gold)

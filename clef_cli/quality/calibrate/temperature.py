@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from clef_cli.errors import UsageError
+from clef_cli.inputs.json_values import shown, unreadable_json
 from clef_cli.quality import metrics
 from clef_cli.quality.labels.scored import QuestionData, softmax
 
@@ -24,6 +25,12 @@ METHODS = ("none", "global", "type", "question")
 T_BOUNDS = (0.02, 50.0)
 """The range the temperature is searched in; a fit that ends on an edge is reported (`at_bound`)."""
 LOG_T_BOUNDS = (math.log(T_BOUNDS[0]), math.log(T_BOUNDS[1]))
+TEMPERATURE_RANGE = (1e-3, 1e3)
+"""The temperatures a calibration may hold, ends included; anything else (0, negative, NaN,
+infinite, 1e-310) is refused. It holds the search range with room for a hand-edited T (0.01,
+200), while below 1e-3 or above 1e3 a temperature only makes every answer certain or every answer
+a coin toss; and a float32 logit (at most 3.4e38) divided by 1e-3 stays finite in float64, so no
+probability computed with such a T is ever NaN."""
 AT_BOUND = 1e-3
 """|ln T − ln bound| below this counts as on the edge (the bounded search stops within ~1e-5)."""
 SHRINK_RECORDS = 50
@@ -46,6 +53,13 @@ class Calibration:
     sha256: str | None = None
     """Of the file it was loaded from."""
 
+    def __post_init__(self) -> None:
+        """A calibration never holds a temperature outside TEMPERATURE_RANGE (a fit cannot make
+        one: it searches T_BOUNDS, inside it), so none can write or apply one."""
+        for name, value in named_temperatures(self).items():
+            if temperature_problem(value) is not None:
+                raise UsageError(f"calibration temperature {name}: {temperature_problem(value)}")
+
     def temperature(self, question_id: str, qtype: str) -> float:
         if question_id in self.temperatures:
             return self.temperatures[question_id]
@@ -65,32 +79,51 @@ class Calibration:
 
 
 def load_calibration(path: Path) -> Calibration:
-    """Read a CAL.json written by `clef calibrate`; anything else is a usage error."""
+    """Read a CAL.json written by `clef calibrate`; anything else, or a temperature outside
+    TEMPERATURE_RANGE, is a usage error naming the file and the temperature."""
     from clef_cli.release import file_sha256
 
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UsageError(f"calibration {str(path)!r} could not be read: {exc}") from exc
+        raise UsageError(f"calibration {str(path)!r} could not be read: {unreadable_json(exc)}") from exc
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("method") not in METHODS:
         raise UsageError(f"calibration {str(path)!r} is not a version {VERSION} file written by `clef calibrate`")
-    temperatures = {**data.get("temperatures", {}), **data.get("type_temperatures", {}), "default": data.get("default")}
-    for name, value in temperatures.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or not math.isfinite(value):
-            raise UsageError(
-                f"calibration {str(path)!r}: temperature {name!r} must be a positive number, not {value!r}"
-            )
+    found: dict[str, dict[str, float]] = {}
+    for key, what in (("temperatures", "question"), ("type_temperatures", "type")):
+        given = data.get(key, {})
+        if not isinstance(given, dict):
+            raise UsageError(f"calibration {str(path)!r}: {key} must be an object, not {shown(given)}")
+        found[key] = {name: _checked(path, f"{what} {name!r}", value) for name, value in given.items()}
     return Calibration(
         method=data["method"],
-        temperatures={k: float(v) for k, v in data.get("temperatures", {}).items()},
-        type_temperatures={k: float(v) for k, v in data.get("type_temperatures", {}).items()},
-        default=float(data["default"]),
+        temperatures=found["temperatures"],
+        type_temperatures=found["type_temperatures"],
+        default=_checked(path, "default", data.get("default")),
         fitted_on=data.get("fitted_on", {}),
         cross_fitted=data.get("cross_fitted", {}),
         at_search_bound=[str(name) for name in data.get("at_search_bound", [])],
         sha256=file_sha256(path),
     )
+
+
+def temperature_problem(value: object) -> str | None:
+    """Why `value` cannot be a temperature (a number in TEMPERATURE_RANGE), or None."""
+    low, high = TEMPERATURE_RANGE
+    wanted = f"must be a number from {low:g} to {high:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{wanted}, not {shown(value)}"
+    if not (low <= value <= high):  # NaN compares false; an int of any size compares exactly
+        return f"{wanted}, not {shown(value)}"
+    return None
+
+
+def _checked(path: Path, name: str, value: object) -> float:
+    problem = temperature_problem(value)
+    if problem is not None:
+        raise UsageError(f"calibration {str(path)!r}: temperature {name} {problem}")
+    return float(value)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- fitting

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from clef_cli.quality.labels.gold import GoldProblem
+from clef_cli.quality.labels.spreadsheet import safe_cell
 from clef_cli.quality.metrics import FEW_RECORDS, few_records
 from clef_cli.quality.text_table import TextTable, cell, fixed, print_tables, tsv, write
 from clef_cli.sizes import plural
@@ -79,14 +80,15 @@ def eval_table(document: Mapping[str, Any], title: str = "clef eval") -> TextTab
 
 def eval_tsv(document: Mapping[str, Any], by: str | None = None) -> str:
     """Every question's numbers at full precision, one per cell (empty for null); with `--by`, a
-    first column holds the group's value as JSON text (empty on the overall rows)."""
+    first column holds the group's value as JSON text (empty on the overall rows). A question id
+    comes from records, so a spreadsheet gets it as text (`safe_cell`)."""
 
     def rows(part: Mapping[str, Any]) -> list[list[str]]:
         found_rows = []
         for qid, found in part["questions"].items():
             numbers = [found["accuracy"], *found["accuracy_ci"], found["log_loss"], found["brier"], found["ece"]]
             rest = [found["threshold"], found["threshold_records"], found["coverage"]]
-            found_rows.append([qid, found["type"], str(found["n"]), *map(cell, numbers), *map(cell, rest)])
+            found_rows.append([safe_cell(qid), found["type"], str(found["n"]), *map(cell, numbers), *map(cell, rest)])
         return found_rows
 
     if by is None:

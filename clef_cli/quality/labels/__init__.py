@@ -1,1 +1,2 @@
-"""Labels in and out: gold files, tool exports, scored outputs, and the stored states of gold records."""
+"""Labels in and out: gold files, tool exports, spreadsheet CSV, scored outputs, and the stored states of gold
+records."""

@@ -7,7 +7,6 @@ skipped; only a file that cannot be read at all, or a row without `id`, stops th
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -16,15 +15,22 @@ from decimal import Decimal
 from pathlib import Path
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.sources import is_uri, local_copy
+from clef_cli.inputs.sources import local_copy
+from clef_cli.locations.uris import is_uri
 from clef_cli.quality.labels.exports import GoldFormat, export_rows
+from clef_cli.quality.labels.spreadsheet import read_csv
 from clef_cli.release import file_sha256
+from clef_cli.results import flat_id
 from clef_cli.sizes import plural
 
 QuestionOptions = Mapping[str, tuple[str, tuple[str, ...]]]
 """question_id -> (type, allowed option ids in head order)."""
 
 GoldRow = tuple[str, dict[str, object]]
+REVIEW_COLUMNS = ("id", "record_index", "confidence")
+"""The first columns of `clef review`'s flat files; then an answer and a probability column per question."""
+PROBABILITY = ".probability"
+"""The suffix of a question's probability column in `clef review`'s flat files."""
 SUFFIXES = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
@@ -126,9 +132,7 @@ def _read_raw(path: Path | str, local: Path, kind: str) -> list[dict[str, object
         return _objects(path, data)
     if kind == "csv":
         with local.open(encoding="utf-8-sig", newline="") as handle:
-            return [
-                {key: (value if value != "" else None) for key, value in row.items()} for row in csv.DictReader(handle)
-            ]
+            return read_csv(handle)
     import pyarrow.parquet as pq
 
     return pq.read_table(local).to_pylist()
@@ -157,8 +161,29 @@ def _gold_row(path: Path | str, number: int, row: dict[str, object], ignored: di
             if column not in ("id", "labels") and normalise(value, "") is not None:
                 ignored.setdefault(column, []).append(str(record_id))
     else:
-        labels = {key: value for key, value in row.items() if key != "id"}
+        reviewed = review_questions(list(row))
+        if reviewed is not None:
+            labels = {question_id: row[column] for column, question_id in reviewed.items()}
+        else:
+            labels = {key: value for key, value in row.items() if key != "id"}
     return str(record_id), labels
+
+
+def review_questions(columns: Sequence[object]) -> dict[str, str] | None:
+    """Answer column -> question id, when `columns` are those of a `clef review` flat file (jsonl or
+    csv: `REVIEW_COLUMNS`, then per question its id as `flat_part` writes it and that name +
+    `PROBABILITY`), so a reviewed file reads back under its questions' own ids; else None."""
+    names = [str(column) for column in columns]
+    if tuple(names[: len(REVIEW_COLUMNS)]) != REVIEW_COLUMNS or (len(names) - len(REVIEW_COLUMNS)) % 2:
+        return None
+    answers, probabilities = names[len(REVIEW_COLUMNS) :: 2], names[len(REVIEW_COLUMNS) + 1 :: 2]
+    pairs = zip(answers, probabilities, strict=True)
+    if any("." in answer or other != answer + PROBABILITY for answer, other in pairs):
+        return None
+    try:
+        return {answer: flat_id(answer) for answer in answers}
+    except UnicodeDecodeError:  # a `%XX` that is no UTF-8: not a name clef wrote
+        return None
 
 
 def parse_labels(value: object) -> dict[str, object] | None:
@@ -307,9 +332,7 @@ def labelled_ids(path: Path | str, format: GoldFormat | str = GoldFormat.auto) -
     """Ids of the records a gold file gives at least one label (`clef review --exclude`)."""
     rows, _ = read_gold_rows(path, format)
     return {
-        record_id
-        for record_id, labels in rows
-        if any(value is not None and value != "" for value in labels.values())
+        record_id for record_id, labels in rows if any(value is not None and value != "" for value in labels.values())
     }
 
 

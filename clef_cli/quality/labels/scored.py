@@ -1,7 +1,7 @@
 """The Parquet that `clef score` wrote, read back as per-question arrays with their gold labels.
 
-Wide and long layouts are both accepted. Nothing here imports torch: evaluating millions of
-labels must not need the model's stack.
+Wide, long and flat layouts are all accepted (flat: quality/labels/flat.py). Nothing here imports
+torch: evaluating millions of labels must not need the model's stack.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.sources import is_uri, local_copy
+from clef_cli.inputs.sources import local_copy
+from clef_cli.locations.uris import is_uri
+from clef_cli.quality.labels.flat import read_flat
 from clef_cli.quality.labels.gold import GoldSet, QuestionOptions
 from clef_cli.release import file_sha256
 from clef_cli.sizes import plural
@@ -47,6 +49,8 @@ class ScoredFile:
     """The `record_key` column (a stable key across runs), in `ids` order; None without one."""
     metadata: dict[str, str] = field(default_factory=dict)
     """The file's `clef.*` key-value metadata (model, head hash, ...)."""
+    no_logits: str | None = None
+    """Why the file's logits cannot be calibrated (a flat file written with --calibration), or None."""
 
 
 @dataclass
@@ -105,8 +109,13 @@ def read_scored(path: Path | str) -> ScoredFile:
         scored, rows = _from_wide(path, table, file_sha256(local))
     elif {"id", "question_id", "label", "probability", "logit"} <= names:
         scored, rows = _from_long(path, table, file_sha256(local))
+    elif "clef.flat_columns" in metadata:
+        scored, rows = _from_flat(path, table, file_sha256(local), metadata)
     else:
-        raise UsageError(f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column)")
+        raise UsageError(
+            f"scored file {str(path)!r} is not an output of `clef score` (no `answers` column, nor the question "
+            "columns of --layout long or flat)"
+        )
     scored.metadata = metadata
     if "record_key" in names and table.column("record_key").null_count < table.num_rows:
         scored.record_keys = _record_keys(table, scored.ids, rows)
@@ -138,11 +147,13 @@ def _from_wide(path: Path | str, table: pa.Table, sha256: str) -> tuple[ScoredFi
     scores: dict[str, dict[str, Scores]] = {}
     failed = []
     given: dict[str, dict[str, str]] = {}
-    raw_ids = [str(record_id) for record_id in table.column("id").to_pylist()]
+    raw_ids = [None if value is None else str(value) for value in table.column("id").to_pylist()]
     for number, (record_id, answers) in enumerate(zip(raw_ids, table.column("answers").to_pylist(), strict=True)):
         if not answers:
-            failed.append(record_id)
+            if record_id is not None:  # a null id (a record whose id could not be read) names no record
+                failed.append(record_id)
             continue
+        record_id = str(record_id)  # clef writes an id on every scored row; a hand-made null reads "None"
         if record_id in options:
             raise _twice(path, record_id)
         ids.append(record_id)
@@ -162,6 +173,29 @@ def _from_wide(path: Path | str, table: pa.Table, sha256: str) -> tuple[ScoredFi
     columns = table.select(_passthrough(table, clef)).take(pa.array(rows, pa.int64()))
     indices = _indices(table, rows)
     return ScoredFile(path, sha256, ids, options, scores, failed, columns, indices, given), rows
+
+
+def _from_flat(
+    path: Path | str, table: pa.Table, sha256: str, metadata: dict[str, str]
+) -> tuple[ScoredFile, list[int]]:
+    """A --layout flat output, read as the wide layout of the same results (quality/labels/flat.py)."""
+    found = read_flat(str(path), table, metadata["clef.flat_columns"])
+    seen: set[str] = set()
+    for record_id in found.ids:
+        if record_id in seen:
+            raise _twice(path, record_id)
+        seen.add(record_id)
+    columns = table.select(_passthrough(table, found.columns)).take(pa.array(found.rows, pa.int64()))
+    scored = ScoredFile(
+        path, sha256, found.ids, found.options, found.scores, found.failed, columns, list(found.rows), found.answers
+    )
+    if metadata.get("clef.calibration_sha256"):
+        scored.no_logits = (
+            f"scored file {str(path)!r} is a --layout flat output written with --calibration: it holds calibrated "
+            "probabilities and no logits, so it cannot be calibrated again; write it with --layout wide from its "
+            "checkpoint (the same `clef score` command with --layout wide runs nothing again)"
+        )
+    return scored, found.rows
 
 
 def _indices(table: pa.Table, rows: list[int]) -> list[int]:
@@ -189,7 +223,8 @@ def _from_long(path: Path | str, table: pa.Table, sha256: str) -> tuple[ScoredFi
     for number, row in enumerate(rows):
         record_id = str(row["id"])
         if row["error"] is not None or row["question_id"] is None:
-            failed.append(record_id)
+            if row["id"] is not None:  # a null id (unreadable) names no record
+                failed.append(record_id)
             continue
         if record_id not in labels:
             labels[record_id] = {}
@@ -227,6 +262,8 @@ def labelled(
     `--calibration` would have written); `records` restricts to a subset (for `--by`). A question
     id whose options differ between records keeps the first option set; the others are skipped
     with a warning."""
+    if temperature is not None and scored.no_logits:
+        raise UsageError(scored.no_logits)
     wanted = scored.ids if records is None else records
     collected: dict[str, tuple[str, tuple[str, ...], list[str], list, list, list[int]]] = {}
     mismatched: dict[str, int] = {}

@@ -11,10 +11,12 @@ edited between runs leaves its old prompt and its new one under the same id.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from clef_cli.errors import UsageError
@@ -42,15 +44,29 @@ def keys_of_ids(scored: Path | str, wanted: set[str]) -> dict[str, list[str]]:
     return ids_by_key
 
 
-def stored_keys(checkpoint: Checkpoint, reader: HiddenReader) -> Iterator[tuple[str | None, StoredRecord]]:
-    """(record_key, stored record) of every stored record (headers only, no states)."""
+def stored_keys(
+    checkpoint: Checkpoint, reader: HiddenReader, ids: set[str] | None = None, keys: Collection[str] | None = None
+) -> Iterator[tuple[str | None, StoredRecord]]:
+    """(record_key, stored record) of the stored records (headers only, no states); only from
+    the shards whose results hold one of `ids` or `keys` when given, so a store in a bucket
+    downloads the hidden-state files of the gold records' shards, no others."""
+    from clef_cli.store.hidden_store import read_shard
+
     entry_of = {entry.files["hidden"]["name"]: entry.name for entry in checkpoint.entries if entry.has_hidden}
-    for shard, stored in reader.by_shard(states=False, verify=False):
-        table = checkpoint.shard_table(entry_of[shard.path.name])
+    located = None
+    if keys is not None and checkpoint.index is not None:
+        located = {shard for shard, _ in checkpoint.index.locate(sorted(keys)).values()}
+    for shard in reader.shards:
+        name = entry_of[shard.path.name]
+        if located is not None and name not in located:
+            continue
+        table = checkpoint.shard_table(name)
+        if ids is not None and not pc.any(pc.is_in(table.column("id"), pa.array(sorted(ids), pa.string()))).as_py():
+            continue
         key_of = dict(
             zip(table.column("record_index").to_pylist(), table.column("record_key").to_pylist(), strict=True)
         )
-        for record in stored:
+        for record in read_shard(shard.local(), states=False):
             yield key_of.get(record.index), record
 
 
@@ -70,7 +86,7 @@ def gold_stored(
     ids_by_key = keys_of_ids(scored, wanted)
     found: list[tuple[str, StoredRecord]] = []
     seen: set[str] = set()
-    for key, record in stored_keys(checkpoint, reader):
+    for key, record in stored_keys(checkpoint, reader, keys=ids_by_key.keys()):
         if key in ids_by_key and key not in seen:
             seen.add(key)
             found.extend((record_id, record) for record_id in ids_by_key[key])
@@ -85,7 +101,7 @@ def _by_stored_id(
         records = reader.records(states=False, verify=False)
         pairs: Iterator[tuple[str | None, StoredRecord]] = ((None, record) for record in records)
     else:
-        pairs = stored_keys(checkpoint, reader)
+        pairs = stored_keys(checkpoint, reader, ids=wanted)
     prompts: dict[str, dict[str | None, StoredRecord]] = {}
     for key, record in pairs:
         if record.id in wanted:

@@ -4,8 +4,8 @@ The scored file holds them when the job ran with `--keep-columns state,images,au
 otherwise `--records` reads them from the original inputs. The questions' instructions and the
 options' descriptions come from the records' own `questions` there, else from the `--questions`
 schema the job was scored with (the output's `clef.questions` metadata). Local media paths become
-URLs under Label Studio's convention for local files: `/data/local-files/?d=` + the path relative
-to the document root (`LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`, given here as `--media-root`).
+URLs under Label Studio's convention for local files: `/data/local-files/?d=` (`--url-prefix`) +
+the path relative to the document root (`LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`, `--document-root`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 from urllib.parse import quote
 
 from clef_cli.errors import UsageError
-from clef_cli.inputs.sources import MediaBase, media_location, names_object
-from clef_cli.locations.object_store import ObjectProblem
+from clef_cli.locations.fence import MediaBase, media_location, names_object
+from clef_cli.locations.uris import LocationProblem
 from clef_cli.quality.labels.scored import ScoredFile
 
 MEDIA_KINDS = ("images", "audio", "videos")
@@ -50,14 +50,14 @@ class MediaUrls:
         if names_object(entry, base_dir):  # an object in a store: its URI, as for cloud storage
             try:
                 return str(media_location(entry, base_dir))
-            except ObjectProblem as problem:
+            except LocationProblem as problem:
                 raise UsageError(f"record {record_id!r}, field {kind!r}: {problem}") from None
         path = Path(entry)
         if not path.is_absolute():
             path = (base_dir or Path.cwd()) / path
         root, absolute = self.root.resolve(), path.resolve()
         if not absolute.is_relative_to(root):
-            raise UsageError(f"record {record_id!r}, field {kind!r}: {entry!r} is not under --media-root {root}")
+            raise UsageError(f"record {record_id!r}, field {kind!r}: {entry!r} is not under --document-root {root}")
         return self.prefix + quote(absolute.relative_to(root).as_posix(), safe="/")
 
 
@@ -71,7 +71,7 @@ def state_text(state: Any) -> str:
 
 
 def _media_list(value: Any, record_id: str, kind: str) -> list[str]:
-    if value is None:
+    if value is None or value == "":  # a CSV's empty media cell: no media
         return []
     if isinstance(value, str):
         try:

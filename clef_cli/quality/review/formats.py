@@ -4,8 +4,6 @@ or suggestions (Argilla), so a reviewer confirms or corrects rather than labels 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,8 +12,11 @@ from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 from clef_cli.errors import UsageError
+from clef_cli.quality.labels.gold import PROBABILITY, REVIEW_COLUMNS
+from clef_cli.quality.labels.spreadsheet import csv_text
 from clef_cli.quality.review.content import MEDIA_KINDS, Content, QuestionText
 from clef_cli.quality.review.queue import ReviewRecord
+from clef_cli.results import flat_part
 
 STATE_FIELD = "state"
 MEDIA_TAGS = {"images": ("Image", "image"), "audio": ("Audio", "audio"), "videos": ("Video", "video")}
@@ -196,16 +197,23 @@ def argilla_records(
     return result
 
 
+def flat_columns(questions: Sequence[str]) -> list[str]:
+    """The flat review files' columns: id, record_index, confidence, then per question its answer
+    column, named after the question id as `--layout flat` writes it (`flat_part`: `.` never in
+    it), and that name + `.probability`; so questions `r` and `r.probability` never meet."""
+    return [*REVIEW_COLUMNS] + [c for q in questions for c in (flat_part(q), flat_part(q) + PROBABILITY)]
+
+
 def flat_rows(records: Sequence[ReviewRecord], questions: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per record: id, record_index, confidence, then `q` and `q.probability` per question."""
+    """One row per record, keyed by `flat_columns`."""
     rows = []
     for record in records:
         row: dict[str, Any] = {"id": record.id, "record_index": record.index, "confidence": record.confidence}
         answers = {question.question_id: question for question in record.questions}
         for question_id in questions:
             question = answers.get(question_id)
-            row[question_id] = question.answer if question else None
-            row[f"{question_id}.probability"] = question.probability if question else None
+            row[flat_part(question_id)] = question.answer if question else None
+            row[flat_part(question_id) + PROBABILITY] = question.probability if question else None
         rows.append(row)
     return rows
 
@@ -234,12 +242,7 @@ def render(
     rows = flat_rows(records, questions)
     if format == "jsonl":
         return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), None
-    buffer = io.StringIO()
-    columns = ["id", "record_index", "confidence"] + [c for q in questions for c in (q, f"{q}.probability")]
-    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue(), None
+    return csv_text(flat_columns(questions), rows), None
 
 
 def model_version(metadata: Mapping[str, str]) -> str:

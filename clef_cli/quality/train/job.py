@@ -57,7 +57,8 @@ class GateRefused(ClefError):
 
 @dataclass
 class TrainHeadSettings:
-    checkpoint: Path
+    checkpoint: Path | str
+    """A checkpoint folder or a store in a bucket (s3://bucket/store/)."""
     gold: Path | str
     output: Path
     model: str | None = None
@@ -200,7 +201,9 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
 
     Raises `GateRefused` (with the report's numbers) when the gate fails and `force` is off. The
     checkpoint and HEAD_DIR are locked as a job's are, so no job writes them meanwhile."""
+    from clef_cli.store.location import store_location
     from clef_cli.store.locks import job_locks
+    from clef_cli.store.opening import open_existing_store
 
     if settings.folds < 2:
         raise UsageError("--folds must be at least 2")
@@ -216,8 +219,9 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
             settings.device, settings.questions,
         )  # fmt: skip
         progress.stage(computed.describe())
-    with job_locks(settings.output, settings.checkpoint):
-        checkpoint = Checkpoint.open_existing(settings.checkpoint)
+    location = store_location(settings.checkpoint)
+    with job_locks(settings.output, location.folder):
+        checkpoint = open_existing_store(location)
         try:
             return _train_head(settings, checkpoint, progress, computed)
         finally:  # closed on every way out: a refusal leaves the store as it was (no SQLite WAL)
@@ -295,8 +299,9 @@ def _prepare(settings: TrainHeadSettings, checkpoint: Checkpoint, progress: Trai
     if len(examples) < settings.folds:
         found = plural(len(examples), "gold record")
         raise UsageError(f"{found} with stored states: fewer than --folds {settings.folds}")
-    progress.stage(f"verifying {plural(len(reader.shards), 'hidden-state shard')}")
-    reader.verify()
+    used = {example.stored.shard for example in examples}  # the gold records' shards: no other is read
+    progress.stage(f"verifying {plural(len(used), 'hidden-state shard')}")
+    reader.verify(used)
     return release, base_dir, base, examples, gold
 
 

@@ -1,0 +1,48 @@
+"""`clef score`'s options that say where its store lives: a folder, or a bucket's prefix with
+its local cache, how often it is synced, and the confirmation a shared store's restart needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from clef_cli.cli.options import PANEL_STORE
+
+CheckpointOption = Annotated[
+    str | None,  # as given: a Path would fold `s3://b/ck` into the local `s3:/b/ck` (settings refuses a URI)
+    typer.Option(
+        "--checkpoint",
+        metavar="DIR",
+        rich_help_panel=PANEL_STORE,
+        help="Checkpoint folder, a store of results by prompt any run may share (default: OUTPUT.ckpt); or a "
+        "bucket's prefix (s3://bucket/store/: a store machines share, kept in a local cache folder).",
+    ),
+]
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        rich_help_panel=PANEL_STORE,
+        help="With --checkpoint s3://...: where the store's local cache folders live (default $CLEF_CACHE_DIR, "
+        "else $XDG_CACHE_HOME/clef, else ~/.cache/clef). Losing it costs only downloads.",
+    ),
+]
+SyncEveryOption = Annotated[
+    float,
+    typer.Option(
+        "--sync-every",
+        rich_help_panel=PANEL_STORE,
+        help="With --checkpoint s3://...: seconds between two commits to the bucket (beside the scoring); a "
+        "killed machine loses at most that much work.",
+    ),
+]
+ConfirmRestartOption = Annotated[
+    bool,
+    typer.Option(
+        "--confirm-restart",
+        rich_help_panel=PANEL_STORE,
+        help="With --restart on a store in a bucket: yes, discard what every machine using it shares.",
+    ),
+]

@@ -1,0 +1,96 @@
+"""Objects put whole or not at all, and the check that an output can be put before a job starts.
+
+An output is put at its own key, in one request (a PUT) up to `SINGLE_PUT_BYTES`, as an S3
+multipart upload above: either way the object appears only when complete (a PUT is whole or
+nothing, a multipart upload's object appears at its CompleteMultipartUpload), and a failed upload
+leaves the target as it was (obstore aborts the multipart upload it started). No temporary key is
+copied and deleted, so no "folder" marker is made: pyarrow's S3 filesystem puts an empty `out/`
+object whenever it deletes a key (to keep the "directory"), which is why puts and deletes go
+through obstore (`buckets`) while reads stay pyarrow's.
+
+A job killed during the upload of an output up to `SINGLE_PUT_BYTES` leaves nothing; above it,
+an incomplete multipart upload that the store keeps (and bills) but never shows. Neither pyarrow
+nor obstore can list or abort uploads it did not start, so a rerun cannot remove it: a bucket
+lifecycle rule (`AbortIncompleteMultipartUpload`) does (docs/scoring.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from pathlib import Path
+
+from clef_cli.errors import UsageError
+from clef_cli.locations.buckets import bucket
+from clef_cli.locations.object_store import MissingObject, NoSuchBucket, ObjectStoreError, _retried, filesystem
+from clef_cli.locations.uris import LocationProblem, is_object_uri, object_uri
+
+SINGLE_PUT_BYTES = 64 << 20
+"""Outputs up to this size are put in one request (read into memory for it); larger ones in parts."""
+PART_BYTES = 16 << 20
+"""A multipart upload's part (obstore sends a few at once)."""
+PROBE = ".clef-probe-"
+
+
+def checked_uri(text: str, option: str) -> str:
+    """`text` as an output object's normalised URI: an object store's (s3://, gs://, ...), with no
+    query string or fragment and not a folder; a usage error naming `option` otherwise."""
+    uri = object_uri(text, option)
+    if not is_object_uri(uri):
+        raise UsageError(f"{option} {text!r}: not an object store's URI (s3://bucket/key, gs://..., abfs://...)")
+    return uri
+
+
+def check_writable(text: str, option: str) -> None:
+    """Before any record is read: the output `text` names an object, not a "folder" (objects
+    under it) nor a query string, and its bucket exists and takes a write (an empty probe object
+    put beside the target and removed). A usage error (exit 2) for what the user must change (the
+    URI, a missing bucket); the store's one line (exit 1) for credentials and the endpoint."""
+    uri = checked_uri(text, option)
+    fs, path = filesystem(uri)
+    try:
+        import pyarrow.fs as pafs
+
+        try:
+            found = _retried(uri, True, lambda: fs.get_file_info(path)).type
+        except MissingObject:  # pyarrow's word for a bucket it cannot list: the probe says which
+            found = pafs.FileType.NotFound
+        if found == pafs.FileType.Directory:
+            raise UsageError(f"{option} {text} is a folder in the store (objects lie under it); give an object's URI")
+        folder, _, name = uri.rpartition("/")
+        probe = f"{folder}/.{name}{PROBE}{uuid.uuid4().hex[:12]}"
+        _put(probe, b"", quick=True, named=uri)
+        client = bucket(probe, quick=True)
+        with contextlib.suppress(ObjectStoreError, LocationProblem):  # a role that may put but not delete
+            client.delete(client.key(probe))
+    except NoSuchBucket as error:
+        raise UsageError(f"{option} {text}: {error}") from None
+    except LocationProblem as problem:
+        raise ObjectStoreError(f"{option} {text}: {problem}") from None
+
+
+def upload_whole(local: Path, uri: str) -> None:
+    """Put `local` at `uri` as one complete object (see the module's note); an `ObjectStoreError`
+    (exit 1) when the store refuses, the target as it was."""
+    target = checked_uri(uri, "the output")
+    try:
+        _put(target, Path(local))
+    except (ObjectStoreError, LocationProblem) as error:
+        raise ObjectStoreError(f"{error}; the output was not uploaded: rerun to upload it again") from None
+
+
+def _put(uri: str, body: bytes | Path, quick: bool = False, named: str | None = None) -> None:
+    """`body` at `uri`, in one request up to `SINGLE_PUT_BYTES`, else in parts; failures sorted
+    and named by `named` (the output a probe stands for) or `uri`."""
+    import obstore
+    from obstore.exceptions import BaseError
+
+    store = bucket(uri, quick=quick)
+    key = store.key(uri)
+    size = len(body) if isinstance(body, bytes) else body.stat().st_size
+    multipart = size > SINGLE_PUT_BYTES
+
+    def put() -> None:
+        obstore.put(store.store, key, body, use_multipart=multipart, chunk_size=PART_BYTES, max_concurrency=4)
+
+    _retried(named or uri, True, put, errors=(OSError, BaseError))

@@ -1,0 +1,68 @@
+"""Where a store lives: a local folder, or a bucket's prefix with a local cache folder. Settings
+resolve `--checkpoint` into this once; everything above store/ passes it on without asking which
+it is (store/opening.py opens either)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from clef_cli.errors import UsageError
+from clef_cli.locations.uris import is_object_uri, local_path
+from clef_cli.store.remote.layout import cache_folder, store_uri
+
+MAX_SLOTS = 16
+"""Cache folders one machine tries for one store before waiting for the first (`--cache-dir`)."""
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    folder: Path
+    """The store itself, or the cache folder of a store in a bucket."""
+    uri: str | None = None
+    """The bucket store's normalised URI (`s3://bucket/prefix/`); None for a local folder."""
+
+    @property
+    def remote(self) -> bool:
+        return self.uri is not None
+
+    def __str__(self) -> str:
+        return self.uri or str(self.folder)
+
+
+def store_location(text: str | Path, cache_dir: Path | None = None, option: str = "--checkpoint") -> StoreLocation:
+    """A store named on the command line: a bucket's prefix (`s3://bucket/store/`) or a folder."""
+    if isinstance(text, str) and is_object_uri(text):
+        return remote_location(text, cache_dir, option)
+    path = local_path(text)
+    if path is None:
+        raise UsageError(f"{option} {text}: neither a local folder nor a store in a bucket")
+    return StoreLocation(path)
+
+
+def remote_location(text: str, cache_dir: Path | None = None, option: str = "--checkpoint") -> StoreLocation:
+    """A bucket store and the first cache folder no running job on this machine holds (a second
+    job on the same store gets its own, so both write the store)."""
+    uri = store_uri(text, option)
+    for slot in range(1, MAX_SLOTS + 1):
+        folder = cache_folder(uri, cache_dir, slot)
+        if not _held(folder.with_name(folder.name + ".lock")):
+            return StoreLocation(folder, uri)
+    return StoreLocation(cache_folder(uri, cache_dir), uri)
+
+
+def _held(lock: Path) -> bool:
+    """Whether a live process holds this lock file (store/locks.py's `flock`)."""
+    try:
+        descriptor = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False

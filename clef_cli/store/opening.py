@@ -1,0 +1,114 @@
+"""Opening a store wherever it lives: a local folder, or a bucket's prefix through its cache
+folder (store/remote/). Jobs, `--rehead`, train-head and `checkpoint info|prune` open stores
+only here, so nothing above store/ asks where a store lives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from clef_cli.store.checkpoint import SHARDS, Checkpoint
+from clef_cli.store.location import StoreLocation
+from clef_cli.store.manifest import read_manifest
+
+if TYPE_CHECKING:
+    from clef_cli.store.prune import PruneReport
+
+
+def open_store(
+    location: StoreLocation,
+    manifest: dict[str, Any],
+    restart: bool = False,
+    sync_every: float = 30.0,
+    say: Callable[[str], None] | None = None,
+) -> Checkpoint:
+    """A job's store (made, or reused after its fingerprint is checked); the caller holds the
+    folder's lock. A bucket's is synced beside the job, every `sync_every` seconds and at close
+    (`say`: the line that its end waits for a prune's claim)."""
+    if not location.remote:
+        return Checkpoint.open(location.folder, manifest, restart=restart)
+    from clef_cli.store.remote.manifests import store_problems
+    from clef_cli.store.remote.store import RemoteCheckpoint
+
+    with store_problems():
+        return RemoteCheckpoint.open_remote(location, manifest, restart=restart, sync_every=sync_every, say=say)
+
+
+def open_existing_store(location: StoreLocation, locked: bool = True) -> Checkpoint:
+    """A store that must exist, opened to read it (`locked`: the caller holds its folder's lock;
+    else a bucket store's cache folder is locked while it is open)."""
+    if not location.remote:
+        return Checkpoint.open_existing(location.folder)
+    from clef_cli.store.remote.manifests import store_problems
+    from clef_cli.store.remote.store import RemoteCheckpoint
+
+    with store_problems():
+        return RemoteCheckpoint.open_remote(location, None, sync_every=None, hold_lock=not locked)
+
+
+def stored_manifest(location: StoreLocation) -> dict[str, Any] | None:
+    """The fingerprint of the store (None when there is none yet)."""
+    if not location.remote:
+        return read_manifest(location.folder) if location.folder.is_dir() else None
+    from clef_cli.store.remote.manifests import Chain, store_problems
+
+    with store_problems():
+        latest = Chain(location.uri or "", quick=True).latest()
+    return latest.fingerprint if latest is not None else None
+
+
+def stored_hidden_dtype(location: StoreLocation) -> str | None:
+    """The dtype the store keeps its hidden states in (its first hidden shard's), so that states
+    computed on demand match those stored at scoring time; None when it holds none. A bucket
+    store answers from the bucket (the header of the first hidden-state object its manifest
+    names: two ranged GETs), so a fresh machine answers as the one that scored."""
+    from clef_cli.store.hidden_store import file_states_dtype
+
+    if location.remote:
+        from clef_cli.store.remote.manifests import store_problems
+        from clef_cli.store.remote.store import bucket_hidden_dtype
+
+        with store_problems():
+            found = bucket_hidden_dtype(location.uri or "")
+        if found is not None:
+            return found
+    shards = sorted((location.folder / SHARDS).glob("*.hidden.safetensors"))
+    return next((dtype for path in shards if (dtype := file_states_dtype(path)) is not None), None)
+
+
+def check_store(location: StoreLocation) -> None:
+    """Before any record is read: a bucket store answers (credentials, bucket, endpoint: exit 1)
+    and its prefix holds a store or nothing (exit 2). A local folder is checked by settings."""
+    if not location.remote:
+        return
+    from clef_cli.locations import buckets
+    from clef_cli.store.remote import manifests
+    from clef_cli.store.remote.store import check_prefix
+
+    buckets.forget()  # a new job: clients from the environment as it is now, manifests read afresh
+    manifests.forget()
+    with manifests.store_problems():
+        chain = manifests.Chain(location.uri or "", quick=True)
+        if chain.latest() is None:
+            check_prefix(chain)
+
+
+def prune_store(
+    location: StoreLocation,
+    keep_runs: int | None = None,
+    older_than_days: float | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    grace_hours: float = 24.0,
+) -> PruneReport:
+    """`clef checkpoint prune` on a folder (store/prune.py) or a bucket (store/remote/pruning.py:
+    objects no manifest names are deleted once older than `grace_hours`)."""
+    if not location.remote:
+        from clef_cli.store.prune import prune
+
+        return prune(location.folder, keep_runs, older_than_days, force=force, dry_run=dry_run)
+    from clef_cli.store.remote.manifests import store_problems
+    from clef_cli.store.remote.pruning import prune_bucket
+
+    with store_problems():
+        return prune_bucket(location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600)

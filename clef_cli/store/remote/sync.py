@@ -1,0 +1,261 @@
+"""The sync: beside the job, every `--sync-every` seconds and once at its end, the shards the
+cache committed since the last sync are packed into one segment, uploaded, and named by a new
+manifest (store/remote/manifests.py: a conflict re-reads and merges, never overwrites).
+
+It runs on its own thread and never holds what the job needs: the job commits shards to the cache
+as it always does, and the sync reads them after their journal line is written. A SIGKILL of the
+machine therefore loses at most the last `--sync-every` seconds of work; a failing bucket never
+stops the scoring (the sync tries again at its next turn, and the job's end says what was left).
+While a prune or a compaction holds the store, syncs wait for its claim to end (bounded by its
+lease).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from clef_cli import faults
+from clef_cli.errors import ClefError
+from clef_cli.locations.uris import LocationProblem
+from clef_cli.store import durable
+from clef_cli.store.checkpoint import Checkpoint, ShardEntry
+from clef_cli.store.manifest import comparable
+from clef_cli.store.remote.cache import Mark
+from clef_cli.store.remote.layout import RUNS
+from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
+from clef_cli.store.remote.segments import Packed, pack
+
+DEFAULT_EVERY = 30.0
+CLAIM_POLL = 2.0
+KEYS_BATCH = 65536
+"""Keys per batch of a run's keys object (as a segment's: segments.BATCH_ROWS)."""
+
+
+class Claimed(ClefError):
+    """A prune or a compaction holds the store (its claim has not ended)."""
+
+    def __init__(self, claim: dict[str, Any], uri: str) -> None:
+        super().__init__(claim_line(claim, uri))
+        self.claim = claim
+
+
+class Syncer:
+    """Uploads a checkpoint's new shards to its store (see the module's note)."""
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint,
+        chain: Chain,
+        mark: Mark,
+        every: float | None = DEFAULT_EVERY,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.checkpoint = checkpoint
+        self.chain = chain
+        self.mark = mark
+        self.every = every
+        """Seconds between two syncs; None for a reader (`--rehead`): no thread, no shard ever
+        uploaded, only its run's record committed at its end, so every machine's history has it."""
+        self.say = say
+        """Where the one line goes that says the job's end waits for a claim, and how long at most."""
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        """The last failure of a sync on the thread (tried again at the next turn and at the end)."""
+        self.sent_run: dict[str, Any] | None = None
+        self.thread: threading.Thread | None = None
+        self.uploaded = 0
+        """Bytes uploaded (segments and manifests' objects; for benchmarks)."""
+
+    def start(self) -> None:
+        if self.every is None:
+            return
+        self.thread = threading.Thread(target=self._loop, name="clef-sync", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        assert self.every is not None
+        while not self.stop.wait(self.every):
+            try:
+                self.sync()
+                self.error = None
+            except Claimed:
+                continue  # the claim ends; the next turn commits
+            except (ClefError, LocationProblem, OSError) as error:
+                self.error = error
+
+    def close(self, quiet: bool = False) -> None:
+        """Stop the thread, then commit what is left (waiting out a claim). `quiet`: the job is
+        failing anyway, so a failure here is not raised over its own."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        try:
+            self._final()
+        except (ClefError, LocationProblem, OSError) as error:
+            if not quiet:
+                raise ClefError(self._kept(error)) from None
+
+    def _final(self) -> None:
+        said = False
+        while True:
+            try:
+                self.sync(final=True)
+                return
+            except Claimed as claimed:
+                if self.say is not None and not said:
+                    self.say(f"{claimed}: the job's last commit waits for it")
+                    said = True
+                left = float(claimed.claim.get("until", 0)) - time.time()
+                time.sleep(min(CLAIM_POLL, max(0.1, left)))
+
+    def _kept(self, error: BaseException) -> str:
+        unsynced = sum(entry.records for entry in self._fresh())
+        return (
+            f"could not commit to the store {self.chain.uri}: {error}; the {unsynced} records this machine "
+            f"committed since its last sync are kept in its cache {self.checkpoint.path}: rerun the same command "
+            "here to upload them"
+        )
+
+    # ------------------------------------------------------------------ one sync
+
+    def _fresh(self) -> list[ShardEntry]:
+        """The cache's own shards committed since the last sync (in commit order; none for a reader)."""
+        if self.every is None:
+            return []
+        through = self.mark.synced_through
+        return [
+            entry
+            for entry in list(self.checkpoint.entries)
+            if entry.remote is None and entry.name.isdigit() and int(entry.name) > through
+        ]
+
+    def sync(self, final: bool = False) -> Manifest | None:
+        """Upload the new shards as a segment and commit a manifest naming it (and this run's
+        record, at the end with the keys it used). Nothing to send: nothing done."""
+        with self.lock:
+            if self.mark.pending:  # the last commit failed, perhaps after its manifest went through
+                self.mark.settle(self.chain.latest())
+                self.mark.save(self.checkpoint.path)
+            fresh = self._fresh()
+            run = self._run_record()
+            if not fresh and run is None:
+                return None
+            self._wait_for_claim()
+            packed = pack(fresh, self.checkpoint.shards_path) if fresh else None
+            if packed is not None:
+                self._upload(packed)
+                through = max(int(entry.name) for entry in fresh)
+                names = [entry.name for entry in fresh]
+                self.mark.pending = {"segment": packed.segment.id, "shards": names, "through": through}
+                self.mark.save(self.checkpoint.path)
+                faults.pause_at("segment-uploaded")
+            committed = self.chain.commit(lambda base: self._merged(base, packed, run))
+            faults.pause_at("manifest-committed")
+            self.mark.settle(committed or self.chain.known)
+            if committed is not None:
+                self.mark.seq = committed.seq
+                self.sent_run = run or self.sent_run
+            self.mark.save(self.checkpoint.path)
+            if final and committed is not None:
+                self.chain.write_hint()
+            return committed
+
+    def _wait_for_claim(self) -> None:
+        """A claim met at the last try is read again; while it holds nothing is packed or sent (a
+        prune may hold the store for minutes, and every turn would upload the segment again)."""
+        known = self.chain.known
+        if known is None or known.active_claim() is None:
+            return
+        latest = self.chain.latest()
+        claim = latest.active_claim() if latest is not None else None
+        if claim is not None:
+            raise Claimed(claim, self.chain.uri)
+
+    def _merged(self, base: Manifest | None, packed: Packed | None, run: dict[str, Any] | None) -> Manifest | None:
+        """The next manifest: what `base` names, this segment and this run's record."""
+        fingerprint = self.checkpoint.manifest
+        if base is None and packed is None:
+            return None  # a run that committed nothing makes no store
+        if base is not None:
+            if comparable(base.fingerprint) != comparable(fingerprint):
+                raise ClefError(f"the store {self.chain.uri} was restarted by another job with another model meanwhile")
+            claim = base.active_claim()
+            if claim is not None:
+                raise Claimed(claim, self.chain.uri)
+        segments = dict(base.segments) if base is not None else {}
+        if packed is not None:
+            segments[packed.segment.id] = packed.segment
+        runs = dict(base.runs) if base is not None else {}
+        if run is not None:
+            runs[self.checkpoint.run_id] = run
+        return Manifest(0, base.fingerprint if base is not None else fingerprint, segments, runs)
+
+    def _upload(self, packed: Packed) -> None:
+        """The segment's objects, the keys last (every object is named by content: a retry after
+        a kill writes the same bytes under the same name)."""
+        bucket, key = self.chain.bucket, self.chain.key
+        bucket.put(key(packed.segment.results), packed.results)
+        if packed.hidden_files:
+            bucket.put(key(packed.hidden_object), lambda: _chunks(packed))
+        bucket.put(key(packed.segment.keys), packed.keys)
+        self.uploaded += (
+            len(packed.results) + len(packed.keys) + sum(path.stat().st_size for path in packed.hidden_files)
+        )
+
+    # ------------------------------------------------------------------ the run's record
+
+    def _run_record(self) -> dict[str, Any] | None:
+        """This run's record as the manifest keeps it, when it changed since the last sync; the
+        first carries the keys the run's records have (uploaded once: `prune --keep-runs` keeps
+        what a kept run used, and a killed run's record has them too)."""
+        index = self.checkpoint.index
+        if index is None:
+            return None
+        found = [run for run in index.runs(count_keys=False) if run["run_id"] == self.checkpoint.run_id]
+        if not found:
+            return None
+        fields = ("started", "finished", "counts", "inputs", "output", "interrupted")
+        run = {name: found[0][name] for name in fields}
+        sent = self.sent_run or {}
+        run["keys"] = sent.get("keys")
+        if run["keys"] is None and self.checkpoint.ledger is not None:  # the ledger is built: its keys, once
+            run["keys"] = self._upload_used_keys()
+        if self.sent_run is not None and all(sent.get(name) == run.get(name) for name in (*fields, "keys")):
+            return None
+        return run
+
+    def _upload_used_keys(self) -> str:
+        """The keys this run's records have, sorted, as `runs/RUN.keys` (an Arrow file), written a
+        batch at a time to a file in the cache folder and uploaded from it: a night of 100M
+        records holds one batch of keys in memory, never the night's."""
+        index = self.checkpoint.index
+        assert index is not None
+        name = f"{RUNS}{self.checkpoint.run_id}.keys"
+        path = self.checkpoint.path / f".{self.checkpoint.run_id}.keys.tmp"
+        schema = pa.schema([("key", pa.binary(32))])
+        try:
+            with index.lock, pa.OSFile(str(path), "wb") as sink, ipc.new_file(sink, schema) as writer:
+                rows = index.db.execute("SELECT DISTINCT key FROM temp.job WHERE key IS NOT NULL ORDER BY key")
+                while batch := rows.fetchmany(KEYS_BATCH):
+                    keys = pa.array([bytes.fromhex(key) for (key,) in batch], pa.binary(32))
+                    writer.write_batch(pa.record_batch([keys], schema=schema))
+            self.chain.bucket.put(self.chain.key(name), path)
+            self.uploaded += path.stat().st_size
+        finally:
+            durable.unlink(path)
+        return name
+
+
+def _chunks(packed: Packed):  # type: ignore[no-untyped-def]
+    """The hidden-state files one after another, 8 MiB at a time (a multipart upload)."""
+    for path in packed.hidden_files:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(8 << 20):
+                yield chunk
