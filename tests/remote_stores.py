@@ -5,6 +5,8 @@ each `machine` with its own cache folder."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -91,6 +93,20 @@ def open_machine(uri: str, cache: Path, manifest: dict | None = None, sync_every
     return RemoteCheckpoint.open_remote(
         machine(uri, cache), FINGERPRINT if manifest is None else manifest, sync_every=sync_every, hold_lock=True
     )
+
+
+@contextmanager
+def fresh_machine(uri: str, cache: Path, manifest: dict | None = None) -> Iterator:
+    """The store as a machine that never saw it opens it: nothing this process read of the store
+    remembered, an empty cache folder, no sync of its own; closed after."""
+    from clef_cli.store.remote import manifests
+
+    manifests.forget()
+    reader = open_machine(uri, cache, manifest=manifest, sync_every=None)
+    try:
+        yield reader
+    finally:
+        reader.close()
 
 
 def commit(

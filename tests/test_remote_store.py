@@ -11,7 +11,7 @@ import pytest
 from clef_cli.store.remote import manifests
 from clef_cli.store.remote.layout import MANIFESTS, SEGMENTS, manifest_name
 
-from .remote_stores import commit, key_of, open_machine
+from .remote_stores import commit, fresh_machine, key_of, open_machine
 
 BUCKET = "clef-remote-store"
 STORE = f"s3://{BUCKET}/nightly/"
@@ -42,15 +42,11 @@ def test_a_fresh_machine_reads_a_store_in_requests_that_grow_with_segments_not_r
             commit(writer, range(night * records, (night + 1) * records), per_shard=records // 10)
             writer.sync()
         writer.close()
-        manifests.forget()
         proxy.clear()
-        reader = open_machine(store, tmp_path / f"reader-{records}", sync_every=None)
-        try:
+        with fresh_machine(store, tmp_path / f"reader-{records}") as reader:
             assert stored_keys(reader) == {key_of(number) for number in range(3 * records)}
             counts[records] = len(proxy.requests)
             assert not any(SEGMENTS in path and path.endswith((".results", ".hidden")) for _, path in proxy.requests)
-        finally:
-            reader.close()
     assert counts[100] == counts[1000] <= 3 + 3, counts  # hint, listing, manifest; one keys object a segment
 
 
@@ -60,9 +56,7 @@ def test_a_results_object_is_read_once_and_only_when_its_rows_are_needed(s3, pro
         commit(writer, range(night * 40, (night + 1) * 40), per_shard=10, with_hidden=True)
         writer.sync()
     writer.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         proxy.clear()
         shard, row = reader.index.locate([key_of(45)])[key_of(45)]
         table = reader.shard_table(shard)
@@ -75,8 +69,6 @@ def test_a_results_object_is_read_once_and_only_when_its_rows_are_needed(s3, pro
         states = [shard for shard in reader.hidden_shards() if shard.path.name.startswith(shard_prefix(reader, 45))]
         assert len(states) == 1 and states[0].verify()  # one part's states: one ranged GET of its bytes
         assert len(proxy.requests) == 1 and proxy.requests[0][1].endswith(".hidden")
-    finally:
-        reader.close()
 
 
 def shard_prefix(checkpoint, number: int) -> str:
@@ -97,13 +89,9 @@ def test_two_writers_both_keep_their_results_and_never_overwrite_a_manifest(s3, 
     assert proxy.count("PUT", manifest_name(2)) == 2 and proxy.count("PUT", manifest_name(3)) == 1
     first.close()
     second.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "three", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "three") as reader:
         assert stored_keys(reader) == {key_of(n) for n in [*range(0, 60), *range(100, 130)]}
         assert len(reader.chain.known.segments) == 3
-    finally:
-        reader.close()
     assert len(objects(s3, MANIFESTS)) == 3
 
 
@@ -124,13 +112,9 @@ def test_a_conflict_storm_of_writers_loses_no_segment(s3, tmp_path):
         thread.join()
     for writer in writers:
         writer.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "reader", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "reader") as reader:
         expected = {key_of(n) for number in range(6) for n in range(number * 100, number * 100 + 20)}
         assert stored_keys(reader) == expected
-    finally:
-        reader.close()
 
 
 class Killed(BaseException):
@@ -165,26 +149,18 @@ def test_a_sync_killed_anywhere_loses_nothing_committed_and_uploads_nothing_twic
         killed_at(patched, point)
         first.sync()
     abandon(first)
-    manifests.forget()
     committed = set(range(0, 80 if point == "manifest-committed" else 40))
-    fresh = open_machine(STORE, tmp_path / "b", sync_every=None)  # another machine sees what was committed
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as fresh:  # another machine sees what was committed
         assert stored_keys(fresh) == {key_of(n) for n in committed}
-    finally:
-        fresh.close()
     again = open_machine(STORE, tmp_path / "a")  # the same machine, rerun: its cache settles the sync
     try:
         assert stored_keys(again) == {key_of(n) for n in range(0, 80)}
         assert sum(1 for entry in again.entries if entry.remote) == 0  # its own segments are not imported back
     finally:
         again.close()
-    manifests.forget()
-    last = open_machine(STORE, tmp_path / "c", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "c") as last:
         assert stored_keys(last) == {key_of(n) for n in range(0, 80)}
         assert len(last.chain.known.segments) == 2  # the rerun uploaded the same segment, or none
-    finally:
-        last.close()
 
 
 def test_a_full_level_is_compacted_at_a_jobs_end_and_a_fresh_machine_reads_one_keys_object(s3, proxy, tmp_path):
@@ -198,18 +174,14 @@ def test_a_full_level_is_compacted_at_a_jobs_end_and_a_fresh_machine_reads_one_k
     writer = open_machine(STORE, tmp_path / "a")  # the same machine goes on: its synced shards are the merged ones
     commit(writer, range(FANOUT * 10, FANOUT * 10 + 5))
     writer.close()
-    manifests.forget()
     proxy.clear()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(FANOUT * 10 + 5)}
         segment = next(segment for segment in reader.chain.known.segments.values() if segment.level == 1)
         assert len(reader.chain.known.segments) == 2 and len(segment.hidden) == FANOUT  # states named, never copied
         assert sum(1 for _, path in proxy.requests if path.endswith(".keys")) == 2  # one a segment
         shard = shard_prefix(reader, 75)
         assert next(s for s in reader.hidden_shards() if s.path.name.startswith(shard)).verify()
-    finally:
-        reader.close()
 
 
 @pytest.mark.slow  # a lease to wait out (about 5 s)
@@ -238,12 +210,8 @@ def test_a_claim_refuses_new_jobs_with_how_long_and_expires(s3, monkeypatch, tmp
     late = open_machine(STORE, tmp_path / "b")
     commit(late, range(10, 20))
     late.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "c", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "c") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(20)} and reader.chain.known.claim is None
-    finally:
-        reader.close()
 
 
 def test_a_store_made_with_another_model_is_refused_in_one_line(s3, tmp_path):
@@ -287,14 +255,10 @@ def test_prune_keeps_what_the_kept_runs_used_and_deletes_orphans_after_the_grace
     swept = prune_bucket(STORE, keep_runs=1, grace_seconds=0)
     # the orphan's two and the replaced keys object (the kept part's results are the same bytes, the same name)
     assert swept.keys_dropped == 0 and swept.objects_deleted == 3
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "d", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "d") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(10, 40)}
         named = {f"nightly/{name}" for segment in reader.chain.known.segments.values() for name in segment.objects()}
         assert named <= set(objects(s3, "segments/")) and set(objects(s3, "segments/")) == named
-    finally:
-        reader.close()
 
 
 @pytest.mark.slow  # eight syncs and a lease to wait out, twice (about 15 s)
@@ -314,25 +278,17 @@ def test_a_compaction_killed_anywhere_leaves_every_key_and_its_claim_expires(s3,
         compact(writer.chain)
     writer.index.close()
     writer.held.release()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(FANOUT * 10)}
         assert len(reader.chain.known.segments) == FANOUT and reader.chain.known.active_claim() is not None
-    finally:
-        reader.close()
     import time
 
     time.sleep(2.2)  # the claim's lease ends; the next job's end compacts
     late = open_machine(STORE, tmp_path / "b")
     late.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "c", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "c") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(FANOUT * 10)}
         assert len(reader.chain.known.segments) == 1
-    finally:
-        reader.close()
 
 
 @pytest.mark.slow  # two nights, two prunes and a lease, twice (about 9 s)
@@ -352,25 +308,17 @@ def test_a_prune_killed_anywhere_loses_no_kept_key_and_the_next_one_finishes(s3,
     with monkeypatch.context() as patched, pytest.raises(Killed):
         killed_at(patched, point)
         prune_bucket(STORE, keep_runs=1, grace_seconds=0)
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "c", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "c") as reader:
         kept = stored_keys(reader)
         assert {key_of(n) for n in range(10, 40)} <= kept  # nothing kept is lost; 0-9 may still be there
-    finally:
-        reader.close()
     import time
 
     time.sleep(2.2)
     prune_bucket(STORE, keep_runs=1, grace_seconds=0)
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "d", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "d") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(10, 40)}
         named = {f"nightly/{name}" for segment in reader.chain.known.segments.values() for name in segment.objects()}
         assert set(objects(s3, "segments/")) == named
-    finally:
-        reader.close()
 
 
 def test_a_manifest_being_written_is_never_half_read_and_a_storm_of_503s_is_waited_out(s3, proxy, tmp_path):
@@ -398,12 +346,8 @@ def test_a_manifest_being_written_is_never_half_read_and_a_storm_of_503s_is_wait
     writer.sync()
     writer.close()
     assert proxy.count("PUT", manifest_name(3)) == 5
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "c", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "c") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(0, 30)}
-    finally:
-        reader.close()
 
 
 def test_a_confirmed_restart_empties_the_store_for_every_machine(s3, tmp_path):
@@ -417,12 +361,8 @@ def test_a_confirmed_restart_empties_the_store_for_every_machine(s3, tmp_path):
     restarted = RemoteCheckpoint.open_remote(machine(STORE, tmp_path / "b"), OTHER_MODEL, restart=True, hold_lock=True)
     commit(restarted, range(100, 105))
     restarted.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "a", manifest=OTHER_MODEL, sync_every=None)  # the old cache is rebuilt
-    try:
+    with fresh_machine(STORE, tmp_path / "a", manifest=OTHER_MODEL) as reader:  # the old cache is rebuilt
         assert stored_keys(reader) == {key_of(n) for n in range(100, 105)}
-    finally:
-        reader.close()
     assert FINGERPRINT != OTHER_MODEL
 
 

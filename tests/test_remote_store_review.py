@@ -19,7 +19,7 @@ from clef_cli.store.key_index import KeyIndex
 from clef_cli.store.remote import manifests
 
 from .helpers import TINY_MODEL, write_jsonl
-from .remote_stores import FINGERPRINT, commit, key_of, machine, night, open_machine
+from .remote_stores import FINGERPRINT, commit, fresh_machine, key_of, machine, night, open_machine
 from .test_remote_store import BUCKET, STORE, Killed, objects, stored_keys  # the same bucket and store
 
 runner = CliRunner()
@@ -42,12 +42,8 @@ def test_an_import_killed_before_its_keys_were_indexed_is_repaired_at_the_next_o
     with monkeypatch.context() as patched, pytest.raises(Killed):
         patched.setattr(KeyIndex, "add_keys", killed)
         open_machine(STORE, tmp_path / "b", sync_every=None)
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)  # the parts journaled are indexed from their rows
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:  # the parts journaled are indexed from their rows
         assert stored_keys(reader) == {key_of(n) for n in range(20)}
-    finally:
-        reader.close()
 
 
 def test_a_manifest_committed_whose_answer_was_lost_is_not_sent_again(s3, monkeypatch, tmp_path):
@@ -65,13 +61,9 @@ def test_a_manifest_committed_whose_answer_was_lost_is_not_sent_again(s3, monkey
         writer.sync()
     commit(writer, range(10, 20))
     writer.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(20)}
         assert reader.chain.known.total("records") == 20  # not 30: records 0-9 named once
-    finally:
-        reader.close()
 
 
 def test_a_jobs_sync_commits_as_soon_as_a_claim_it_met_is_released(s3, tmp_path):
@@ -198,13 +190,9 @@ def test_checkpoint_info_counts_no_failed_record_among_the_keys_with_states(s3, 
     finally:
         folder.close()
         writer.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert reader.info()["keys_with_hidden_states"] == 22  # from the parts' lists: no results downloaded
         assert not any((reader.shards_path).glob("*.results.arrow"))
-    finally:
-        reader.close()
 
 
 def test_a_prune_plans_under_its_claim_so_a_compaction_just_before_it_loses_nothing_to_it(s3, monkeypatch, tmp_path):
@@ -252,12 +240,8 @@ def test_a_sync_that_waits_for_a_claim_sends_its_segment_once(s3, proxy, tmp_pat
                 writer.sync()
         assert proxy.count("PUT") == 0 and proxy.count("POST") == 0, proxy.requests
     writer.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(20)}
-    finally:
-        reader.close()
 
 
 @pytest.mark.slow  # a lease to wait out (about 3 s)
@@ -277,12 +261,8 @@ def test_a_jobs_end_that_waits_for_a_claim_says_so_once_and_for_how_long(s3, mon
     writer.close()  # waits out the lease, then commits
     assert len(said) == 1 and "held by a `clef checkpoint prune`" in said[0] and "s more" in said[0], said
     assert "waits for it" in said[0]
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(20)}
-    finally:
-        reader.close()
 
 
 @pytest.mark.slow  # a million keys in the ledger (about 15 s)
@@ -364,12 +344,8 @@ def test_a_jobs_last_commit_that_fails_keeps_its_records_for_the_rerun_here_and_
     manifests.forget()
     again = open_machine(STORE, tmp_path / "a")  # the rerun on the same machine sends them
     again.close()
-    manifests.forget()
-    reader = open_machine(STORE, tmp_path / "b", sync_every=None)
-    try:
+    with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(30)}
-    finally:
-        reader.close()
 
 
 def test_an_endpoint_that_does_not_answer_ends_the_job_in_one_line_before_a_record_is_read(s3, monkeypatch, tmp_path):
