@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.feed.bench_media_s3 import start_moto  # noqa: E402
 from tests.remote_stores import commit, key_of, open_machine  # noqa: E402
 from tests.s3_proxy import TEST_ENVIRONMENT, S3Proxy  # noqa: E402
 
@@ -40,18 +39,6 @@ STORE = f"s3://{BUCKET}/nightly/"
 WRITE_PRICE, READ_PRICE = 0.005 / 1000, 0.0004 / 1000
 SHARD = 256
 """Records per committed shard (a batch's worth)."""
-
-
-def start_moto() -> tuple[object, str]:
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
 
 
 def kind(method: str, path: str) -> str:
