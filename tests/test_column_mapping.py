@@ -13,10 +13,12 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.encoding.media_limits import MediaLimits
-from clef_cli.errors import UsageError
-from clef_cli.inputs.columns import parse_columns
+from clef_cli.errors import RecordError, UsageError
+from clef_cli.inputs.columns import ColumnMapping, mapping_from_metadata, parse_columns
 from clef_cli.inputs.media_cells import InlineBytes, InlineSamples, media_entries
+from clef_cli.inputs.parquet_rows import AmbiguousNulls
 from clef_cli.inputs.readers import read_records
+from clef_cli.inputs.record_size import OversizeCell
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.store.record_key import MediaHasher
 
@@ -229,3 +231,100 @@ def test_a_row_the_mapping_cannot_map_is_named_as_the_same_row_unmapped(tmp_path
     assert all(isinstance(record, InvalidRecord) for record in mapped + plain)
     assert [(r.id, r.index) for r in mapped] == [(r.id, r.index) for r in plain]
     assert mapped[0].error == "record '7', field 'state': no column 'b' in this record (--state-columns)"
+
+
+# ------------------------------------------------------------------ the mapping itself, unit by unit
+
+
+@pytest.mark.parametrize(
+    ("fields", "state_columns", "message"),
+    [
+        (
+            (("picture", "p"),),
+            (),
+            "--columns: unknown field 'picture' (the fields are id, state, questions, images, audio, videos)",
+        ),
+        ((("id", ""),), (), "--columns: id= names no column"),
+        ((("id", "a"), ("id", "b")), (), "--columns: field 'id' is mapped twice ('a' and 'b')"),
+        ((("state", "body"),), ("a",), "--state-columns builds the state, so it does not go with --columns state=..."),
+        ((), ("a", "b", "a"), "--state-columns: a column is named twice"),
+    ],
+)
+def test_each_mapping_mistake_is_said_in_its_own_words(fields, state_columns, message):
+    with pytest.raises(UsageError) as refused:
+        ColumnMapping(fields, state_columns)
+    assert str(refused.value) == message
+
+
+def test_two_fields_may_come_from_one_column_and_state_columns_go_with_other_fields():
+    mapping = ColumnMapping((("id", "key"), ("questions", "key")), ("a", "b"))
+    assert mapping.columns == ("key", "a", "b")  # each column once, in the order given
+    assert mapping.source_of("id") == "key" and mapping.source_of("images") == "images"
+    assert mapping.nested_columns == ("state", "key", "a", "b")
+
+
+@pytest.mark.parametrize(
+    ("columns", "state_columns", "message"),
+    [
+        ("", None, "--columns '' names no column; give them, like --columns id=ticket_id"),
+        (" , ", None, "--columns ' , ' names no column; give them, like --columns id=ticket_id"),
+        (None, ",", "--state-columns ',' names no column; give them, like --state-columns a,b"),
+        ("id=a,images", None, "--columns: 'images' is not FIELD=COLUMN"),
+    ],
+)
+def test_options_that_name_nothing_or_no_pair_are_refused_in_their_own_words(columns, state_columns, message):
+    with pytest.raises(UsageError) as refused:
+        parse_columns(columns, state_columns)
+    assert str(refused.value) == message
+
+
+def test_options_are_read_with_spaces_and_empty_items_left_out():
+    mapping = parse_columns(" id = ticket id ,, images=att=1 ", " body , subject ")
+    assert mapping == ColumnMapping((("id", "ticket id"), ("images", "att=1")), ("body", "subject"))
+    assert parse_columns(None, None) is None
+    assert parse_columns(None, "body") == ColumnMapping((), ("body",))
+    assert not ColumnMapping() and ColumnMapping((), ("a",)) and ColumnMapping((("id", "a"),))
+
+
+def test_the_outputs_metadata_gives_back_the_same_mapping():
+    mapping = ColumnMapping((("id", "número"), ("state", "body")), ())
+    text = mapping.as_metadata()
+    assert "número" in text  # written as the column is named, not escaped
+    assert json.loads(text) == {"fields": {"id": "número", "state": "body"}, "state_columns": []}
+    assert mapping_from_metadata(text) == mapping
+    with_state = ColumnMapping((("id", "k"),), ("a", "b"))
+    assert mapping_from_metadata(with_state.as_metadata()) == with_state
+    assert mapping_from_metadata('{"state_columns": ["a"]}') == ColumnMapping((), ("a",))
+    assert mapping_from_metadata('{"fields": {"id": "k"}}') == ColumnMapping((("id", "k"),), ())
+    assert mapping_from_metadata(None) is None and mapping_from_metadata("") is None
+
+
+def test_apply_takes_each_field_from_its_column_and_drops_a_field_whose_column_is_missing():
+    mapping = ColumnMapping((("id", "key"), ("images", "photo")), ())
+    row = mapping.apply({"key": "k1", "photo": ["a.png"], "images": ["own.png"], "other": 1}, "k1")
+    assert row == {"key": "k1", "photo": ["a.png"], "images": ["a.png"], "other": 1, "id": "k1"}
+    without = mapping.apply({"key": "k2", "images": ["own.png"]}, "k2")
+    assert without == {"key": "k2", "id": "k2"}  # its own `images` is not the mapped column
+
+
+def test_apply_builds_the_state_from_its_columns_in_the_order_given():
+    mapping = ColumnMapping((), ("b", "a"))
+    row = mapping.apply({"a": 1, "b": None, "c": 3}, "r")
+    assert list(row["state"].items()) == [("b", None), ("a", 1)]
+    with pytest.raises(RecordError) as refused:
+        mapping.apply({"a": 1, "c": 3}, "r7")
+    error = refused.value
+    assert (error.record_id, error.field, error.message) == (
+        "r7",
+        "state",
+        "no column 'b' in this record (--state-columns)",
+    )
+
+
+def test_a_refused_cell_in_a_state_column_stands_for_the_whole_state():
+    nulls = AmbiguousNulls("a", ("a.x",))
+    oversize = OversizeCell("b", "too large")
+    mapping = ColumnMapping((), ("a", "b"))
+    assert mapping.apply({"a": nulls, "b": 1}, "r")["state"] is nulls
+    assert mapping.apply({"a": 1, "b": oversize}, "r")["state"] is oversize
+    assert mapping.apply({"a": nulls, "b": oversize}, "r")["state"] is nulls  # the first one
