@@ -86,6 +86,7 @@ def test_stdin_is_copied_once_and_every_name_for_it_reads_the_same_spool(monkeyp
         (LINES, ".jsonl"),
         (b"", ".jsonl"),
     ],
+    ids=["parquet", "gzip", "zstd", "jsonl", "empty"],
 )
 def test_a_streams_format_is_told_by_its_first_bytes(monkeypatch, data, suffix):
     monkeypatch.setattr("sys.stdin", FakeStdin(data))
@@ -139,6 +140,7 @@ def test_a_stream_that_cannot_be_read_is_refused_naming_it(tmp_path):
         b"\n\n  id\tstate\nr1\thello\n",
         b"\xef\xbb\xbfticket_id,body\n",
     ],
+    ids=["csv", "tsv-after-blank-lines", "csv-with-bom"],
 )
 def test_a_csv_or_tsv_on_a_stream_is_refused_once(monkeypatch, head):
     monkeypatch.setattr("sys.stdin", FakeStdin(head))
@@ -178,6 +180,7 @@ def test_a_gzipped_csv_on_a_stream_is_refused_too(monkeypatch):
         b"\n\n",
         b"\x1f\x8b\x08\x00broken",  # a damaged gzip stream: its reading names the problem
     ],
+    ids=["blank-lines-first", "array", "bom", "string", "number", "broken-object", "blank", "damaged-gzip"],
 )
 def test_streams_that_read_as_jsonl_are_accepted(monkeypatch, data):
     monkeypatch.setattr("sys.stdin", FakeStdin(data))
@@ -189,3 +192,81 @@ def test_the_first_line_is_found_in_the_streams_first_64_kib(monkeypatch):
     blank = b"\n" * (streams.HEAD_BYTES + 10)  # the first line lies past what is read: nothing to judge
     monkeypatch.setattr("sys.stdin", FakeStdin(blank + b"id,state\n"))
     assert Path(spooled_stream("-").path).read_bytes().endswith(b"id,state\n")
+
+
+@pytest.mark.parametrize(
+    ("head", "shown"),
+    [
+        (b"\xff\xfe,id\n", "\ufffd\ufffd,id"),  # not UTF-8: read with replacements, never a traceback
+        (b"XID,state\n", "XID,state"),  # a BOM is stripped, and nothing else
+    ],
+    ids=["not-utf8", "starts-with-x"],
+)
+def test_a_csv_header_is_shown_as_it_reads(monkeypatch, head, shown):
+    monkeypatch.setattr("sys.stdin", FakeStdin(head))
+    with pytest.raises(UsageError) as refused:
+        spooled_stream("-")
+    assert f"its first line {shown!r} is not JSON" in str(refused.value)
+
+
+def test_a_first_line_that_opens_an_array_stays_the_records_error(monkeypatch):
+    data = b'[{"id": "a",\n'  # broken, but JSONL: the record's error later, not a refusal
+    monkeypatch.setattr("sys.stdin", FakeStdin(data))
+    assert Path(spooled_stream("-").path).read_bytes() == data
+
+
+def test_a_later_pipe_at_the_same_name_is_another_stream(tmp_path):
+    """`<(cmd)` names /dev/fd/N; a later call with another pipe at that number is another stream."""
+    number = os.dup(0)
+    try:
+        for data in (LINES, LINES.replace(b'"a"', b'"z"')):
+            read_end, write_end = os.pipe()
+            os.write(write_end, data)
+            os.close(write_end)
+            os.dup2(read_end, number)
+            os.close(read_end)
+            assert Path(spooled_stream(f"/dev/fd/{number}").path).read_bytes() == data
+    finally:
+        os.close(number)
+
+
+def test_each_stdin_a_runner_gives_is_its_own_stream(monkeypatch):
+    first, second = FakeStdin(LINES), FakeStdin(LINES.replace(b'"a"', b'"z"'))  # both alive: distinct ids
+    monkeypatch.setattr("sys.stdin", first)
+    assert Path(spooled_stream("-").path).read_bytes() == LINES
+    monkeypatch.setattr("sys.stdin", second)
+    assert b'"z"' in Path(spooled_stream("-").path).read_bytes()
+
+
+def test_the_spool_folder_is_removed_when_the_process_ends_even_if_it_is_gone(monkeypatch):
+    registered = []
+    monkeypatch.setattr(streams, "_folder", [])
+    monkeypatch.setattr(streams.atexit, "register", lambda function, *args: registered.append((function, args)))
+    monkeypatch.setattr("sys.stdin", FakeStdin(LINES))
+    folder = Path(spooled_stream("-").path).parent
+    ((function, args),) = registered
+    function(*args)
+    assert not folder.exists()
+    function(*args)  # already gone (a second clef in the process, a cleaner): no error at exit
+
+
+class CountingReader(io.BytesIO):
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.sizes: list[object] = []
+
+    def read(self, size=-1):  # type: ignore[override]
+        self.sizes.append(size)
+        return super().read(size)
+
+    def readinto(self, buffer):  # type: ignore[override]
+        self.sizes.append(len(buffer))
+        return super().readinto(buffer)
+
+
+def test_a_stream_is_copied_in_bounded_reads(monkeypatch):
+    stdin = FakeStdin(b"")
+    stdin.buffer = CountingReader(LINES * 40000)  # about 2 MiB
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert spooled_stream("-").size == len(LINES) * 40000
+    assert stdin.buffer.sizes and all(isinstance(size, int) and 0 < size <= 1 << 20 for size in stdin.buffer.sizes)
