@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from clef_cli import faults
 from clef_cli.errors import ClefError
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line, new_claim
-from clef_cli.store.remote.segments import Packed, Segment, content_name, keys_object, read_keys, read_parts
+from clef_cli.store.remote.segments import Packed, Segment, keys_object, read_keys, read_parts, segment_of
 
 FANOUT = 8
 """Segments of one level that are merged into one of the next."""
@@ -134,18 +134,7 @@ def merge(chain: Chain, segments: list[Segment]) -> Packed:
                 moved = pc.add(table.column("part"), pa.scalar(shift, pa.uint32()))
                 rows.append(table.set_column(1, "part", moved))
     keys = keys_object(rows, parts)
-    hidden = tuple(dict.fromkeys(name for segment in segments for name in segment.hidden))
-    merged = Segment(
-        id=content_name(keys, "keys").rsplit("/", 1)[1][: -len(".keys")],
-        records=sum(segment.records for segment in segments),
-        keys_bytes=len(keys),
-        results=content_name(bytes(results), "results"),
-        results_bytes=len(results),
-        hidden=hidden,
-        hidden_bytes=sum(segment.hidden_bytes for segment in segments),
-        parts=len(parts),
-        level=max(segment.level for segment in segments) + 1,
-    )
+    merged = segment_of(keys, bytes(results), parts, level=max(segment.level for segment in segments) + 1)
     return Packed(merged, keys, bytes(results), ())
 
 

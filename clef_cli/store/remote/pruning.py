@@ -38,10 +38,10 @@ from clef_cli.store.remote.segments import (
     KEY_SCHEMA,
     Packed,
     Segment,
-    content_name,
     keys_object,
     read_keys,
     read_parts,
+    segment_of,
 )
 
 KEEP_MANIFESTS = 16
@@ -156,18 +156,7 @@ def _filtered(
         new_parts.append(replace(part, results=(len(results), size, digest)))
         results += data[offset : offset + size]
     keys = keys_object([remaining.set_column(1, "part", moved)], new_parts)
-    hidden = tuple(dict.fromkeys(part.hidden[0] for part in new_parts if part.hidden))
-    rewritten = replace(
-        segment,
-        id=content_name(keys, "keys").rsplit("/", 1)[1][: -len(".keys")],
-        records=sum(part.records for part in new_parts),
-        keys_bytes=len(keys),
-        results=content_name(bytes(results), "results"),
-        results_bytes=len(results),
-        hidden=hidden,
-        hidden_bytes=sum(part.hidden[2] for part in new_parts if part.hidden),
-        parts=len(new_parts),
-    )
+    rewritten = segment_of(keys, bytes(results), new_parts, level=segment.level)
     return Packed(rewritten, keys, bytes(results), ()), total, dropped
 
 

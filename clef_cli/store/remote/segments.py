@@ -133,6 +133,22 @@ def content_name(data: bytes | str, suffix: str) -> str:
     return f"{SEGMENTS}{hashlib.sha256(raw).hexdigest()[:NAME_LENGTH]}.{suffix}"
 
 
+def segment_of(keys: bytes, results: bytes, parts: Sequence[Part], level: int = 0) -> Segment:
+    """The segment of these objects and parts, named by its keys object's content; what it holds
+    is counted from its parts, so a packed, merged or pruned segment is described alike."""
+    return Segment(
+        id=content_name(keys, "keys")[len(SEGMENTS) : -len(".keys")],
+        records=sum(part.records for part in parts),
+        keys_bytes=len(keys),
+        results=content_name(results, "results"),
+        results_bytes=len(results),
+        hidden=tuple(dict.fromkeys(part.hidden[0] for part in parts if part.hidden)),
+        hidden_bytes=sum(part.hidden[2] for part in parts if part.hidden),
+        parts=len(parts),
+        level=level,
+    )
+
+
 def key_rows(table: pa.Table, part: int, has_hidden: bool) -> pa.Table:
     """A shard's keyed rows as keys-object rows (as the key index reads them: key_index._insert_shard)."""
     keyed = table.filter(pc.is_valid(table.column("record_key")))
@@ -187,16 +203,7 @@ def pack(entries: Sequence[ShardEntry], shards: Path) -> Packed:
         for entry, spot, hidden, failed in zip(entries, spots, hidden_spots, errors, strict=True)
     ]
     keys = keys_object(rows, parts)
-    segment = Segment(
-        id=content_name(keys, "keys")[len(SEGMENTS) : -len(".keys")],
-        records=sum(entry.records for entry in entries),
-        keys_bytes=len(keys),
-        results=content_name(bytes(results), "results"),
-        results_bytes=len(results),
-        hidden=tuple(dict.fromkeys(part.hidden[0] for part in parts if part.hidden)),
-        hidden_bytes=sum(part.hidden[2] for part in parts if part.hidden),
-        parts=len(parts),
-    )
+    segment = segment_of(keys, bytes(results), parts)
     return Packed(segment, keys, bytes(results), tuple(hidden_files), hidden_name)
 
 
