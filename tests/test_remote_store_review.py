@@ -244,6 +244,46 @@ def test_a_sync_that_waits_for_a_claim_sends_its_segment_once(s3, proxy, tmp_pat
         assert stored_keys(reader) == {key_of(n) for n in range(20)}
 
 
+def test_a_jobs_end_waits_while_a_prune_holds_the_store_and_commits_once_it_is_released(s3, tmp_path):
+    """The claim is released only once the job said it waits (never by the clock), so the wait is
+    certain however slow the machine."""
+    import os
+    import re
+    import socket
+    import threading
+    import time
+
+    from clef_cli.store.remote.compaction import claimed
+    from clef_cli.store.remote.store import RemoteCheckpoint
+
+    said: list[str] = []
+    writer = RemoteCheckpoint.open_remote(
+        machine(STORE, tmp_path / "a"), FINGERPRINT, sync_every=3600, hold_lock=True, say=said.append
+    )
+    commit(writer, range(0, 10))
+    writer.sync()  # a store to hold
+    commit(writer, range(10, 20))
+    hold = claimed(manifests.Chain(STORE), "prune")
+    hold.__enter__()
+
+    def release_once_said() -> None:
+        deadline = time.monotonic() + 20  # a job that never says so still ends (and fails below)
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.05)
+        hold.__exit__(None, None, None)
+
+    releaser = threading.Thread(target=release_once_said, daemon=True)
+    releaser.start()
+    writer.close()  # waits (its first try met the claim), then commits
+    releaser.join(25)
+    holder = f"a `clef checkpoint prune` (pid {os.getpid()} on host {socket.gethostname()})"
+    expected = rf"the store {re.escape(STORE)} is held by {re.escape(holder)} for at most \d+ s more: "
+    expected += "the job's last commit waits for it"
+    assert len(said) == 1 and re.fullmatch(expected, said[0]), said
+    with fresh_machine(STORE, tmp_path / "b") as reader:
+        assert stored_keys(reader) == {key_of(n) for n in range(20)} and reader.chain.known.active_claim() is None
+
+
 @pytest.mark.slow  # a lease to wait out (about 3 s)
 def test_a_jobs_end_that_waits_for_a_claim_says_so_once_and_for_how_long(s3, monkeypatch, tmp_path):
     from clef_cli.store.remote.store import RemoteCheckpoint

@@ -70,8 +70,6 @@ class Syncer:
         """The last failure of a sync on the thread (tried again at the next turn and at the end)."""
         self.sent_run: dict[str, Any] | None = None
         self.thread: threading.Thread | None = None
-        self.uploaded = 0
-        """Bytes uploaded (segments and manifests' objects; for benchmarks)."""
 
     def start(self) -> None:
         if self.every is None:
@@ -205,9 +203,6 @@ class Syncer:
         if packed.hidden_files:
             bucket.put(key(packed.hidden_object), lambda: _chunks(packed))
         bucket.put(key(packed.segment.keys), packed.keys)
-        self.uploaded += (
-            len(packed.results) + len(packed.keys) + sum(path.stat().st_size for path in packed.hidden_files)
-        )
 
     # ------------------------------------------------------------------ the run's record
 
@@ -247,7 +242,6 @@ class Syncer:
                     keys = pa.array([bytes.fromhex(key) for (key,) in batch], pa.binary(32))
                     writer.write_batch(pa.record_batch([keys], schema=schema))
             self.chain.bucket.put(self.chain.key(name), path)
-            self.uploaded += path.stat().st_size
         finally:
             durable.unlink(path)
         return name
