@@ -261,7 +261,6 @@ class ScoreSettings:
             self.checkpoint = path
         ensure_writable_folder(self.checkpoint_path, "the checkpoint" if self.checkpoint is None else "--checkpoint")
 
-
     def _validate_remote_store(self, text: str) -> None:
         """A store in a bucket: its URI's form, its options, where its cache folder will be made; a
         remote -o is staged in that cache."""

@@ -113,7 +113,9 @@ def run_bare(model: Path, inputs: Path, folder: Path, dtype: str) -> dict:
     started = time.perf_counter()
     done = subprocess.run(
         [os.environ["CLEF_VLLM_PYTHON"], str(script), str(model), str(job), str(out)],
-        capture_output=True, text=True, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
     if done.returncode != 0:
         raise SystemExit(f"the bare engine failed ({done.returncode}): {done.stderr[-3000:]}")

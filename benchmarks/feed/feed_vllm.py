@@ -138,8 +138,16 @@ def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str
 
     out = folder / f"out-vllm-{workers}-{hidden_states}.parquet"
     settings = ScoreSettings(
-        inputs=[path], output=out, model=str(MODEL), workers=workers, window=window, restart=True,
-        engine="vllm", hidden_states=hidden_states, device="cpu", dtype=dtype,
+        inputs=[path],
+        output=out,
+        model=str(MODEL),
+        workers=workers,
+        window=window,
+        restart=True,
+        engine="vllm",
+        hidden_states=hidden_states,
+        device="cpu",
+        dtype=dtype,
     )
     device_log.write_text("")
     STEADY.clear()

@@ -202,6 +202,7 @@ DeviceOption = Annotated[
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr.")]
 
+
 class ReviewOrder(str, Enum):
     uncertainty = "uncertainty"
     margin = "margin"

@@ -203,7 +203,8 @@ def train_head(
     scored: Annotated[
         str | None,
         typer.Option(
-            "--scored", metavar="<path>",
+            "--scored",
+            metavar="<path>",
             help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "
             "prompt it labels (without it, an id that names several stored prompts takes the latest run's).",
         ),

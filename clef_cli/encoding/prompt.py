@@ -188,7 +188,6 @@ class PromptEncoder:
             max_length=self.max_length,
         )
 
-
     def _state_ids(self, record: Record) -> tuple[list[int], bool]:
         return self._leading([render(record.state)], self.max_length)[0]
 

@@ -252,8 +252,10 @@ def _seconds(ns: int) -> int:
 
 
 def _head_stamp(handle: Any, size: int) -> ObjectStamp:
-    meta = {key.lower(): value.decode("latin-1") if isinstance(value, bytes) else str(value)
-            for key, value in (handle.metadata() or {}).items()}
+    meta = {
+        key.lower(): value.decode("latin-1") if isinstance(value, bytes) else str(value)
+        for key, value in (handle.metadata() or {}).items()
+    }
     mtime = 0
     if modified := meta.get("last-modified"):
         try:

@@ -302,7 +302,5 @@ def calibrate_results(results: pa.Table, calibration: Calibration) -> pa.Table:
             derived = derive_answer(answer["type"], option_ids, probabilities, tie_order)
             for label, probability in zip(labels, probabilities, strict=True):
                 label["probability"] = probability
-            answer.update(
-                answer=derived.answer, confidence=derived.confidence, noul=derived.noul, score=derived.score
-            )
+            answer.update(answer=derived.answer, confidence=derived.confidence, noul=derived.noul, score=derived.score)
     return pa.Table.from_pylist(rows, schema=results.schema)

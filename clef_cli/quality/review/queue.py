@@ -138,9 +138,7 @@ def copies(scored: ScoredFile, records: Sequence[ReviewRecord]) -> int:
     return sum(key in queued for key in scored.record_keys) - len(records)
 
 
-def ordered(
-    records: Sequence[ReviewRecord], order: str, first_question: str, seed: int = 0
-) -> list[ReviewRecord]:
+def ordered(records: Sequence[ReviewRecord], order: str, first_question: str, seed: int = 0) -> list[ReviewRecord]:
     """`records` in review order (one of ORDERS); every tie goes to the smaller record_index."""
     if order not in ORDERS:
         raise UsageError(f"--order {order!r}: use one of {', '.join(ORDERS)}")

@@ -137,9 +137,7 @@ def gold_examples(
     rows, found = read_gold_rows(gold_path, gold_format)
     stored = gold_stored(checkpoint, reader, {record_id for record_id, _ in rows}, scored, notes)
     options = {
-        record_id: {
-            question.id: (question.type, question.option_ids) for question in record.encoded.record.questions
-        }
+        record_id: {question.id: (question.type, question.option_ids) for question in record.encoded.record.questions}
         for record_id, record in stored
     }
     gold = match_gold(rows, options, sha256=gold_sha256(gold_path), found=found)
