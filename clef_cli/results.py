@@ -19,6 +19,7 @@ from clef_cli.errors import UsageError
 if TYPE_CHECKING:
     from clef_cli.model.answers import QuestionResult
 
+
 @dataclass(frozen=True)
 class ScoredRecord:
     record_id: str

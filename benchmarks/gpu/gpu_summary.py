@@ -36,9 +36,7 @@ def gpu_points(report: dict | None) -> dict:
     for point in report.get("results", []):
         row = {key: point.get(key) for key in ("max_batch_tokens", "record_tokens", "tokens_per_s", "mfu", "error")}
         points.setdefault(point.get("experts", "?"), []).append({k: v for k, v in row.items() if v is not None})
-    at_goal = [
-        p.get("mfu", 0.0) for p in report.get("results", []) if p.get("record_tokens") == GOAL_RECORD_TOKENS
-    ]
+    at_goal = [p.get("mfu", 0.0) for p in report.get("results", []) if p.get("record_tokens") == GOAL_RECORD_TOKENS]
     summary: dict = {"layers": report.get("layers"), "points": points}
     if at_goal:
         summary["best_mfu_at_8k_records"] = max(at_goal)

@@ -15,9 +15,7 @@ if TYPE_CHECKING:
     from typing import BinaryIO
 
 
-def open_inline(
-    entry: InlineBytes | InlineSamples | RefusedInline, limits: MediaLimits
-) -> io.BytesIO | InlineSamples:
+def open_inline(entry: InlineBytes | InlineSamples | RefusedInline, limits: MediaLimits) -> io.BytesIO | InlineSamples:
     """A cell's bytes as a file's would be read (--max-file-bytes against the cell's length; a
     BytesIO over the record's own bytes object, not a copy), or its samples as they are; a cell
     refused unread (too large to hold) is the media error it was refused with."""

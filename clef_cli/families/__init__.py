@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from clef_cli.families.base import Family
     from clef_cli.release import Release
 
+
 def family_named(name: str) -> Family:
     if name == "omni":
         from clef_cli.families.omni import OmniFamily

@@ -50,9 +50,7 @@ def run_review(settings: ReviewSettings) -> ReviewResult:
         raise UsageError("--config-out goes with --format label-studio")
     scored = read_scored(settings.scored)
     exclude = labelled_ids(settings.exclude, settings.gold_format) if settings.exclude else set()
-    chosen, questions = queue.select(
-        scored, settings.questions, settings.order, None, exclude, settings.seed
-    )
+    chosen, questions = queue.select(scored, settings.questions, settings.order, None, exclude, settings.seed)
     picked = chosen if settings.limit is None else chosen[: settings.limit]
     shown = content.Shown({}, {}, [])
     if format in formats.SHOWS_RECORDS:
