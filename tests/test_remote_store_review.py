@@ -400,3 +400,24 @@ def test_an_endpoint_that_does_not_answer_ends_the_job_in_one_line_before_a_reco
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert "127.0.0.1:9" in result.stderr and time.monotonic() - started < 30
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o.parquet").exists()
+
+
+def test_the_sync_thread_never_keeps_a_dying_process_alive(s3, tmp_path):
+    """Its loop ends only when the store is closed; a job that dies without closing it (an
+    uncaught error in a library caller) must still exit, so the thread is a daemon. A reader
+    (`sync_every` None) starts none."""
+    writer = open_machine(STORE, tmp_path / "a")
+    try:
+        thread = writer.syncer.thread
+        assert thread is not None and thread.daemon and thread.is_alive()
+    finally:
+        writer.close()
+    assert not thread.is_alive()
+    commit_one = open_machine(STORE, tmp_path / "b")
+    commit(commit_one, range(0, 1))
+    commit_one.close()
+    reader = open_machine(STORE, tmp_path / "c", sync_every=None)
+    try:
+        assert reader.syncer is None or reader.syncer.thread is None
+    finally:
+        reader.close()
