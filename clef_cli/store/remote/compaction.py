@@ -134,8 +134,9 @@ def merge(chain: Chain, segments: list[Segment]) -> Packed:
                 moved = pc.add(table.column("part"), pa.scalar(shift, pa.uint32()))
                 rows.append(table.set_column(1, "part", moved))
     keys = keys_object(rows, parts)
-    merged = segment_of(keys, bytes(results), parts, level=max(segment.level for segment in segments) + 1)
-    return Packed(merged, keys, bytes(results), ())
+    data = bytes(results)
+    merged = segment_of(keys, data, parts, level=max(segment.level for segment in segments) + 1)
+    return Packed(merged, keys, data, ())
 
 
 def upload(chain: Chain, packed: Packed) -> None:

@@ -156,8 +156,9 @@ def _filtered(
         new_parts.append(replace(part, results=(len(results), size, digest)))
         results += data[offset : offset + size]
     keys = keys_object([remaining.set_column(1, "part", moved)], new_parts)
-    rewritten = segment_of(keys, bytes(results), new_parts, level=segment.level)
-    return Packed(rewritten, keys, bytes(results), ()), total, dropped
+    packed = bytes(results)
+    rewritten = segment_of(keys, packed, new_parts, level=segment.level)
+    return Packed(rewritten, keys, packed, ()), total, dropped
 
 
 def _apply(chain: Chain, claim: dict, plan: dict[str, Packed | None]) -> Manifest:

@@ -203,8 +203,8 @@ def pack(entries: Sequence[ShardEntry], shards: Path) -> Packed:
         for entry, spot, hidden, failed in zip(entries, spots, hidden_spots, errors, strict=True)
     ]
     keys = keys_object(rows, parts)
-    segment = segment_of(keys, bytes(results), parts)
-    return Packed(segment, keys, bytes(results), tuple(hidden_files), hidden_name)
+    data = bytes(results)
+    return Packed(segment_of(keys, data, parts), keys, data, tuple(hidden_files), hidden_name)
 
 
 def _hidden_place(
