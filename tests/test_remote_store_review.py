@@ -421,3 +421,80 @@ def test_the_sync_thread_never_keeps_a_dying_process_alive(s3, tmp_path):
         assert reader.syncer is None or reader.syncer.thread is None
     finally:
         reader.close()
+
+
+def _remote_records() -> int:
+    latest = manifests.Chain(STORE).latest()
+    return 0 if latest is None else sum(segment.records for segment in latest.segments.values())
+
+
+def _eventually(check, seconds: float = 15.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_syncs_go_on_after_a_claim_or_a_failure_met_on_the_thread(s3, tmp_path, monkeypatch):
+    """A prune during a long job, or a bucket down for a while, pauses the job's syncs; once it
+    ends, the next turn commits (so a kill after it loses only --sync-every seconds again)."""
+    import time
+
+    from clef_cli.store.remote.compaction import claimed
+
+    writer = open_machine(STORE, tmp_path / "a", sync_every=0.05)
+    try:
+        commit(writer, range(0, 10))
+        assert _eventually(lambda: _remote_records() == 10)
+        hold = claimed(manifests.Chain(STORE), "prune")
+        hold.__enter__()
+        commit(writer, range(10, 20))
+        time.sleep(0.5)  # turns that meet the claim
+        assert _remote_records() == 10
+        hold.__exit__(None, None, None)
+        assert _eventually(lambda: _remote_records() == 20)  # before the job's end
+        put, down = writer.chain.bucket.put, [True]
+
+        def flaky(*args, **kwargs):
+            if down:
+                raise OSError("the bucket is down")
+            return put(*args, **kwargs)
+
+        monkeypatch.setattr(writer.chain.bucket, "put", flaky)
+        commit(writer, range(20, 30))
+        time.sleep(0.5)  # turns that fail
+        assert _remote_records() == 20
+        down.clear()
+        assert _eventually(lambda: _remote_records() == 30)
+    finally:
+        writer.close()
+
+
+def test_a_jobs_end_that_cannot_commit_says_what_is_kept_and_where(s3, tmp_path, monkeypatch):
+    writer = open_machine(STORE, tmp_path / "a")
+    commit(writer, range(0, 7))
+
+    def down(*args, **kwargs):
+        raise OSError("the bucket is down")
+
+    monkeypatch.setattr(writer.chain.bucket, "put", down)
+    with pytest.raises(ClefError) as refused:
+        writer.close()
+    assert str(refused.value) == (
+        f"could not commit to the store {STORE}: the bucket is down; the 7 records this machine committed "
+        f"since its last sync are kept in its cache {writer.path}: rerun the same command here to upload them"
+    )
+
+
+def test_a_jobs_end_points_the_hint_at_its_last_manifest(s3, tmp_path):
+    writer = open_machine(STORE, tmp_path / "a")
+    commit(writer, range(0, 5))
+    writer.sync()  # a turn during the job (the hint, if any, is the store's first manifest)
+    commit(writer, range(5, 10))
+    writer.close()
+    hint = json.loads(s3.get_object(Bucket=BUCKET, Key="nightly/latest.json")["Body"].read())
+    assert hint == {"seq": manifests.Chain(STORE).latest().seq} and hint["seq"] == 2

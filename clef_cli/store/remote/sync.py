@@ -12,6 +12,7 @@ lease).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -66,8 +67,6 @@ class Syncer:
         """Where the one line goes that says the job's end waits for a claim, and how long at most."""
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.error: BaseException | None = None
-        """The last failure of a sync on the thread (tried again at the next turn and at the end)."""
         self.sent_run: dict[str, Any] | None = None
         self.thread: threading.Thread | None = None
 
@@ -80,13 +79,9 @@ class Syncer:
     def _loop(self) -> None:
         assert self.every is not None
         while not self.stop.wait(self.every):
-            try:
+            # a claim that ends, a bucket that answers again: the next turn commits (or the job's end)
+            with contextlib.suppress(ClefError, LocationProblem, OSError):  # Claimed is a ClefError
                 self.sync()
-                self.error = None
-            except Claimed:
-                continue  # the claim ends; the next turn commits
-            except (ClefError, LocationProblem, OSError) as error:
-                self.error = error
 
     def close(self, quiet: bool = False) -> None:
         """Stop the thread, then commit what is left (waiting out a claim). `quiet`: the job is
