@@ -8,29 +8,16 @@ import time
 
 import pytest
 
-from clef_cli.locations import buckets, object_store
+from clef_cli.locations import buckets
 from clef_cli.locations.buckets import WriteConflict, aws_config
 from clef_cli.locations.object_store import MissingObject, ObjectStoreError
-
-from .s3_proxy import emptied, point_at
 
 BUCKET = "clef-buckets"
 
 
 @pytest.fixture
-def s3(s3_server, proxy, monkeypatch):
-    point_at(monkeypatch, proxy.url)
-    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.create_bucket(Bucket=BUCKET)
-    proxy.clear()
-    proxy.failures.clear()
-    buckets.forget()
-    yield client
-    emptied(client, BUCKET)
-    buckets.forget()
+def s3(store_bucket):
+    return store_bucket
 
 
 def test_a_conditional_write_never_overwrites_and_reads_take_ranges_and_offsets(s3):

@@ -18,7 +18,6 @@ from clef_cli.locations import object_store
 from clef_cli.locations.uris import LocationProblem, is_under, joined, normalized
 
 from .helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
-from .s3_proxy import emptied, point_at
 
 runner = CliRunner()
 BUCKET = "clef-media"
@@ -27,20 +26,12 @@ COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-sta
 
 
 @pytest.fixture
-def s3(s3_server, proxy, monkeypatch):
-    """A bucket reached through the proxy (requests counted); boto3 goes to the server directly."""
-    point_at(monkeypatch, proxy.url)
-    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())  # pyarrow's own retries are enough here
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.create_bucket(Bucket=BUCKET)
-    proxy.clear()
-    proxy.failures.clear()
+def s3(store_bucket, proxy):
+    """A bucket reached through the proxy (requests counted); boto3 goes to the server directly.
+    No retries of clef's own: pyarrow's are enough here."""
     proxy.failure_status = 503
     object_store.forget()
-    yield client
-    emptied(client, BUCKET)
+    return store_bucket
 
 
 def upload(client, folder, prefix):

@@ -14,7 +14,6 @@ from clef_cli.cli import app
 from clef_cli.locations import buckets, object_store
 
 from .helpers import MEDIA, TINY_MODEL, write_jsonl
-from .s3_proxy import emptied, point_at
 
 runner = CliRunner()
 BUCKET = "clef-outputs"
@@ -23,24 +22,15 @@ COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-sta
 
 
 @pytest.fixture
-def s3(s3_server, proxy, monkeypatch):
-    point_at(monkeypatch, proxy.url)
-    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.create_bucket(Bucket=BUCKET)
+def s3(store_bucket, proxy):
+    """store_bucket holding two records and an image (put straight to the server: no proxy count)."""
+    client = store_bucket
     records = "".join(json.dumps({"id": n, "state": "x", "questions": QUESTIONS}) + "\n" for n in "ab")
     client.put_object(Bucket=BUCKET, Key="in/records.jsonl", Body=records)
     client.put_object(Bucket=BUCKET, Key="in/a.png", Body=(MEDIA / "image_a.png").read_bytes())
-    proxy.clear()
-    proxy.failures.clear()
     proxy.failure_status, proxy.failure_code = 503, "SlowDown"
     object_store.forget()
-    buckets.forget()
-    yield client
-    emptied(client, BUCKET)
-    buckets.forget()
+    return client
 
 
 def keys(client, prefix: str = "") -> list[str]:
