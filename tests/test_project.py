@@ -60,3 +60,17 @@ def test_the_mutation_command_runs_a_modules_importers_against_only_that_module(
     assert section[0] == 'only_mutate = ["clef_cli/inputs/columns.py"]'
     assert section[1] == 'pytest_add_cli_args_test_selection = ["t.py"]'
     assert 'source_paths = ["clef_cli"]' in section
+
+
+def test_the_max_length_defaults_read_as_each_family_has_them():
+    """`--max-length`'s default is the family's (issue 56: docs/scoring.md gave 64000 for every
+    family); the help and the docs name each family's own figure, read from the code."""
+    from clef_cli.families.dense import DenseFamily
+    from clef_cli.families.omni import OmniFamily
+
+    omni, dense = OmniFamily.default_max_length, DenseFamily.default_max_length
+    assert omni != dense
+    scoring = " ".join((ROOT / "docs" / "scoring.md").read_text().split())
+    assert f"{omni} tokens for Clef-Omni, {dense} for the dense Clef and Clef-Flash" in scoring
+    help_text = " ".join(CliRunner().invoke(app, ["score", "--help"], terminal_width=200).stdout.split())
+    assert f"({omni} Clef-Omni, {dense} Clef/Clef-Flash)" in help_text

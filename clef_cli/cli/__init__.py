@@ -21,8 +21,9 @@ from clef_cli.cli.usage import ClefCommand, PanelledCommand
 app = typer.Typer(
     name="clef",
     cls=ClefGroup,
-    help="Score records with Cloudflare's Clef-Omni decision model: a probability for every allowed "
-    "option of every question, in Parquet. Exit codes: 0 success, 1 fatal error, 2 usage error, "
+    help="Score records with Cloudflare's Clef decision models (Clef-Omni: text, images, audio, video; "
+    "the dense Clef and Clef-Flash: text, images): a probability for every allowed option of every question, "
+    "in Parquet. Exit codes: 0 success, 1 fatal error, 2 usage error, "
     "3 finished but some records failed, 4 train-head's gate refused the head, 5 compare's PSI exceeded "
     "--fail-above-psi, 130 interrupted.",
     no_args_is_help=True,
@@ -47,7 +48,7 @@ def main_callback(
         bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Show the version and exit.")
     ] = False,
 ) -> None:
-    """Score records with Cloudflare's Clef-Omni decision model."""
+    """Score records with Cloudflare's Clef decision models."""
 
 
 app.command("score", cls=PanelledCommand, epilog=epilog("score"))(score.command)

@@ -231,6 +231,6 @@ ReportOption = Annotated[
 
 ScoredArgument = Annotated[
     str,
-    typer.Argument(help="Parquet written by `clef score` (wide or long layout); a path or a URI (s3://...)."),
+    typer.Argument(help="Parquet written by `clef score` (wide, long or flat layout); a path or a URI (s3://...)."),
 ]
 """The scored file a quality command reads: text, not a Path (`Path` would fold `s3://b` into `s3:/b`)."""

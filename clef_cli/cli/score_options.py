@@ -35,7 +35,7 @@ InputsArgument = Annotated[
     typer.Argument(
         help="JSONL, JSON, Parquet, CSV or TSV files (.jsonl.gz, .jsonl.zst, .csv.gz: compressed), "
         "folders of parts (Hive key=value folders too), quoted globs ('parts/*.parquet'), or - for "
-        "JSONL on stdin: local paths or URIs (file:///abs/path, s3://bucket/key, gs://..., anything "
+        "JSONL or Parquet on stdin: local paths or URIs (file:///abs/path, s3://bucket/key, gs://..., anything "
         "pyarrow's filesystems open).",
     ),
 ]
