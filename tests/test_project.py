@@ -16,8 +16,11 @@ def test_ci_runs_the_test_command_written_in_the_readme():
     readme = (ROOT / "README.md").read_text()
     quick_start = re.search(r"## Quick start\n\n```bash\n(.*?)```", readme, re.S).group(1)
     commands = [line for line in quick_start.splitlines() if line and not line.startswith("#")]
-    assert commands[0].startswith('pip install -e ".[test]" && clef score sample_data/records.jsonl')
-    quick_loop, everything = commands[1], commands[2]
+    # PyTorch's CPU build first (issue 56: a plain install resolved CUDA's 6.8 GB), the GPU one beside it
+    assert commands[0] == "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+    assert "--index-url https://download.pytorch.org/whl/cu" in quick_start.split(commands[0], 1)[1].split("\n")[1]
+    assert commands[1].startswith('pip install -e ".[test]" && clef score sample_data/records.jsonl')
+    quick_loop, everything = commands[2], commands[3]
     assert quick_loop == "python -m pytest -q"  # the default selection: pyproject.toml's addopts
     assert everything == 'python -m pytest -q -m "slow or not slow"'
     ci = (ROOT / ".ci" / "run").read_text()
