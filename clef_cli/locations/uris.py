@@ -37,8 +37,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 _AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
 """A location's user info: all of its authority before the last `@` (as pyarrow parses it)."""
-_USER_INFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)([^/?#@\s'\"]*)@")
-"""User info in free text (a message quoting a location)."""
+_USER_INFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s'\"]*)@")
+"""User info in free text (a message quoting a location): up to its last `@` before the path, as
+`_AUTHORITY` (a secret may hold an `@`)."""
 CREDENTIAL_SCHEMES = ("s3", "s3a", "gs", "gcs", "http", "https")
 """Schemes whose user info is a credential (an access key, a user name): all of it is refused and
 masked. Elsewhere (`abfs://container@account...`, `hdfs://user@host`) only a password is."""
