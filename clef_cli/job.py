@@ -334,10 +334,12 @@ def open_job(
     with job_locks(settings.output, path) as lock:
         if lock.took_over:
             progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
+        opening = time.perf_counter()
         if existing:
             checkpoint = open_existing_store(settings.store)
         else:
             checkpoint = open_store(settings.store, manifest, settings.restart, settings.sync_every, progress.warn)
+        opening = time.perf_counter() - opening  # the summary's `opening the store` (stats.STAGES)
         spool: RemoteSpool | None = None
         summary: JobSummary | None = None
         failed = discarded = keep_logs = False
@@ -351,8 +353,10 @@ def open_job(
             settings, spool = with_remote_spool(settings, checkpoint.path)
             progress.note("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"
+            keying = time.perf_counter()
             ledger = job_ledger(settings, release, checkpoint, needs_hidden)
             summary = JobSummary(output=settings.destination, damaged=damaged)
+            summary.stats.stages |= {"open_store": opening, "keying": time.perf_counter() - keying}
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
             stop = stop or threading.Event()

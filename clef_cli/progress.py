@@ -11,6 +11,10 @@ class Progress:
     def advance(self, records: int, tokens: int, failed: int) -> None:
         """Records committed since the last call, their prompt tokens, and how many failed."""
 
+    def syncs(self, done: int, failing: int) -> None:
+        """A store in a bucket after each sync: syncs that committed so far, and how many failed in
+        a row since the last that did (0: the last one committed). Fed by the store's syncer."""
+
     def phase(self, description: str | None) -> None:
         """What the job is doing instead of scoring records (`starting vLLM`); None: scoring again."""
 

@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from clef_cli.inputs.records import Record
 
-STAGES = ("startup", "load", "encode_wait", "forward", "head", "commit_wait", "output_write")
-"""Timed stages of the main thread: start-up (imports, the processor, starting the encoding
-processes), model loading, waiting for inputs, the thinker's forward, the joint head, waiting
-for the checkpoint committer, writing the output. The stages but `load` and `output_write` add
-up to the scoring time, less untimed bookkeeping."""
+STAGES = ("open_store", "keying", "startup", "load", "encode_wait", "forward", "head", "commit_wait", "output_write")
+"""Timed stages of the main thread: opening the store (a bucket store: its cache brought up to
+date) and keying the job's records (both before scoring, every engine), start-up (imports, the
+processor, starting the encoding processes), model loading, waiting for inputs, the thinker's
+forward, the joint head, waiting for the checkpoint committer, writing the output. The stages
+from `startup` to `commit_wait` but `load` add up to the scoring time, less untimed bookkeeping."""
 MODALITIES = ("text", "image", "audio", "video", "mixed")
 ADVICE_THRESHOLD = 0.10
 """Encoding wait above this share of the scoring time prints one line of advice."""

@@ -7,8 +7,21 @@ import time
 from typing import Any
 
 from clef_cli.cli.console import stderr, stdout
+from clef_cli.cli.line_progress import LineProgress
+from clef_cli.errors import UsageError
 from clef_cli.progress import Progress
 from clef_cli.sizes import human_size, plural
+
+
+def job_progress(quiet: bool, log_every: float, dry_run: bool = False) -> Progress:
+    """A job's progress on stderr: a bar on a terminal, plain lines at least every `log_every`
+    seconds without one (cron, a pipe: cli/line_progress.py), warnings alone under --quiet (and
+    for a dry run without a terminal: its plan is its report)."""
+    if not log_every > 0:
+        raise UsageError(f"--log-every must be above 0 seconds, not {log_every:g}")
+    if quiet or stderr.is_terminal or dry_run:
+        return RichProgress(enabled=not quiet and stderr.is_terminal)
+    return LineProgress(log_every)
 
 
 class RichProgress(Progress):
@@ -111,7 +124,7 @@ def print_summary(summary: Any, layout: str = "wide") -> None:
         )
         return
     rate = summary.tokens / summary.seconds if summary.seconds else 0.0
-    headline = rehead_line(summary, rate) if summary.rehead_states_computed is not None else score_line(summary, rate)
+    headline = rehead_line(summary) if summary.rehead_states_computed is not None else score_line(summary, rate)
     stderr.print(headline, markup=False)
     if summary.states_cut:
         stderr.print(
@@ -131,7 +144,8 @@ def score_line(summary: Any, rate: float) -> str:
     """What a run did with its records, where its time went, and where the output is."""
     stats = summary.stats
     busy = f", model busy {stats.model_busy:.0%}" if stats.measured else ""
-    startup = f", start-up {stats.stages['startup']:.1f} s" if stats.stages["startup"] >= 0.05 else ""
+    stages = (("open_store", "opening the store"), ("keying", "keying the records"), ("startup", "start-up"))
+    startup = "".join(f", {what} {stats.stages[name]:.1f} s" for name, what in stages if stats.stages[name] >= 0.05)
     # The bracket adds up to the records; `retried` and the damaged-shard count are among those run.
     extra = [(summary.failed_running, "failed while running"), (summary.invalid, "invalid")]
     extra += [(summary.damaged, "again for damaged checkpoint shards")]
@@ -144,15 +158,17 @@ def score_line(summary: Any, rate: float) -> str:
     )
 
 
-def rehead_line(summary: Any, rate: float) -> str:
+def rehead_line(summary: Any) -> str:
     """A `--rehead`: every record re-scored by the head from stored states; the thinker ran only
-    on those whose states the store lacked (the note after says what that cost)."""
+    on those whose states the store lacked (the note after says what that cost, with the one
+    tok/s: the head alone reads stored states, so its tokens make no thinker's rate)."""
     computed = summary.rehead_states_computed
     thinker = f"the thinker ran first on {computed:,} whose states were not stored" if computed else "no thinker run"
+    per_second = summary.records / summary.seconds if summary.seconds else 0.0
     return (
         f"{summary.scored:,} scored, {summary.failed:,} failed of {plural(summary.records, 'record')}, re-scored by "
-        f"the head from stored hidden states ({thinker}); {summary.tokens:,} tokens in {summary.seconds:.1f} s "
-        f"({rate:,.0f} tok/s) -> {summary.output}"
+        f"the head from stored hidden states ({thinker}); {summary.tokens:,} prompt tokens in {summary.seconds:.1f} s "
+        f"({per_second:,.1f} records/s) -> {summary.output}"
     )
 
 
@@ -203,16 +219,26 @@ def print_dry_run(report: Any, settings: Any) -> None:
             "refuses them as overflow and tries them again when the limit is raised)",
             markup=False,
         )
-    for policy, (low, high) in report.hidden_state_bytes_by_policy.items():
+    print_hidden_sizes(report, settings)
+    for kind, error in report.first_errors:
+        stdout.print(f"{kind}: {error}", markup=False)
+
+
+def print_hidden_sizes(report: Any, settings: Any) -> None:
+    """The hidden states each policy's run would write; one line when no policy writes any (the
+    store holds every record: no share of the stored results to quote)."""
+    sizes = report.hidden_state_bytes_by_policy
+    if not any(high for _, high in sizes.values()):
+        stdout.print("hidden states on disk: none under any --hidden-states (no prompt to compute)", markup=False)
+        return
+    for policy, (low, high) in sizes.items():
         chosen = " (this run)" if policy == settings.hidden_states else ""
         size = human_size(low) if low == high else f"{human_size(low)} to {human_size(high)}"
         how = ""
-        if policy == "selective":
+        if policy == "selective" and high:
             how = (
                 f": {report.selective_measured:.1%} of the stored results are under --keep-below, plus the sample"
                 if report.selective_measured is not None
                 else ": the sample to every record (no stored results to measure the share under --keep-below)"
             )
         stdout.print(f"hidden states on disk with --hidden-states {policy}{chosen}: about {size}{how}", markup=False)
-    for kind, error in report.first_errors:
-        stdout.print(f"{kind}: {error}", markup=False)

@@ -36,7 +36,7 @@ from clef_cli.cli.options import (
     StateColumnsOption,
     StructNullsOption,
 )
-from clef_cli.cli.progress import RichProgress, print_dry_run, print_summary
+from clef_cli.cli.progress import job_progress, print_dry_run, print_summary
 from clef_cli.cli.score_options import (
     RAY_ONLY,
     VLLM_ONLY,
@@ -58,6 +58,7 @@ from clef_cli.cli.score_options import (
     KeepSampleOption,
     LayoutOption,
     LimitOption,
+    LogEveryOption,
     MaxBatchSizeOption,
     MaxBatchTokensOption,
     MaxModelLenOption,
@@ -155,6 +156,7 @@ def score(
     calibration: CalibrationOption = None,
     dry_run: DryRunOption = False,
     quiet: ScoreQuietOption = False,
+    log_every: LogEveryOption = 60.0,
     stats_json: StatsJsonOption = None,
     ray: RayOption = False,
     ray_address: RayAddressOption = None,
@@ -177,7 +179,7 @@ def score(
     """
     refuse_impossible(ctx, ray, rehead, engine)
     settings = score_settings(ctx.params, limits)
-    progress = RichProgress(enabled=not quiet and stderr.is_terminal)
+    progress = job_progress(quiet, log_every, dry_run)
     if dry_run:
         return show_plan(settings, progress)
     if rehead is not None and ctx.get_parameter_source("model") is ParameterSource.DEFAULT:
@@ -191,7 +193,7 @@ def score(
     raise typer.Exit(EXIT_RECORDS_FAILED if summary.failed else EXIT_OK)
 
 
-def show_plan(settings: ScoreSettings, progress: RichProgress) -> None:
+def show_plan(settings: ScoreSettings, progress: Progress) -> None:
     """--dry-run: validate and plan everything, print the plan, load no weights."""
     from clef_cli.engines.choice import local_engine
 

@@ -138,14 +138,21 @@ def _plan(report: DryRunReport, settings: ScoreSettings, release: Release, to_ru
 
 
 def input_fields(settings: ScoreSettings) -> list[str]:
-    """How each record field is read, per input (the same lines once for inputs alike)."""
+    """How each record field is read, per input (the same lines once for inputs alike). A media
+    field the input lacks and no --columns maps is left out: text-only input gets no media lines
+    (a record further on that has the field is read as any other)."""
+    from clef_cli.inputs.fields import MEDIA_FIELDS, RECORD_FIELDS
     from clef_cli.inputs.sources import expand_inputs
     from clef_cli.inputs.table_shape import field_sources, table_shape
 
+    mapped = dict(settings.columns.fields) if settings.columns else {}
     lines: list[str] = []
     previous: list[str] | None = None
     for source in expand_inputs(settings.inputs):
-        fields = field_sources(settings.columns, table_shape(source))
+        shape = table_shape(source)
+        described = zip(RECORD_FIELDS, field_sources(settings.columns, shape), strict=True)
+        absent = {name for name in MEDIA_FIELDS if name not in mapped and name not in shape.columns}
+        fields = [line for name, line in described if name not in absent]
         if fields != previous:
             lines += [f"{source.name}:", *(f"  {line}" for line in fields)]
         previous = fields
