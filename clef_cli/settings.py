@@ -25,6 +25,7 @@ from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.record_size import MAX_RECORD_BYTES, ReadLimits
 from clef_cli.inputs.sources import unfound_local
+from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.locations.uris import local_path, option_location
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
@@ -222,12 +223,9 @@ class ScoreSettings:
             from clef_cli.quality.calibrate.temperature import load_calibration
 
             load_calibration(self.calibration)
-        local_inputs = [(location, local_path(location)) for location in self.inputs]
-        for location, _ in local_inputs:
+        for location in self.inputs:
             if unfound_local(location):  # before the checkpoint is made: nothing done
                 raise UsageError(f"input not found: {location}")
-        if self.output.resolve() in {path.resolve() for _, path in local_inputs if path is not None}:
-            raise UsageError("the output would overwrite an input")
         if self.columns:
             from clef_cli.inputs.table_shape import check_columns
 
@@ -241,6 +239,17 @@ class ScoreSettings:
         option_location(self.upload or self.output, "-o")
         if self.checkpoint is not None:
             option_location(self.checkpoint, "--checkpoint")
+        self._validate_overlaps()
+
+    def _validate_overlaps(self) -> None:
+        """An output never replaces an input nor lands where a later night reads its input from,
+        and the store shares no place with an input or the output (`locations/overlap`), before
+        anything is probed or read."""
+        if self.upload is not None or not is_stream(self.output):  # a stream replaces no file
+            refuse_overlap("-o", self.destination, [*self.inputs, self.questions, self.calibration, self.rehead])
+        if self.checkpoint is not None and str(self.checkpoint).strip():
+            refuse_overlap("--checkpoint", self.checkpoint, self.inputs, folder=True)
+            refuse_overlap("--checkpoint", self.checkpoint, [self.destination], folder=True, what="output")
 
     def _validate_checkpoint(self) -> None:
         """The store's folder through the checks an output folder gets (`atomic`), before it is

@@ -12,6 +12,7 @@ from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_DRIFT
 from clef_cli.cli.options import ReportOption, writable_file_or_stdout
 from clef_cli.errors import UsageError
+from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.store.atomic import is_stdout
 
 
@@ -46,6 +47,8 @@ def command(
 
     if is_stdout(json_path or "") and is_stdout(report or ""):
         raise UsageError("--json and --report cannot both be - (stdout)")
+    refuse_overlap("--json", json_path, [old, new])
+    refuse_overlap("--report", report, [old, new])
     comparison = compare(old, new)
     nothing = no_shared_records(comparison)
     if nothing:

@@ -26,6 +26,7 @@ from clef_cli.cli.options import (
 )
 from clef_cli.cli.progress import TrainHeadProgress
 from clef_cli.errors import UsageError
+from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
 from clef_cli.store.atomic import is_stdout
@@ -111,6 +112,8 @@ def evaluate(
 
     if is_stdout(json_path or "") and is_stdout(report or ""):
         raise UsageError("--json and --report cannot both be - (stdout)")
+    refuse_overlap("--json", json_path, [scored, gold, calibration])
+    refuse_overlap("--report", report, [scored, gold, calibration])
     console = tables_console(json_path, report)
     inputs = read_inputs(scored, gold, gold_column, gold_format.value)
     print_problems(stderr, inputs.gold.problems)
@@ -160,6 +163,7 @@ def calibrate(
     from clef_cli.quality.labels.inputs import read_inputs
     from clef_cli.quality.text_table import print_tables, write
 
+    refuse_overlap("-o", output, [scored, gold])
     console = tables_console(output)
     inputs = read_inputs(scored, gold, gold_column, gold_format.value)
     print_problems(stderr, inputs.gold.problems)
@@ -251,6 +255,7 @@ def train_head(
     from clef_cli.quality.train.job import GateRefused, TrainHeadSettings
     from clef_cli.quality.train.job import train_head as run_train_head
 
+    refuse_overlap("-o", output, [checkpoint, gold, scored, base_head, *(records or ())], folder=True)
     fit = FitSettings(
         epochs=epochs, lr=lr, batch_tokens=batch_tokens, label_smoothing=label_smoothing, brier_weight=brier_weight,
         patience=patience,

@@ -11,6 +11,7 @@ import typer
 from clef_cli.cli.console import stderr
 from clef_cli.cli.options import ReviewFormat, ReviewOrder, ScoredArgument, writable_file, writable_file_or_stdout
 from clef_cli.errors import UsageError
+from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
 
@@ -98,6 +99,8 @@ def command(
     from clef_cli.quality.review.content import LOCAL_FILES_PREFIX
     from clef_cli.quality.review.job import ReviewSettings, run_review
 
+    for option, written in (("-o", output), ("--config-out", config_out)):
+        refuse_overlap(option, written, [scored, exclude, *(records or ())])
     document_root = renamed(document_root, old_media_root, "--document-root", "--media-root") or Path("/")
     url_prefix = renamed(url_prefix, old_media_url_prefix, "--url-prefix", "--media-url-prefix") or LOCAL_FILES_PREFIX
 

@@ -86,6 +86,7 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.progress import Progress
 from clef_cli.settings import ScoreSettings
 
@@ -179,6 +180,7 @@ def score(
     """
     refuse_impossible(ctx, ray, rehead, engine)
     settings = score_settings(ctx.params, limits)
+    refuse_overlap("--stats-json", stats_json, settings.inputs)
     progress = job_progress(quiet, log_every, dry_run)
     if dry_run:
         return show_plan(settings, progress)
