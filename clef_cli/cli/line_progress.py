@@ -1,6 +1,6 @@
 """Progress without a terminal (cron, a pipe, a log file): plain lines on stderr, one at least
 every `--log-every` seconds from a timer thread, so a log shows how far a job got even when the
-job is killed or a batch hangs (docs/scoring.md, "Nightly cron jobs")."""
+job is killed or a batch hangs (docs/scoring.md, "Progress in a cron log")."""
 
 from __future__ import annotations
 
@@ -9,11 +9,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
+
+import typer
 
 from clef_cli.progress import Progress
 from clef_cli.sizes import plural
 
 DEFAULT_LOG_EVERY = 60.0
+"""`--log-every`: the option lives here, beside the lines it paces (score_options is at its size limit)."""
+LogEveryOption = Annotated[
+    float,
+    typer.Option(
+        "--log-every",
+        metavar="SECONDS",
+        help="Without a terminal (cron, a pipe, a log file): write a plain progress line on stderr at least this "
+        "often (records done of total, records/s, ETA, the bucket store's syncs). Above 0.",
+    ),
+]
 
 
 def duration(seconds: float) -> str:

@@ -22,6 +22,7 @@ from clef_cli.choices import (
 )
 from clef_cli.cli.console import stderr
 from clef_cli.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RECORDS_FAILED
+from clef_cli.cli.line_progress import LogEveryOption
 from clef_cli.cli.media_options import with_media_limits
 from clef_cli.cli.options import (
     ColumnsOption,
@@ -58,7 +59,6 @@ from clef_cli.cli.score_options import (
     KeepSampleOption,
     LayoutOption,
     LimitOption,
-    LogEveryOption,
     MaxBatchSizeOption,
     MaxBatchTokensOption,
     MaxModelLenOption,

@@ -138,16 +138,6 @@ ScoreQuietOption = Annotated[
     bool,
     typer.Option("--quiet", "-q", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
 ]
-LogEveryOption = Annotated[
-    float,
-    typer.Option(
-        "--log-every",
-        metavar="SECONDS",
-        help="Without a terminal (cron, a pipe, a log file): write a plain progress line on stderr at least this "
-        "often (records done of total, records/s, ETA, the bucket store's syncs). Above 0.",
-    ),
-]
-
 
 # The checkpoint (where it lives: cli/store_options.py)
 HiddenStatesOption = Annotated[
