@@ -131,6 +131,19 @@ def killed_at(monkeypatch, point: str) -> None:
     monkeypatch.setattr(faults, "pause_at", pause)
 
 
+def end_the_lease() -> None:
+    """The store's claim reaches the end of its lease now: its `until` moved into the past, which
+    is all the clock would change (tests set a long lease and end it here, never wait for it, so a
+    loaded machine cannot end it early)."""
+    import time
+
+    def ended(base):
+        return replace(base, claim=base.claim and base.claim | {"until": time.time() - 1})
+
+    manifests.Chain(STORE).commit(ended, fresh=True)
+    manifests.forget()
+
+
 def abandon(checkpoint) -> None:
     """What a SIGKILL leaves: no last sync; the process's lock and database handle go with it."""
     checkpoint.syncer.stop.set()
@@ -184,7 +197,7 @@ def test_a_full_level_is_compacted_at_a_jobs_end_and_a_fresh_machine_reads_one_k
         assert next(s for s in reader.hidden_shards() if s.path.name.startswith(shard)).verify()
 
 
-@pytest.mark.slow  # a lease to wait out (about 5 s)
+@pytest.mark.slow  # four machines open the store, a prune claims it twice (about 5 s)
 def test_a_claim_refuses_new_jobs_with_how_long_and_expires(s3, monkeypatch, tmp_path):
     from clef_cli.errors import ClefError
     from clef_cli.store.remote.compaction import claimed
@@ -192,8 +205,8 @@ def test_a_claim_refuses_new_jobs_with_how_long_and_expires(s3, monkeypatch, tmp
     writer = open_machine(STORE, tmp_path / "a")
     commit(writer, range(0, 10))
     writer.close()
-    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "3")
-    refused = pytest.raises(ClefError, match=r"held by a `clef checkpoint prune` .* for at most \d s more")
+    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "3600")  # ended by the test (`end_the_lease`), never by the clock
+    refused = pytest.raises(ClefError, match=r"held by a `clef checkpoint prune` .* for at most \d+ s more")
     with claimed(manifests.Chain(STORE), "prune"), refused:  # held, then (on the way out) released
         open_machine(STORE, tmp_path / "b")
     open_machine(STORE, tmp_path / "b").close()
@@ -204,9 +217,7 @@ def test_a_claim_refuses_new_jobs_with_how_long_and_expires(s3, monkeypatch, tmp
     chain.commit(lambda base: replace(base, claim=manifests.new_claim("prune")))
     with pytest.raises(ClefError, match="held by"):
         open_machine(STORE, tmp_path / "b")
-    import time
-
-    time.sleep(3.2)  # the lease ends: the next job goes on
+    end_the_lease()  # the lease ends: the next job goes on
     late = open_machine(STORE, tmp_path / "b")
     commit(late, range(10, 20))
     late.close()
@@ -261,12 +272,12 @@ def test_prune_keeps_what_the_kept_runs_used_and_deletes_orphans_after_the_grace
         assert named <= set(objects(s3, "segments/")) and set(objects(s3, "segments/")) == named
 
 
-@pytest.mark.slow  # eight syncs and a lease to wait out, twice (about 15 s)
+@pytest.mark.slow  # eight syncs and a compaction, twice (about 10 s)
 @pytest.mark.parametrize("point", ["claimed", "compaction-uploaded"])
 def test_a_compaction_killed_anywhere_leaves_every_key_and_its_claim_expires(s3, monkeypatch, tmp_path, point):
     from clef_cli.store.remote.compaction import FANOUT, compact
 
-    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "2")
+    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "3600")  # ended by the test, never by a loaded machine's clock
     writer = open_machine(STORE, tmp_path / "a")
     for night in range(FANOUT):
         commit(writer, range(night * 10, night * 10 + 10), with_hidden=True)
@@ -281,9 +292,7 @@ def test_a_compaction_killed_anywhere_leaves_every_key_and_its_claim_expires(s3,
     with fresh_machine(STORE, tmp_path / "b") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(FANOUT * 10)}
         assert len(reader.chain.known.segments) == FANOUT and reader.chain.known.active_claim() is not None
-    import time
-
-    time.sleep(2.2)  # the claim's lease ends; the next job's end compacts
+    end_the_lease()  # the claim's lease ends; the next job's end compacts
     late = open_machine(STORE, tmp_path / "b")
     late.close()
     with fresh_machine(STORE, tmp_path / "c") as reader:
@@ -291,14 +300,14 @@ def test_a_compaction_killed_anywhere_leaves_every_key_and_its_claim_expires(s3,
         assert len(reader.chain.known.segments) == 1
 
 
-@pytest.mark.slow  # two nights, two prunes and a lease, twice (about 9 s)
+@pytest.mark.slow  # two nights and two prunes, twice (about 7 s)
 @pytest.mark.parametrize("point", ["claimed", "prune-committed"])
 def test_a_prune_killed_anywhere_loses_no_kept_key_and_the_next_one_finishes(s3, monkeypatch, tmp_path, point):
     from clef_cli.store.remote.pruning import prune_bucket
 
     from .remote_stores import night
 
-    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "2")
+    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "3600")  # ended by the test, never by a loaded machine's clock
     first = open_machine(STORE, tmp_path / "a")
     night(first, range(0, 30), range(0, 30))
     first.close()
@@ -311,9 +320,7 @@ def test_a_prune_killed_anywhere_loses_no_kept_key_and_the_next_one_finishes(s3,
     with fresh_machine(STORE, tmp_path / "c") as reader:
         kept = stored_keys(reader)
         assert {key_of(n) for n in range(10, 40)} <= kept  # nothing kept is lost; 0-9 may still be there
-    import time
-
-    time.sleep(2.2)
+    end_the_lease()
     prune_bucket(STORE, keep_runs=1, grace_seconds=0)
     with fresh_machine(STORE, tmp_path / "d") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(10, 40)}

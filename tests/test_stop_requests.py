@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from clef_cli.cli.stopping import EXIT_INTERRUPTED, SECOND, StopRequests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +25,16 @@ def wait_for(condition, what: str, seconds: float = 10) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler for the test, as in a terminal: a pytest started in the
+    background (`cmd &` in a script, `nohup`) inherits SIGINT ignored, and the handlers a command
+    puts back after it would then be that, not Python's."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_a_second_request_during_a_deferred_job_ends_the_process_at_once():
@@ -47,7 +59,7 @@ def test_a_second_request_during_a_deferred_job_ends_the_process_at_once():
     assert SECOND in done.stderr
 
 
-def test_a_request_made_before_the_job_defers_reaches_the_job():
+def test_a_request_made_before_the_job_defers_reaches_the_job(default_sigint):
     """A Ctrl-C as the command starts (before its job runs inside `deferring()`) is recorded; the
     job then starts with its event already set, so it stops at its first check."""
     stops = StopRequests()
