@@ -79,7 +79,8 @@ class ScoreSettings:
     model: str | None = DEFAULT_MODEL
     """None with `rehead`: the model the checkpoint's manifest names (as train-head does)."""
     revision: str | None = None
-    questions: Path | None = None
+    questions: Path | str | None = None
+    """`--questions`: a path or a URI (`readers.load_questions_file`)."""
     max_length: int | None = None
     """None: the model family's default (64000 for Clef-Omni, 16384 for the dense family)."""
     overflow: OverflowPolicy = OverflowPolicy.truncate
@@ -130,7 +131,7 @@ class ScoreSettings:
     (store/media_stats.py)."""
     row_group_size: int = 16384
     rehead: Path | None = None
-    calibration: Path | None = None
+    calibration: Path | str | None = None
     """A `clef calibrate` file applied when the output is written; not part of the checkpoint's
     settings, so a finished job can be recalibrated without running the model."""
     engine: str = "hf"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from clef_cli.cli.console import stdout
 from clef_cli.cli.examples import epilog
+from clef_cli.cli.options import local_location, read_location
 from clef_cli.cli.usage import ClefCommand
 from clef_cli.sizes import human_size, plural
 
@@ -70,11 +70,20 @@ def _plain(value: Any) -> str:
 
 
 StoreArgument = Annotated[
-    str, typer.Argument(help="A checkpoint folder (OUTPUT.parquet.ckpt) or a store in a bucket (s3://bucket/store/).")
+    str,
+    typer.Argument(
+        callback=read_location,
+        help="A checkpoint folder (OUTPUT.parquet.ckpt) or a store in a bucket (s3://bucket/store/).",
+    ),
 ]
 CacheDirOption = Annotated[
-    Path | None,
-    typer.Option("--cache-dir", help="A store in a bucket: where its local cache folders live (as clef score's)."),
+    str | None,
+    typer.Option(
+        "--cache-dir",
+        callback=local_location,
+        metavar="DIR",
+        help="A store in a bucket: where its local cache folders live (as clef score's).",
+    ),
 ]
 
 

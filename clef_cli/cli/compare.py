@@ -10,21 +10,24 @@ from rich.console import Console
 
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_DRIFT
-from clef_cli.cli.options import ReportOption, writable_file_or_stdout
+from clef_cli.cli.options import PATH_OR_URI, ReportOption, read_location, writable_file_or_stdout
 from clef_cli.errors import UsageError
 from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.store.atomic import is_stdout
 
 
 def command(
-    old: Annotated[str, typer.Argument(help="The earlier run's Parquet (from `clef score`; a path or a URI).")],
-    new: Annotated[str, typer.Argument(help="The later run's Parquet.")],
+    old: Annotated[
+        str,
+        typer.Argument(callback=read_location, help="The earlier run's Parquet (from `clef score`; a path or a URI)."),
+    ],
+    new: Annotated[str, typer.Argument(callback=read_location, help="The later run's Parquet (a path or a URI).")],
     json_path: Annotated[
         str | None,
         typer.Option(
             "--json",
             callback=writable_file_or_stdout,
-            metavar="<path>",
+            metavar=PATH_OR_URI,
             help="Write every number and every flip as JSON (- for stdout).",
         ),
     ] = None,

@@ -23,6 +23,7 @@ from clef_cli.cli.options import (
     SpecialTokensOption,
     StateColumnsOption,
     StructNullsOption,
+    read_location,
 )
 from clef_cli.cli.score_options import MaxRecordBytesOption
 from clef_cli.encoding.media import MediaLimits
@@ -41,8 +42,9 @@ def inspect_spans(
     record_file: Annotated[
         str,
         typer.Argument(
+            callback=read_location,
             help="A file of records as `clef score` reads one (JSONL, JSON, Parquet, CSV or TSV, a folder of "
-            "parts, a glob): a local path or a URI."
+            "parts, a glob): a local path or a URI.",
         ),
     ],
     model: ModelOption = "Cloudflare/clef-omni",

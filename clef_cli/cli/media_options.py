@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from clef_cli.cli.options import PANEL_MEDIA, PANEL_SECURITY, size
+from clef_cli.cli.options import DIR_OR_URI, PANEL_MEDIA, PANEL_SECURITY, read_location, size
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
 from clef_cli.locations.uris import is_object_uri, local_path, option_location
@@ -91,7 +91,8 @@ MEDIA_LIMIT_OPTIONS = {
         None,
         typer.Option(
             "--media-root",
-            metavar="DIR|URI",
+            callback=read_location,
+            metavar=DIR_OR_URI,
             rich_help_panel=PANEL_SECURITY,
             help="Allow media only under these roots (repeatable): a folder for local paths (symlinks and '..' "
             "resolved; an escape is that record's error), a URI (s3://bucket/media/) for objects. Any root "

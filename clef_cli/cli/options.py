@@ -5,15 +5,17 @@ the library takes these values as strings (or, for --on-overflow, `choices.Overf
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from clef_cli.choices import OverflowPolicy, SpecialTokens
+from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
-from clef_cli.locations.uris import is_object_uri, local_path
+from clef_cli.locations.uris import is_object_uri, local_path, option_location, shown
 from clef_cli.sizes import parse_size
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder
 
@@ -72,7 +74,61 @@ def device(value: Any) -> str:
 
 
 def _option_name(param: typer.CallbackParam) -> str:
-    return "/".join(param.opts)
+    return "/".join(param.opts) if param.param_type_name == "option" else (param.name or "").upper()
+
+
+Callback = TypeVar("Callback", bound=Callable[..., Any])
+TAKES_URI, LOCAL_ONLY = "uri", "local"
+PATH_OR_URI, DIR_OR_URI = "PATH|URI", "DIR|URI"
+"""The metavars of the options that take a URI (a local-only one says PATH or DIR)."""
+
+
+def location(kind: str) -> Callable[[Callback], Callback]:
+    """Marks a callback as the decision of the options it checks: they name a location, and
+    either take a URI (`TAKES_URI`) or only a local path (`LOCAL_ONLY`). tests/test_uri_options.py
+    walks every command and feeds each marked option an s3:// URI; an unmarked option typed as
+    text must be listed there as no location."""
+
+    def marked(callback: Callback) -> Callback:
+        callback.location = kind  # type: ignore[attr-defined]
+        return callback
+
+    return marked
+
+
+@location(TAKES_URI)
+def read_location(param: typer.CallbackParam, value: Any) -> Any:
+    """Callback of every option that reads a table, a file or a folder (or a store): the text as
+    given, never a `Path`, which folds `s3://b/k` into `s3:/b/k`; checked once here
+    (`option_location`) and resolved by the library (`locations/`, `inputs/sources`)."""
+    for one in value if isinstance(value, (list, tuple)) else [value]:
+        if one is not None:
+            option_location(one, _option_name(param))
+    return value
+
+
+def _local(param: typer.CallbackParam, value: str) -> Path:
+    found = local_path(value)
+    if found is None:
+        raise UsageError(f"{_option_name(param)} takes a local path, not a URI: {shown(value)}")
+    return found
+
+
+@location(LOCAL_ONLY)
+def local_location(param: typer.CallbackParam, value: str | None) -> Path | None:
+    """Callback of an option that names what only this machine holds (a cache folder, a head
+    folder, the folder review's media URLs are made from): a URI is refused in one line naming
+    the option (exit 2), never folded into a local path; a local-filesystem URI is its path."""
+    return None if value is None else _local(param, value)
+
+
+@location(LOCAL_ONLY)
+def release_location(param: typer.CallbackParam, value: str | None) -> str | None:
+    """Callback of --model: a release folder or a hub id, as given; an object URI is refused in one
+    line (a release is loaded from a local folder or the hub's cache, never from a bucket)."""
+    if value is not None and is_object_uri(value):
+        raise UsageError(f"{_option_name(param)} takes a release folder or a hub id, not a URI: {shown(value)}")
+    return value
 
 
 def writable_file(param: typer.CallbackParam, value: Path | None) -> Path | None:
@@ -83,6 +139,7 @@ def writable_file(param: typer.CallbackParam, value: Path | None) -> Path | None
     return value
 
 
+@location(TAKES_URI)
 def writable_location(param: typer.CallbackParam, value: str | None) -> Path | str | None:
     """`writable_file` for an output that may also be an object URI (kept as the URI: the job
     writes it locally and uploads it whole, `store/remote_output.py`, which refuses one with a
@@ -95,6 +152,7 @@ def writable_location(param: typer.CallbackParam, value: str | None) -> Path | s
     return writable_file(param, path)
 
 
+@location(TAKES_URI)
 def writable_file_or_stdout(param: typer.CallbackParam, value: Path | str | None) -> Path | str | None:
     """The same for the JSON and report writers, which also take `-` for stdout and an object URI
     (kept as the URI: written whole by `atomic.write_file`); other text becomes a `Path`."""
@@ -106,11 +164,15 @@ def writable_file_or_stdout(param: typer.CallbackParam, value: Path | str | None
     return value
 
 
-def writable_folder(param: typer.CallbackParam, value: Path | None) -> Path | None:
-    """The same for an output folder (train-head's head)."""
-    if value is not None:
-        ensure_writable_folder(value, _option_name(param))
-    return value
+@location(LOCAL_ONLY)
+def writable_folder(param: typer.CallbackParam, value: str | None) -> Path | None:
+    """The same for an output folder (train-head's head, written file by file): a local folder;
+    a URI is refused in one line."""
+    if value is None:
+        return None
+    path = _local(param, value)
+    ensure_writable_folder(path, _option_name(param))
+    return path
 
 
 ModelOption = Annotated[
@@ -118,6 +180,7 @@ ModelOption = Annotated[
     typer.Option(
         "--model",
         "-m",
+        callback=release_location,
         rich_help_panel=PANEL_INPUTS,
         help="Release folder or hub id (found through the HF cache; HF_HOME and HF_HUB_OFFLINE apply).",
         envvar="CLEF_MODEL",
@@ -169,11 +232,13 @@ SpecialTokensOption = Annotated[
     ),
 ]
 QuestionsOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--questions",
+        callback=read_location,
+        metavar=PATH_OR_URI,
         rich_help_panel=PANEL_INPUTS,
-        help="JSON file with one question schema for records that carry none.",
+        help="JSON file with one question schema for records that carry none (a path or a URI).",
     ),
 ]
 ColumnsOption = Annotated[
@@ -223,7 +288,7 @@ ReportOption = Annotated[
     typer.Option(
         "--report",
         callback=writable_file_or_stdout,
-        metavar="<path>",
+        metavar=PATH_OR_URI,
         help="Write a self-contained HTML report here (- for stdout).",
     ),
 ]
@@ -231,6 +296,9 @@ ReportOption = Annotated[
 
 ScoredArgument = Annotated[
     str,
-    typer.Argument(help="Parquet written by `clef score` (wide, long or flat layout); a path or a URI (s3://...)."),
+    typer.Argument(
+        callback=read_location,
+        help="Parquet written by `clef score` (wide, long or flat layout); a path or a URI (s3://...).",
+    ),
 ]
 """The scored file a quality command reads: text, not a Path (`Path` would fold `s3://b` into `s3:/b`)."""

@@ -13,6 +13,7 @@ from rich.console import Console
 from clef_cli.cli.console import stderr, stdout
 from clef_cli.cli.errors import EXIT_GATE_REFUSED
 from clef_cli.cli.options import (
+    PATH_OR_URI,
     CalibrationMethod,
     DeviceOption,
     QuestionsOption,
@@ -21,6 +22,9 @@ from clef_cli.cli.options import (
     RevisionOption,
     ScoredArgument,
     TableFormat,
+    local_location,
+    read_location,
+    release_location,
     writable_file_or_stdout,
     writable_folder,
 )
@@ -35,7 +39,8 @@ GoldOption = Annotated[
     str | None,
     typer.Option(
         "--gold",
-        metavar="<path>",
+        callback=read_location,
+        metavar=PATH_OR_URI,
         help="Gold labels: JSONL, JSON list, CSV or Parquet with `id` plus a `labels` object or wide columns; "
         "or a Label Studio / Argilla export (recognised from its content). A path or a URI (s3://...).",
     ),
@@ -43,7 +48,10 @@ GoldOption = Annotated[
 TrainGoldOption = Annotated[
     str,
     typer.Option(
-        "--gold", metavar="<path>", help="Gold labels (JSONL, JSON, CSV or Parquet; a path or a URI; as clef eval)."
+        "--gold",
+        callback=read_location,
+        metavar=PATH_OR_URI,
+        help="Gold labels (JSONL, JSON, CSV or Parquet; a path or a URI; as clef eval).",
     ),
 ]
 GoldFormatOption = Annotated[
@@ -87,7 +95,7 @@ def evaluate(
         typer.Option(
             "--json",
             callback=writable_file_or_stdout,
-            metavar="<path>",
+            metavar=PATH_OR_URI,
             help="Write every metric as JSON here (- for stdout).",
         ),
     ] = None,
@@ -97,7 +105,13 @@ def evaluate(
         float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
     ] = 0.95,
     calibration: Annotated[
-        Path | None, typer.Option("--calibration", help="Evaluate as if this `clef calibrate` file had been applied.")
+        str | None,
+        typer.Option(
+            "--calibration",
+            callback=read_location,
+            metavar=PATH_OR_URI,
+            help="Evaluate as if this `clef calibrate` file had been applied.",
+        ),
     ] = None,
     by: Annotated[
         str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
@@ -136,7 +150,7 @@ def calibrate(
             "--output",
             "-o",
             callback=writable_file_or_stdout,
-            metavar="<path>",
+            metavar=PATH_OR_URI,
             help="Calibration file to write (JSON; - for stdout).",
         ),
     ],
@@ -182,8 +196,39 @@ def calibrate(
 TrainCheckpointArgument = Annotated[
     str,
     typer.Argument(
+        callback=read_location,
         help="Checkpoint of a `clef score` job, a folder or a store in a bucket (s3://bucket/store/); the states it "
-        "lacks need --records."
+        "lacks need --records.",
+    ),
+]
+
+
+HeadOutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        callback=writable_folder,
+        metavar="DIR",
+        help="Folder for the trained head (release layout; a local folder).",
+    ),
+]
+TrainModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        callback=release_location,
+        help="Release the job was scored with (default: from the checkpoint).",
+    ),
+]
+BaseHeadOption = Annotated[
+    str | None,
+    typer.Option(
+        "--base-head",
+        callback=local_location,
+        metavar="DIR",
+        help="Head folder to start from and beat (default: the release's).",
     ),
 ]
 
@@ -191,24 +236,17 @@ TrainCheckpointArgument = Annotated[
 def train_head(
     checkpoint: TrainCheckpointArgument,
     gold: TrainGoldOption,
-    output: Annotated[
-        Path,
-        typer.Option("--output", "-o", callback=writable_folder, help="Folder for the trained head (release layout)."),
-    ],
+    output: HeadOutputOption,
     gold_format: GoldFormatOption = GoldFormat.auto,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", "-m", help="Release the job was scored with (default: from the checkpoint)."),
-    ] = None,
+    model: TrainModelOption = None,
     revision: RevisionOption = None,
-    base_head: Annotated[
-        Path | None, typer.Option("--base-head", help="Head folder to start from and beat (default: the release's).")
-    ] = None,
+    base_head: BaseHeadOption = None,
     scored: Annotated[
         str | None,
         typer.Option(
             "--scored",
-            metavar="<path>",
+            callback=read_location,
+            metavar=PATH_OR_URI,
             help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "
             "prompt it labels (without it, an id that names several stored prompts takes the latest run's).",
         ),
@@ -236,6 +274,8 @@ def train_head(
         list[str] | None,
         typer.Option(
             "--records",
+            callback=read_location,
+            metavar=PATH_OR_URI,
             help="The records `clef score` took (repeatable): gold records the checkpoint holds without hidden "
             "states (--hidden-states selective or drop) get them computed (the thinker runs on those only). "
             "Records the job read with --questions need the same --questions here.",

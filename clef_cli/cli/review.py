@@ -9,11 +9,54 @@ from typing import Annotated, Any
 import typer
 
 from clef_cli.cli.console import stderr
-from clef_cli.cli.options import ReviewFormat, ReviewOrder, ScoredArgument, writable_file, writable_file_or_stdout
+from clef_cli.cli.options import (
+    PATH_OR_URI,
+    ReviewFormat,
+    ReviewOrder,
+    ScoredArgument,
+    local_location,
+    read_location,
+    writable_file_or_stdout,
+    writable_location,
+)
 from clef_cli.errors import UsageError
 from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.quality.labels.exports import GoldFormat
 from clef_cli.sizes import plural
+
+RecordsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--records",
+        callback=read_location,
+        metavar=PATH_OR_URI,
+        help="A scored input, for state, media and the questions' texts (default: kept columns): a file, a "
+        "folder of parts or a glob, local or a URI (s3://bucket/prefix/), as `clef score` reads it; repeat it "
+        "for several inputs.",
+    ),
+]
+
+DocumentRootOption = Annotated[
+    str | None,
+    typer.Option(
+        "--document-root",
+        callback=local_location,
+        metavar="DIR",
+        help="The folder local media URLs are relative to: Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT "
+        "(default: /).",
+        show_default=False,
+    ),
+]
+
+ConfigOutOption = Annotated[
+    str | None,
+    typer.Option(
+        "--config-out",
+        callback=writable_location,
+        metavar=PATH_OR_URI,
+        help="Write the Label Studio labeling config (XML) here.",
+    ),
+]
 
 
 def command(
@@ -24,7 +67,7 @@ def command(
             "--output",
             "-o",
             callback=writable_file_or_stdout,
-            metavar="<path>",
+            metavar=PATH_OR_URI,
             help="Review file to write (- for stdout).",
         ),
     ],
@@ -51,30 +94,18 @@ def command(
     exclude: Annotated[
         str | None,
         typer.Option(
-            "--exclude", metavar="<path>", help="Leave out records this gold file (or export) already labels."
+            "--exclude",
+            callback=read_location,
+            metavar=PATH_OR_URI,
+            help="Leave out records this gold file (or export) already labels.",
         ),
     ] = None,
     gold_format: Annotated[
         GoldFormat, typer.Option("--gold-format", help="Read --exclude as this format (default: from its content).")
     ] = GoldFormat.auto,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --order random.")] = 0,
-    records: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--records",
-            help="A scored input, for state, media and the questions' texts (default: kept columns); repeat it "
-            "for several inputs.",
-        ),
-    ] = None,
-    document_root: Annotated[
-        Path | None,
-        typer.Option(
-            "--document-root",
-            help="The folder local media URLs are relative to: Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT "
-            "(default: /).",
-            show_default=False,
-        ),
-    ] = None,
+    records: RecordsOption = None,
+    document_root: DocumentRootOption = None,
     url_prefix: Annotated[
         str | None,
         typer.Option(
@@ -85,15 +116,13 @@ def command(
         ),
     ] = None,
     old_media_root: Annotated[
-        Path | None, typer.Option("--media-root", hidden=True, help="The old name of --document-root.")
+        str | None,
+        typer.Option("--media-root", callback=local_location, hidden=True, help="The old name of --document-root."),
     ] = None,
     old_media_url_prefix: Annotated[
         str | None, typer.Option("--media-url-prefix", hidden=True, help="The old name of --url-prefix.")
     ] = None,
-    config_out: Annotated[
-        Path | None,
-        typer.Option("--config-out", callback=writable_file, help="Write the Label Studio labeling config (XML) here."),
-    ] = None,
+    config_out: ConfigOutOption = None,
 ) -> None:
     """Write the records people should review first, with clef's answers as predictions."""
     from clef_cli.quality.review.content import LOCAL_FILES_PREFIX

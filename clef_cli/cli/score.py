@@ -67,7 +67,6 @@ from clef_cli.cli.score_options import (
     RayActorsOption,
     RayAddressOption,
     RayOption,
-    ReheadOption,
     RestartOption,
     ScoreDtypeOption,
     ScoreQuietOption,
@@ -81,7 +80,13 @@ from clef_cli.cli.score_options import (
     score_settings,
 )
 from clef_cli.cli.stopping import STOPS
-from clef_cli.cli.store_options import CacheDirOption, CheckpointOption, ConfirmRestartOption, SyncEveryOption
+from clef_cli.cli.store_options import (
+    CacheDirOption,
+    CheckpointOption,
+    ConfirmRestartOption,
+    ReheadOption,
+    SyncEveryOption,
+)
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError

@@ -17,7 +17,9 @@ from clef_cli.cli.options import (
     PANEL_OUTPUT,
     PANEL_RAY,
     PANEL_STORE,
+    PATH_OR_URI,
     Dtype,
+    read_location,
     size,
     writable_file_or_stdout,
     writable_location,
@@ -33,6 +35,7 @@ from clef_cli.store.remote_output import staged_output
 InputsArgument = Annotated[
     list[str],
     typer.Argument(
+        callback=read_location,
         help="JSONL, JSON, Parquet, CSV or TSV files (.jsonl.gz, .jsonl.zst, .csv.gz: compressed), "
         "folders of parts (Hive key=value folders too), quoted globs ('parts/*.parquet'), or - for "
         "JSONL or Parquet on stdin: local paths or URIs (file:///abs/path, s3://bucket/key, gs://..., anything "
@@ -45,7 +48,7 @@ OutputOption = Annotated[
         "--output",
         "-o",
         callback=writable_location,
-        metavar="<path>",
+        metavar=PATH_OR_URI,
         rich_help_panel=PANEL_OUTPUT,
         help="Output Parquet file (written atomically; a symlink's target, or streamed into a named pipe), "
         "or an object URI (s3://bucket/out/x.parquet: uploaded whole at the end; needs --checkpoint).",
@@ -79,9 +82,11 @@ AllowEmptyOption = Annotated[
     ),
 ]
 CalibrationOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--calibration",
+        callback=read_location,
+        metavar=PATH_OR_URI,
         rich_help_panel=PANEL_OUTPUT,
         help="A `clef calibrate` file: probabilities, answers and confidences are written temperature-scaled "
         "(logits stay raw). Applied to the output only, so rerunning a finished job with another -o recalibrates "
@@ -93,7 +98,7 @@ StatsJsonOption = Annotated[
     typer.Option(
         "--stats-json",
         callback=writable_file_or_stdout,
-        metavar="<path>",
+        metavar=PATH_OR_URI,
         rich_help_panel=PANEL_OUTPUT,
         help="Write where the time went (stage seconds, model busy, tokens, records, padding waste, "
         "encode rates per modality) to this JSON file (- for stdout).",
@@ -186,15 +191,6 @@ VerifyMediaOption = Annotated[
         help="Hash every media file and object again to key it (objects are downloaded again), instead of "
         "trusting the checkpoint's cache of unchanged ones (a file's device, inode, size, mtime and ctime; an "
         "object's size and last-modified).",
-    ),
-]
-ReheadOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--rehead",
-        rich_help_panel=PANEL_STORE,
-        help="Re-score the checkpoint's hidden states with the joint head in this folder (not with --ray or "
-        "--hidden-states); the thinker runs only on the records whose states the store lacks.",
     ),
 ]
 

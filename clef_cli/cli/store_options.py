@@ -3,27 +3,29 @@ its local cache, how often it is synced, and the confirmation a shared store's r
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from clef_cli.cli.options import PANEL_STORE
+from clef_cli.cli.options import DIR_OR_URI, PANEL_STORE, local_location, read_location
 
 CheckpointOption = Annotated[
     str | None,  # as given: a Path would fold `s3://b/ck` into the local `s3:/b/ck` (settings refuses a URI)
     typer.Option(
         "--checkpoint",
-        metavar="DIR",
+        callback=read_location,
+        metavar=DIR_OR_URI,
         rich_help_panel=PANEL_STORE,
         help="Checkpoint folder, a store of results by prompt any run may share (default: OUTPUT.ckpt); or a "
         "bucket's prefix (s3://bucket/store/: a store machines share, kept in a local cache folder).",
     ),
 ]
 CacheDirOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--cache-dir",
+        callback=local_location,
+        metavar="DIR",
         rich_help_panel=PANEL_STORE,
         help="With --checkpoint s3://...: where the store's local cache folders live (default $CLEF_CACHE_DIR, "
         "else $XDG_CACHE_HOME/clef, else ~/.cache/clef). Losing it costs only downloads.",
@@ -44,5 +46,16 @@ ConfirmRestartOption = Annotated[
         "--confirm-restart",
         rich_help_panel=PANEL_STORE,
         help="With --restart on a store in a bucket: yes, discard what every machine using it shares.",
+    ),
+]
+ReheadOption = Annotated[
+    str | None,
+    typer.Option(
+        "--rehead",
+        callback=local_location,
+        metavar="DIR",
+        rich_help_panel=PANEL_STORE,
+        help="Re-score the checkpoint's hidden states with the joint head in this folder (not with --ray or "
+        "--hidden-states); the thinker runs only on the records whose states the store lacks.",
     ),
 ]

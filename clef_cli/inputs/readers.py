@@ -27,10 +27,12 @@ TEXT_ENCODING = "utf-8-sig"
 
 
 def load_questions_file(path: str | Path) -> dict[str, Any]:
-    """`--questions FILE`: one question schema, as `{id: question}` or `{"questions": {...}}`."""
-    path = Path(path)
+    """`--questions FILE`: one question schema, as `{id: question}` or `{"questions": {...}}`; a
+    path or a URI (an object is read once into a local copy, `sources.local_copy`)."""
+    from clef_cli.inputs.sources import local_copy
+
     try:
-        data = json.loads(path.read_text(encoding=TEXT_ENCODING))
+        data = json.loads(local_copy(path, "--questions").read_text(encoding=TEXT_ENCODING))
     except FileNotFoundError:
         raise UsageError(f"questions file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as error:

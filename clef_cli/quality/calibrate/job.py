@@ -25,5 +25,5 @@ def run_calibrate(inputs: Inputs, method: str = "auto", bins: int = 15) -> tuple
     return calibrate(data.questions, method, bins, fitted_on), data
 
 
-def read_calibration(path: Path | None) -> Calibration | None:
+def read_calibration(path: Path | str | None) -> Calibration | None:
     return load_calibration(path) if path is not None else None

@@ -78,14 +78,15 @@ class Calibration:
         }
 
 
-def load_calibration(path: Path) -> Calibration:
+def load_calibration(path: Path | str) -> Calibration:
     """Read a CAL.json written by `clef calibrate`; anything else, or a temperature outside
     TEMPERATURE_RANGE, is a usage error naming the file and the temperature."""
+    from clef_cli.inputs.sources import local_copy
     from clef_cli.release import file_sha256
 
-    path = Path(path)
+    local = local_copy(path, "--calibration")  # a path or a URI: an object is read into a local copy
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(local.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"calibration {str(path)!r} could not be read: {unreadable_json(exc)}") from exc
     if not isinstance(data, dict) or data.get("version") != VERSION or data.get("method") not in METHODS:
@@ -104,7 +105,7 @@ def load_calibration(path: Path) -> Calibration:
         fitted_on=data.get("fitted_on", {}),
         cross_fitted=data.get("cross_fitted", {}),
         at_search_bound=[str(name) for name in data.get("at_search_bound", [])],
-        sha256=file_sha256(path),
+        sha256=file_sha256(local),
     )
 
 
@@ -119,7 +120,7 @@ def temperature_problem(value: object) -> str | None:
     return None
 
 
-def _checked(path: Path, name: str, value: object) -> float:
+def _checked(path: Path | str, name: str, value: object) -> float:
     problem = temperature_problem(value)
     if problem is not None:
         raise UsageError(f"calibration {str(path)!r}: temperature {name} {problem}")

@@ -166,7 +166,9 @@ class Shown:
     """Ids whose `--records` input changed since they were scored: left out of the review."""
 
 
-def load_content(scored: ScoredFile, wanted: Collection[str], urls: MediaUrls, records: list[Path] | None) -> Shown:
+def load_content(
+    scored: ScoredFile, wanted: Collection[str], urls: MediaUrls, records: list[Path | str] | None
+) -> Shown:
     """Content of the `wanted` records and the questions' texts, with a note for what is missing."""
     if records:
         from clef_cli.quality.review.freshness import check_records

@@ -35,7 +35,7 @@ class Freshness:
     notes: list[str] = field(default_factory=list)
 
 
-def check_records(scored: ScoredFile, records: list[Path], wanted: Collection[str]) -> Freshness:
+def check_records(scored: ScoredFile, records: list[Path | str], wanted: Collection[str]) -> Freshness:
     """Which `wanted` records of `--records` are not the prompts the scored file scored."""
     metadata = scored.metadata
     if scored.record_keys is None or "clef.key_prompt" not in metadata:

@@ -23,10 +23,11 @@ class ReviewSettings:
     exclude: Path | str | None = None
     gold_format: str = "auto"
     seed: int = 0
-    records: list[Path] | None = None
+    records: list[Path | str] | None = None
+    """The scored inputs (`--records`): local paths or URIs, expanded as `clef score` expands them."""
     media_root: Path = Path("/")
     media_url_prefix: str = "/data/local-files/?d="
-    config_out: Path | None = None
+    config_out: Path | str | None = None
 
 
 @dataclass

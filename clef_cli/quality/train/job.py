@@ -79,7 +79,7 @@ class TrainHeadSettings:
     records: tuple[str | Path, ...] = ()
     """The records `clef score` took: gold records stored without hidden states (selective or drop)
     get them computed first (engines/on_demand.py), the thinker running on those only."""
-    questions: Path | None = None
+    questions: Path | str | None = None
     """The `--questions` schema those records were scored with, when they carry none."""
 
 
