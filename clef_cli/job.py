@@ -349,7 +349,7 @@ def open_job(
                 shards = len(checkpoint.dropped)
                 what = f"{plural(shards, 'damaged checkpoint shard')}: their {plural(damaged, 'record')}"
                 progress.note(f"{what} will be computed again")
-            checkpoint.begin_run(settings.inputs, settings.output)
+            checkpoint.begin_run(settings.inputs, settings.destination)  # a remote -o: its URI, not its stage
             settings, spool = with_remote_spool(settings, checkpoint.path)
             progress.note("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"

@@ -39,7 +39,17 @@ RUN_COUNT_WORDS = {
 
 
 def _counts(run: dict[str, Any]) -> str:
-    return ", ".join(f"{value:,} {RUN_COUNT_WORDS.get(name, name)}" for name, value in (run["counts"] or {}).items())
+    """The run's counts in words. A finished run computed every record it had to (`run`), and
+    `forwarded` of them reached the model: one number, the other only when some failed on the way;
+    an interrupted run's `run` is what it set out to compute, so both are said."""
+    counts = dict(run["counts"] or {})
+    if run["finished"] is None or "run" not in counts:
+        return ", ".join(f"{value:,} {RUN_COUNT_WORDS.get(name, name)}" for name, value in counts.items())
+    computed, forwarded = counts.pop("run"), counts.pop("forwarded", None)
+    said = f"{computed:,} computed"
+    if forwarded is not None and forwarded != computed:
+        said += f" ({forwarded:,} through the model, {computed - forwarded:,} failed on the way)"
+    return ", ".join([said, *(f"{value:,} {RUN_COUNT_WORDS.get(name, name)}" for name, value in counts.items())])
 
 
 def _print_runs(runs: list[dict[str, Any]]) -> None:
@@ -97,7 +107,7 @@ def checkpoint_info(
     from clef_cli.store.location import store_location
     from clef_cli.store.opening import open_existing_store
 
-    checkpoint = open_existing_store(store_location(directory, cache_dir, "checkpoint"), locked=False)
+    checkpoint = open_existing_store(store_location(directory, cache_dir, "DIRECTORY"), locked=False)
     try:
         info = checkpoint.info()
     finally:

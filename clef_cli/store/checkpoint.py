@@ -179,7 +179,7 @@ class Checkpoint:
         if stale or missing:
             index.reconcile(stale, missing)
 
-    def begin_run(self, inputs: Sequence[str | Path] = (), output: Path | None = None) -> int:
+    def begin_run(self, inputs: Sequence[str | Path] = (), output: Path | str | None = None) -> int:
         """Record this run in the index, with what it reads and writes (for `checkpoint info`
         and `prune`)."""
         assert self.index is not None
@@ -365,9 +365,10 @@ def _in_bucket(entry: ShardEntry, described: dict[str, Any]) -> bool:
 
 
 def _absolute(location: str | Path) -> str:
-    """A local path made absolute (a run's files are named wherever `checkpoint info` is run); a URI as given."""
+    """A local path made absolute (a run's files are named wherever `checkpoint info` is run); a
+    URI, or `-` for stdin, as given."""
     text = str(location)
-    return text if "://" in text else str(Path(text).absolute())
+    return text if "://" in text or text == "-" else str(Path(text).absolute())
 
 
 def discard(path: Path, keep_logs: bool = False) -> None:

@@ -13,11 +13,21 @@ Checkpoint = Any
 
 
 def described(
-    checkpoint: Checkpoint, keys_with_states: int, size_bytes: int, sizes: dict[str, int], **more: Any
+    checkpoint: Checkpoint,
+    keys_with_states: int,
+    size_bytes: int,
+    sizes: dict[str, int],
+    last_used: dict[str, int] | None = None,
+    **more: Any,
 ) -> dict[str, Any]:
-    """The info of any store: its fingerprint, keys, shards, sizes, damage and runs, and `more`."""
+    """The info of any store: its fingerprint, keys, shards, sizes, damage and runs, and `more`.
+    `last_used`: run id -> the keys it used last, where the key index alone does not know (a
+    bucket store's: store/remote/last_users.py); else the index counts them."""
     manifest, index = checkpoint.manifest, checkpoint.index
     assert index is not None
+    runs = index.runs(count_keys=last_used is None)
+    if last_used is not None:
+        runs = [run | {"keys_last_used": last_used.get(run["run_id"], 0)} for run in runs]
     return {
         "path": checkpoint.where,
         "keys": index.count(),
@@ -32,7 +42,7 @@ def described(
         "created": manifest.get("created"),
         "damaged_shards": [entry.name for entry in checkpoint.dropped],
         "damaged_records": sum(entry.records for entry in checkpoint.dropped),
-        "runs": index.runs(),
+        "runs": runs,
     } | more
 
 

@@ -23,6 +23,8 @@ class StoreLocation:
     """The store itself, or the cache folder of a store in a bucket."""
     uri: str | None = None
     """The bucket store's normalised URI (`s3://bucket/prefix/`); None for a local folder."""
+    option: str = "--checkpoint"
+    """What named the store on the command line (`checkpoint info`'s is its DIRECTORY): messages say so."""
 
     @property
     def remote(self) -> bool:
@@ -39,7 +41,7 @@ def store_location(text: str | Path, cache_dir: Path | None = None, option: str 
     path = local_path(text)
     if path is None:
         raise UsageError(f"{option} {text}: neither a local folder nor a store in a bucket")
-    return StoreLocation(path)
+    return StoreLocation(path, option=option)
 
 
 def remote_location(text: str, cache_dir: Path | None = None, option: str = "--checkpoint") -> StoreLocation:
@@ -49,8 +51,8 @@ def remote_location(text: str, cache_dir: Path | None = None, option: str = "--c
     for slot in range(1, MAX_SLOTS + 1):
         folder = cache_folder(uri, cache_dir, slot)
         if not _held(folder.with_name(folder.name + ".lock")):
-            return StoreLocation(folder, uri)
-    return StoreLocation(cache_folder(uri, cache_dir), uri)
+            return StoreLocation(folder, uri, option)
+    return StoreLocation(cache_folder(uri, cache_dir), uri, option)
 
 
 def _held(lock: Path) -> bool:

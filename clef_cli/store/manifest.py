@@ -126,21 +126,24 @@ def differing_fields(stored: dict[str, Any], current: dict[str, Any]) -> list[st
     return named
 
 
-def mismatch_message(path: Path, stored: dict[str, Any], current: dict[str, Any]) -> str:
+def mismatch_message(path: Path | str, stored: dict[str, Any], current: dict[str, Any]) -> str:
     """One line for a store made otherwise: what differs in words, the model that made it, and
     what to do: another folder before `--restart` (which discards a store other jobs may share)."""
     fields = differing_fields(stored, current)
     listed = ", ".join(fields[:-1]) + f" and {fields[-1]}" if len(fields) > 1 else "".join(fields)
     model = stored.get("model") or {}
     made_with = model.get("path") or model.get("id") or "an unknown model"
-    hint = mismatch_hint(stored, current)
+    hint = mismatch_hint(stored, current, remote="://" in str(path))
     return f"checkpoint {path} was scored with {made_with}; this run differs in {listed}: {hint}"
 
 
-def mismatch_hint(stored: dict[str, Any], current: dict[str, Any]) -> str:
+def mismatch_hint(stored: dict[str, Any], current: dict[str, Any], remote: bool = False) -> str:
     """What to do about a store made otherwise: its own engine first, when that is the difference,
-    then another folder; `--restart` last, since it discards every result the store holds."""
+    then another folder; `--restart` last, since it discards every result the store holds (a
+    bucket store's, every machine's: refused without `--confirm-restart`, so both are named)."""
     engine = stored_engine(stored)
     other_engine = engine != stored_engine(current)
     use = f"score with --engine {engine} to use it, " if other_engine else ""
+    if remote:
+        return f"{use}use --checkpoint to give this run another store, or --restart --confirm-restart to discard it"
     return f"{use}use --checkpoint to give this run another folder, or --restart to discard this store"

@@ -22,6 +22,7 @@ from clef_cli.store.locks import JobLock
 from clef_cli.store.manifest import CheckpointMismatch, comparable, mismatch_message, read_manifest
 from clef_cli.store.remote.cache import Cache, Mark
 from clef_cli.store.remote.compaction import compact, due
+from clef_cli.store.remote.last_users import last_users
 from clef_cli.store.remote.layout import FOLDERS, own_name
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
 from clef_cli.store.remote.sync import DEFAULT_EVERY, Syncer
@@ -64,7 +65,7 @@ class RemoteCheckpoint(Checkpoint):
             chain = Chain(location.uri)
             latest = chain.latest()
             if latest is None:
-                check_prefix(chain, reading=manifest is None)
+                check_prefix(chain, reading=manifest is None, option=location.option)
             if sync_every is not None and latest is not None and (claim := latest.active_claim()) is not None:
                 raise ClefError(claim_line(claim, location.uri) + ": rerun then")
             if restart:
@@ -140,7 +141,7 @@ class RemoteCheckpoint(Checkpoint):
                 with_states += row not in failed[shard]
         sizes = {kind: latest.total(f"{kind}_bytes") if latest else 0 for kind in ("keys", "results", "hidden")}
         return described(
-            self, with_states, sum(sizes.values()), sizes, cache=str(self.path),
+            self, with_states, sum(sizes.values()), sizes, last_users(self), cache=str(self.path),
             segments=len(latest.segments) if latest else 0, manifest=latest.seq if latest else 0,
         )  # fmt: skip
 
@@ -158,7 +159,7 @@ def _fingerprint(location: StoreLocation, latest: Manifest | None, manifest: dic
     as a local one is: `manifest.mismatch_message`)."""
     if latest is None:
         if manifest is None:
-            raise UsageError(f"{location.uri} holds no clef store (no manifest)")
+            raise UsageError(f"{location.option} {location.uri} holds no clef store (no manifest)")
         return manifest
     if manifest is not None and comparable(latest.fingerprint) != comparable(manifest):
         raise CheckpointMismatch(mismatch_message(location.uri, latest.fingerprint, manifest))  # type: ignore[arg-type]
@@ -199,7 +200,7 @@ def bucket_hidden_dtype(uri: str) -> str | None:
     return None
 
 
-def check_prefix(chain: Chain, reading: bool = False) -> None:
+def check_prefix(chain: Chain, reading: bool = False, option: str = "--checkpoint") -> None:
     """A prefix with no manifest must hold nothing but a store's own objects (a killed first
     sync leaves segments), by name, in its own folders too (another tool's `runs/` is no
     store's): anything else is refused (exit 2), nothing written."""
@@ -211,8 +212,7 @@ def check_prefix(chain: Chain, reading: bool = False) -> None:
     if strangers:
         shown = ", ".join(strangers[:SHOWN_STRANGERS]) + (" ..." if len(strangers) > SHOWN_STRANGERS else "")
         raise UsageError(
-            f"--checkpoint {chain.uri} holds objects that are not a clef store ({shown}): give an empty prefix or a "
-            "store's"
+            f"{option} {chain.uri} holds objects that are not a clef store ({shown}): give an empty prefix or a store's"
         )
     if reading:
-        raise UsageError(f"{chain.uri} holds no clef store (no manifest)")
+        raise UsageError(f"{option} {chain.uri} holds no clef store (no manifest)")
