@@ -72,13 +72,13 @@ def test_the_jobs_own_failures_are_one_store_error(s3, monkeypatch):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     buckets.forget()
-    with pytest.raises(ObjectStoreError, match="access denied"):
+    with pytest.raises(ObjectStoreError, match="no credentials"):  # unsigned, refused: locations/failures.py
         buckets.bucket(f"s3://{BUCKET}/x").get("x")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "clef-test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "clef-test-secret")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     buckets.forget()
     started = time.monotonic()
-    with pytest.raises(ObjectStoreError, match="does not answer"):
+    with pytest.raises(ObjectStoreError, match=r"cannot connect to the endpoint http://127\.0\.0\.1:9 "):
         buckets.bucket(f"s3://{BUCKET}/x", quick=True).get("x")
     assert time.monotonic() - started < 15

@@ -114,8 +114,10 @@ def test_refused_credentials_read_the_same_for_the_input_the_media_and_the_outpu
     proxy.failures[f"PUT /{BUCKET}/out/"], proxy.failure_status, proxy.failure_code = 100, 403, "AccessDenied"
     for place, args in places(tmp_path).items():
         line = refused(args, tmp_path, 1)
-        assert line.startswith(f"error: access denied for s3://{BUCKET}/"), (place, line)
-        assert "(check the job's credentials)" in line, (place, line)
+        place = "-o" if place == "output" else place
+        assert line.startswith(f"error: {place} s3://{BUCKET}/"), (place, line)  # the option and the URI given
+        assert line.endswith(": no credentials (none in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or an AWS_PROFILE, "
+                             "and no instance or pod role the store accepts)"), (place, line)  # fmt: skip
     assert keys(s3, "out/") == []
 
 
@@ -146,7 +148,9 @@ def test_a_dead_endpoint_ends_the_job_in_one_line_wherever_the_object_is(s3, sil
     now the job's error, after the client's few tries (`ATTEMPTS`), everywhere."""
     for place, args in places(tmp_path).items():
         line = refused(args, tmp_path, 1)
-        assert line.startswith(f"error: the object store does not answer for s3://{BUCKET}/"), (place, line)
+        place = "-o" if place == "output" else place
+        assert line.startswith(f"error: {place} s3://{BUCKET}/"), (place, line)
+        assert " did not answer in " in line, (place, line)
 
 
 def test_a_large_output_goes_up_in_parts_whole_or_not_at_all(s3, proxy, monkeypatch, tmp_path):

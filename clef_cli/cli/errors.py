@@ -53,6 +53,9 @@ def exit_for(error: BaseException, verbose: bool) -> int:
             if show_traceback and not verbose and kind is Exception:
                 text += " (run `clef -v ...` for the traceback)"
             stderr.print(text, markup=False)
+            detail = getattr(error, "detail", "")  # an object store's answer (locations/failures.py)
+            if verbose and detail:
+                stderr.print(masked(f"the store answered: {detail}"), markup=False)
             return code
     raise error
 

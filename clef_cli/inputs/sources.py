@@ -27,8 +27,9 @@ from clef_cli.errors import UsageError
 from clef_cli.inputs.formats import READABLE, Format, format_of
 from clef_cli.inputs.listing import GLOB_CHARACTERS, Part, folder_parts, glob_parts, local_part
 from clef_cli.inputs.streams import spooled_stream, stream_input
+from clef_cli.locations.failures import FAILING, failure_of, named
 from clef_cli.locations.fence import MediaBase
-from clef_cli.locations.object_store import NoSuchBucket, ObjectStoreError, _classify, _retried
+from clef_cli.locations.object_store import MissingObject, ObjectStoreError, _classify, _retried, check_bucket
 from clef_cli.locations.object_store import filesystem as store_filesystem
 from clef_cli.locations.uris import LocationProblem, is_uri, local_path, normalized, option_location, parent
 
@@ -135,9 +136,11 @@ def in_store(uri: str, call: Callable[[Any, str], T], listing: bool = False) -> 
     try:
         filesystem, path = store_filesystem(uri)
         return _retried(uri, listing, lambda: call(filesystem, path))
-    except NoSuchBucket as error:
-        raise UsageError(str(error)) from None
+    except ObjectStoreError as error:  # one reading, a missing bucket's exit 2 included (locations/failures.py)
+        raise named(error, "input", uri) from None
     except LocationProblem as problem:
+        if problem.transient:
+            raise failure_of(FAILING, "input", uri, str(problem)) from None
         raise UsageError(f"input {uri}: {problem}") from None
 
 
@@ -169,9 +172,10 @@ def _failure(error: OSError, name: str, compression: str | None, uri: str | None
     file) is the job's usage error naming the input."""
     problem = _classify(error, uri) if uri is not None else None
     if isinstance(problem, ObjectStoreError):
-        return problem
+        return named(problem, "input", uri or name)
     if problem is not None and not compression:
-        return ObjectStoreError(f"input {uri}: {problem}")
+        failure = FAILING if isinstance(problem, LocationProblem) and problem.transient else "other"
+        return failure_of(failure, "input", uri or name, str(error))
     if compression:
         return UsageError(f"{name} is not a readable {compression} file: {error}")
     return UsageError(f"{name}: cannot read it: {error}")
@@ -213,8 +217,10 @@ def local_copy(location: str | Path, what: str) -> Path:
     target.parent.mkdir()
     try:
         with open(target, "wb") as into:
-            read_object(uri, NO_SIZE_LIMIT, into)
+            read_object(uri, NO_SIZE_LIMIT, into, what)
     except LocationProblem as problem:
+        if isinstance(problem, MissingObject):
+            check_bucket(uri, what)
         raise UsageError(f"{what} {text!r}: {problem}") from None
     _copies[text] = target
     return target
@@ -256,10 +262,11 @@ def _expand_uri(uri: str) -> list[InputFile]:
             return [InputFile(uri, info.size or 0, given=uri)]
         if GLOB_CHARACTERS.search(uri.partition("://")[2]):
             return _files(glob_parts(uri, store_filesystem))
-    except NoSuchBucket as error:
-        raise UsageError(str(error)) from None
+    except ObjectStoreError as error:
+        raise named(error, "input", uri) from None
     except LocationProblem as problem:
         raise UsageError(f"input {uri}: {problem}") from None
+    check_bucket(uri, "input")  # a missing bucket reads as one, not as a missing object
     raise UsageError(f"input not found: {uri}")
 
 

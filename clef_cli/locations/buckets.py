@@ -22,7 +22,6 @@ an `ObjectStoreError` (exit 1, one line). A conditional write that finds an obje
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import os
 import threading
@@ -32,20 +31,35 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from clef_cli.locations.object_store import ATTEMPTS, CONNECT_SECONDS, MissingObject, ObjectStoreError, _retried
+from clef_cli.locations.failures import _profile_value
+from clef_cli.locations.object_store import (
+    ATTEMPTS,
+    CONNECT_SECONDS,
+    GIVE_UP_SECONDS,
+    REQUEST_SECONDS,
+    MissingObject,
+    ObjectStoreError,
+    _retried,
+)
 from clef_cli.locations.uris import LocationProblem, bucket_root
 
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 """The schemes a bucket client is made for (those obstore reaches)."""
 CONNECT_TIMEOUT = timedelta(seconds=CONNECT_SECONDS)
 """The one connect timeout of every object client (`object_store.CONNECT_SECONDS`)."""
+READ_TIMEOUT = timedelta(seconds=REQUEST_SECONDS)
+"""No byte for this long fails a try (`object_store.REQUEST_SECONDS`, pyarrow's too). reqwest
+counts it from the request's start, the body's upload included, so uploads go through a client
+without it (`Bucket.uploads`)."""
 REQUEST_TIMEOUT = timedelta(seconds=60)
 """A whole request (obstore times the request, not the wait for its next byte): a segment's upload."""
-PATIENCE = timedelta(seconds=30)
-"""How long obstore retries one request (5xx, throttling, a dropped connection) with backoff."""
-QUICK_PATIENCE = timedelta(seconds=8)
-"""The same for a `quick` client: the first request of a job, so that a dead endpoint ends the
-job in about ten seconds, not after minutes of backoff."""
+PATIENCE = timedelta(seconds=GIVE_UP_SECONDS)
+"""How long obstore retries one request (5xx, throttling, a timeout) with backoff: an endpoint
+that never answers ends a request in about `GIVE_UP_SECONDS` plus its last try."""
+QUICK_PATIENCE = timedelta(seconds=GIVE_UP_SECONDS - 2)
+"""The same for a `quick` client (the first request of a job: `ATTEMPTS` tries at most)."""
+SMALL_PUT = 1 << 20
+"""A put of bytes up to this size (a manifest, a hint, a probe) goes through the timed client."""
 
 T = TypeVar("T")
 
@@ -62,20 +76,6 @@ class ObjectInfo:
     modified: float
     """Seconds since the epoch."""
     etag: str = ""
-
-
-def _profile_value(files: tuple[str, ...], sections: tuple[str, ...], name: str) -> str | None:
-    """`name` from the first of `sections` that has it in the first of `files` that has it."""
-    for file in files:
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(os.path.expanduser(file), encoding="utf-8")
-        except (configparser.Error, UnicodeDecodeError):
-            continue
-        for section in sections:
-            if parser.has_option(section, name):
-                return parser.get(section, name).strip()
-    return None
 
 
 def aws_config(environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -117,14 +117,17 @@ def _no_other_credentials(env: dict[str, str]) -> bool:
     return disabled and not any(env.get(name) for name in others)
 
 
-def _make_store(root: str, quick: bool) -> Any:
-    """One obstore store for the bucket `scheme://bucket`."""
+def _make_store(root: str, quick: bool, upload: bool = False) -> Any:
+    """One obstore store for the bucket `scheme://bucket`; `upload`: without the read timeout
+    (`READ_TIMEOUT`), for bodies that take longer than it to send."""
     import obstore.store as stores
 
     scheme, _, bucket = root.partition("://")
     patience = QUICK_PATIENCE if quick else PATIENCE
     retry = {"max_retries": ATTEMPTS - 1 if quick else 10, "retry_timeout": patience}
     client: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT}
+    if not upload:
+        client["read_timeout"] = READ_TIMEOUT
     try:
         if scheme in ("s3", "s3a"):
             config = aws_config()
@@ -135,7 +138,8 @@ def _make_store(root: str, quick: bool) -> Any:
             return stores.S3Store(bucket, config=config, client_options=client, retry_config=retry)
         return stores.from_url(root, client_options=client, retry_config=retry)
     except Exception as error:  # obstore's configuration errors (an unknown key, a bad URL)
-        raise ObjectStoreError(f"cannot open {root}: {' '.join(str(error).split())[:300]}") from None
+        text = " ".join(str(error).split())
+        raise ObjectStoreError(f"{root}: cannot open it (its configuration: {text[:300]})", detail=text) from None
 
 
 class Bucket:
@@ -144,6 +148,8 @@ class Bucket:
     def __init__(self, root: str, quick: bool = False) -> None:
         self.root = root
         self.store = _make_store(root, quick)
+        self.uploads = _make_store(root, quick, upload=True)
+        """The same without the read timeout: puts of files, streams and large bodies."""
 
     def key(self, uri: str) -> str:
         if bucket_root(uri) != self.root:
@@ -191,10 +197,13 @@ class Bucket:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
+        timed = isinstance(data, bytes) and len(data) <= SMALL_PUT
+        store = self.store if timed else self.uploads
+
         def put() -> None:
             body: Any = data() if callable(data) else data
             try:
-                obstore.put(self.store, key, body, mode="create" if create else "overwrite")
+                obstore.put(store, key, body, mode="create" if create else "overwrite")
             except (AlreadyExistsError, PreconditionError) as error:
                 raise WriteConflict(key) from error
 

@@ -17,8 +17,8 @@ output, the store), so a store's failure reads the same and takes the same time 
   `LocationProblem` (the next run retries the record); what no record can cause is an
   `ObjectStoreError` with one line (exit 1): missing, expired or refused credentials, access
   denied listing a folder or before any object of the bucket was read, an unknown bucket
-  (`NoSuchBucket`), an endpoint that has not answered this process (refused, unknown, or timed
-  out, however often tried).
+  (`NoSuchBucket`, exit 2), an endpoint that has not answered this process (refused, unknown, or timed
+  out, however often tried). The causes, their words and exit codes: `failures.py`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,11 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, BinaryIO
 
-from clef_cli.errors import ClefError
+from clef_cli.locations.failures import GIVE_UP_SECONDS as GIVE_UP_SECONDS
+from clef_cli.locations.failures import NO_BUCKET, classify, failure_of, named
+from clef_cli.locations.failures import MissingObject as MissingObject
+from clef_cli.locations.failures import NoSuchBucket as NoSuchBucket
+from clef_cli.locations.failures import ObjectStoreError as ObjectStoreError
 from clef_cli.locations.uris import LocationProblem, bucket_root, parent
 
 RETRY_DELAYS = (2.0,)
@@ -50,20 +54,6 @@ LISTINGS_KEPT = 64
 """Folders whose listing a process keeps (each one LIST, paginated): bounded, so memory stays flat."""
 CHUNK = 16 << 20
 """Bytes per ranged GET: an object up to 16 MiB costs one HEAD and one GET, memory stays bounded."""
-
-
-class ObjectStoreError(ClefError):
-    """The store refuses the job, not a record (credentials, a bucket, the endpoint): exit 1."""
-
-
-class MissingObject(LocationProblem):
-    """The object is not there (404): a record's error, for a listing an empty folder, for the
-    remote store a fact to act on."""
-
-
-class NoSuchBucket(ObjectStoreError):
-    """The bucket does not exist: the job's error (exit 1); where the job has done nothing yet (an
-    input's expansion, the output's check, `uploads.check_writable`), a usage error (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -126,45 +116,13 @@ def _short(error: BaseException) -> str:
     return re.sub(r"\s*\(Request ID: [^)]*\)", "", text)[:300]
 
 
-_TRANSIENT = ("SLOW_DOWN", "THROTTL", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE", "REQUEST_TIMEOUT")
-_TRANSIENT += ("SlowDown", "Throttl", "ServiceUnavailable", "InternalError", "RequestTimeout")
-_TRANSIENT_STATUS = re.compile(r"HTTP (status|response code):? (5\d\d|429)|status code: (5\d\d|429)", re.I)
-_TIMED_OUT = re.compile(r"curlCode: 28|\btimed out\b|Timeout was reached", re.I)
-"""pyarrow's (curl's) and obstore's (reqwest's) timeouts; not obstore's `retry_timeout:` setting."""
-_CREDENTIALS = ("INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "EXPIRED_TOKEN", "MISSING_AUTHENTICATION")
-_CREDENTIALS += ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "MissingAuthentication")
-_UNREACHABLE = ("curlCode: 6,", "curlCode: 7,", "Could not connect", "Could not resolve")
-_UNREACHABLE += ("error sending request", "dns error", "Connection refused")
-_NO_BUCKET = ("NO_SUCH_BUCKET", "NoSuchBucket")
-"""Marks in the failures of pyarrow's S3 client (upper case) and obstore's (S3's own codes)."""
-
-
 def _classify(error: BaseException, uri: str, listing: bool = False) -> BaseException:
     """What a store's failure for `uri` becomes, the same wherever the object is and whichever
-    client met it (an `OSError` of pyarrow, any failure of obstore, locations/buckets.py; see the
-    module's note): an `ObjectStoreError` (the job's, one line naming the URI and what to check),
-    a transient `LocationProblem` (retry later), or a `LocationProblem` (the record's).
-    `listing`: the failure was a folder's listing (access denied there is the job's)."""
-    text = _short(error)  # what the message shows; the marks are looked for in the whole text
-    whole = " ".join(str(error).split())
+    client met it (`failures.classify`; the module's note). `listing`: a folder's listing."""
     root = bucket_root(uri)
     with _lock:
         answered, readable = root in _answered, root in _readable
-    if any(mark in whole for mark in _NO_BUCKET):
-        return NoSuchBucket(f"bucket of {uri} does not exist ({text})")
-    if isinstance(error, FileNotFoundError):
-        return MissingObject(f"object not found: {uri}")
-    if any(mark in whole for mark in _CREDENTIALS):
-        return ObjectStoreError(f"the object store refused the job's credentials for {uri} ({text})")
-    if any(mark in whole for mark in _UNREACHABLE) or (_TIMED_OUT.search(whole) and not answered):
-        return ObjectStoreError(f"the object store does not answer for {uri} (check the endpoint): {text}")
-    if any(mark in whole for mark in _TRANSIENT) or _TRANSIENT_STATUS.search(whole) or _TIMED_OUT.search(whole):
-        return LocationProblem(f"the store kept failing for {uri}: {text}", transient=True)
-    if "ACCESS_DENIED" in whole or "AccessDenied" in whole or "403" in whole:
-        if listing or not readable:  # the folder or the bucket: every record in it would fail alike
-            return ObjectStoreError(f"access denied for {uri} (check the job's credentials): {text}")
-        return LocationProblem(f"access denied: {uri}")
-    return LocationProblem(f"cannot read {uri}: {text}")
+    return classify(error, uri, answered, readable, listing)
 
 
 def _retried(uri: str, listing: bool, call: Any, errors: tuple[type[BaseException], ...] = (OSError,)) -> Any:
@@ -227,12 +185,33 @@ def _list(folder: str) -> dict[str, ObjectStamp]:
     }
 
 
-def stamp(uri: str) -> ObjectStamp:
-    """The object's size and last-modified from its folder's listing (no GET, no HEAD)."""
-    found = _listing(parent(uri)).get(uri.rsplit("/", 1)[1])
+def stamp(uri: str, what: str = "media") -> ObjectStamp:
+    """The object's size and last-modified from its folder's listing (no GET, no HEAD); the
+    job's error named by `what` and `uri`, not the folder listed."""
+    try:
+        found = _listing(parent(uri)).get(uri.rsplit("/", 1)[1])
+    except ObjectStoreError as error:
+        raise named(error, what, uri) from None
     if found is None:
         raise LocationProblem(f"object not found: {uri}")
     return found
+
+
+def check_bucket(uri: str, what: str) -> None:
+    """After an object was not found: a `NoSuchBucket` naming `what` and `uri` when its bucket is
+    not there either (a HEAD of an object in a missing bucket is a bare 404, as a missing object's)."""
+    import pyarrow.fs as pafs
+
+    fs, _ = filesystem(uri)
+    root = bucket_root(uri)
+    try:
+        found = _retried(root, True, lambda: fs.get_file_info(root.partition("://")[2])).type
+    except MissingObject:
+        found = pafs.FileType.NotFound
+    except ObjectStoreError as error:
+        raise named(error, what, uri) from None
+    if found == pafs.FileType.NotFound:
+        raise failure_of(NO_BUCKET, what, uri)
 
 
 def forget() -> None:
@@ -269,9 +248,10 @@ def _head_stamp(handle: Any, size: int) -> ObjectStamp:
     return ObjectStamp(size, mtime, etag)
 
 
-def read_object(uri: str, max_bytes: int, into: BinaryIO) -> ObjectStamp:
+def read_object(uri: str, max_bytes: int, into: BinaryIO, what: str = "media") -> ObjectStamp:
     """Copy the object into `into` after checking its size against `max_bytes` (before a byte
-    of it is read); its stamp as the read saw it. Errors as in the module's note."""
+    of it is read); its stamp as the read saw it. Errors as in the module's note, the job's
+    named by `what` (the option, or a record's media) and `uri`."""
     fs, path = filesystem(uri)
 
     def copy() -> ObjectStamp:
@@ -288,6 +268,8 @@ def read_object(uri: str, max_bytes: int, into: BinaryIO) -> ObjectStamp:
 
     try:
         found = _retried(uri, False, copy)
+    except ObjectStoreError as error:
+        raise named(error, what, uri) from None
     except _Oversize as oversize:
         raise LocationProblem(f"object is {oversize.size} bytes, over the limit of {max_bytes}: {uri}") from None
     with _lock:

@@ -21,8 +21,9 @@ import uuid
 from pathlib import Path
 
 from clef_cli.errors import UsageError
-from clef_cli.locations.buckets import bucket
-from clef_cli.locations.object_store import MissingObject, NoSuchBucket, ObjectStoreError, _retried, filesystem
+from clef_cli.locations.buckets import SMALL_PUT, bucket
+from clef_cli.locations.failures import FAILING, failure_of, named
+from clef_cli.locations.object_store import MissingObject, ObjectStoreError, _retried, filesystem
 from clef_cli.locations.uris import LocationProblem, is_object_uri, object_uri
 
 SINGLE_PUT_BYTES = 64 << 20
@@ -63,20 +64,26 @@ def check_writable(text: str, option: str) -> None:
         client = bucket(probe, quick=True)
         with contextlib.suppress(ObjectStoreError, LocationProblem):  # a role that may put but not delete
             client.delete(client.key(probe))
-    except NoSuchBucket as error:
-        raise UsageError(f"{option} {text}: {error}") from None
+    except ObjectStoreError as error:  # a missing bucket (exit 2) included: one reading (failures.py)
+        raise named(error, option, text) from None
     except LocationProblem as problem:
-        raise ObjectStoreError(f"{option} {text}: {problem}") from None
+        raise failure_of(FAILING if problem.transient else "other", option, text, str(problem)) from None
 
 
 def upload_whole(local: Path, uri: str) -> None:
     """Put `local` at `uri` as one complete object (see the module's note); an `ObjectStoreError`
     (exit 1) when the store refuses, the target as it was."""
-    target = checked_uri(uri, "the output")
+    target = checked_uri(uri, "-o")
     try:
         _put(target, Path(local))
-    except (ObjectStoreError, LocationProblem) as error:
-        raise ObjectStoreError(f"{error}; the output was not uploaded: rerun to upload it again") from None
+    except ObjectStoreError as error:
+        found = named(error, "-o", target)
+    except LocationProblem as problem:
+        found = failure_of(FAILING if problem.transient else "other", "-o", target, str(problem))
+    else:
+        return
+    again = f"{found}; the output was not uploaded: rerun to upload it again"
+    raise ObjectStoreError(again, found.detail, found.failure, found.words) from None
 
 
 def _put(uri: str, body: bytes | Path, quick: bool = False, named: str | None = None) -> None:
@@ -90,7 +97,9 @@ def _put(uri: str, body: bytes | Path, quick: bool = False, named: str | None = 
     size = len(body) if isinstance(body, bytes) else body.stat().st_size
     multipart = size > SINGLE_PUT_BYTES
 
+    client = store.store if isinstance(body, bytes) and size <= SMALL_PUT else store.uploads  # buckets.READ_TIMEOUT
+
     def put() -> None:
-        obstore.put(store.store, key, body, use_multipart=multipart, chunk_size=PART_BYTES, max_concurrency=4)
+        obstore.put(client, key, body, use_multipart=multipart, chunk_size=PART_BYTES, max_concurrency=4)
 
     _retried(named or uri, True, put, errors=(OSError, BaseError))

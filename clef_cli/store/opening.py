@@ -30,7 +30,7 @@ def open_store(
     from clef_cli.store.remote.manifests import store_problems
     from clef_cli.store.remote.store import RemoteCheckpoint
 
-    with store_problems():
+    with store_problems(location.uri or "", location.option):
         return RemoteCheckpoint.open_remote(location, manifest, restart=restart, sync_every=sync_every, say=say)
 
 
@@ -42,7 +42,7 @@ def open_existing_store(location: StoreLocation, locked: bool = True) -> Checkpo
     from clef_cli.store.remote.manifests import store_problems
     from clef_cli.store.remote.store import RemoteCheckpoint
 
-    with store_problems():
+    with store_problems(location.uri or "", location.option):
         return RemoteCheckpoint.open_remote(location, None, sync_every=None, hold_lock=not locked)
 
 
@@ -52,7 +52,7 @@ def stored_manifest(location: StoreLocation) -> dict[str, Any] | None:
         return read_manifest(location.folder) if location.folder.is_dir() else None
     from clef_cli.store.remote.manifests import Chain, store_problems
 
-    with store_problems():
+    with store_problems(location.uri or "", location.option):
         latest = Chain(location.uri or "", quick=True).latest()
     return latest.fingerprint if latest is not None else None
 
@@ -68,7 +68,7 @@ def stored_hidden_dtype(location: StoreLocation) -> str | None:
         from clef_cli.store.remote.manifests import store_problems
         from clef_cli.store.remote.store import bucket_hidden_dtype
 
-        with store_problems():
+        with store_problems(location.uri or "", location.option):
             found = bucket_hidden_dtype(location.uri or "")
         if found is not None:
             return found
@@ -87,7 +87,7 @@ def check_store(location: StoreLocation) -> None:
 
     buckets.forget()  # a new job: clients from the environment as it is now, manifests read afresh
     manifests.forget()
-    with manifests.store_problems():
+    with manifests.store_problems(location.uri or "", location.option):
         chain = manifests.Chain(location.uri or "", quick=True)
         if chain.latest() is None:
             check_prefix(chain)
@@ -110,5 +110,5 @@ def prune_store(
     from clef_cli.store.remote.manifests import store_problems
     from clef_cli.store.remote.pruning import prune_bucket
 
-    with store_problems():
+    with store_problems(location.uri or "", location.option):
         return prune_bucket(location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600)

@@ -95,7 +95,7 @@ class Cache:
         """Download a remote part's `kind` file (or a `--ray` actor's hidden-state upload) into
         shards/ (Checkpoint.fetch; also while the checkpoint opens, before `refresh`: a part
         journaled by an import that was killed before its keys were indexed is read to index it)."""
-        with self.lock, store_problems():
+        with self.lock, store_problems(self.chain.uri):
             if (checkpoint.shards_path / entry.files[kind]["name"]).exists():
                 return
             if kind == "results":

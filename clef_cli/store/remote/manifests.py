@@ -28,6 +28,7 @@ from typing import Any
 
 from clef_cli.errors import ClefError
 from clef_cli.locations.buckets import Bucket, WriteConflict, bucket
+from clef_cli.locations.failures import FAILING, ObjectStoreError, failure_of, named
 from clef_cli.locations.object_store import MissingObject
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.remote.layout import LATEST, MANIFESTS, manifest_name, manifest_seq
@@ -88,12 +89,18 @@ class Manifest:
 
 
 @contextlib.contextmanager
-def store_problems() -> Iterator[None]:
+def store_problems(uri: str = "", option: str = "--checkpoint") -> Iterator[None]:
     """An object of the store that cannot be read or written (after the client's retries) stops
-    the command, not a record: the bucket's `LocationProblem` becomes its error (exit 1, one line)."""
+    the command, not a record: the bucket's `LocationProblem` becomes its error (exit 1, one line).
+    The bucket's failures (locations/failures.py) are named by `option` and the store's `uri`,
+    not by the object met (a manifest, the hint)."""
     try:
         yield
+    except ObjectStoreError as error:
+        raise (named(error, option, uri) if uri else error) from None
     except LocationProblem as problem:
+        if uri and problem.transient:
+            raise failure_of(FAILING, option, uri, str(problem)) from None
         raise ClefError(str(problem)) from None
 
 
