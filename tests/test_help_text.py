@@ -94,4 +94,4 @@ def test_the_help_says_what_the_options_read():
     columns = text.split("--columns <str>", 1)[1].split(" --", 1)[0]
     assert "CSV" in columns and "Parquet" in columns and "JSONL" in columns and "Hive" in columns
     spans = " ".join(help_text(("inspect-spans",)).split())
-    assert "--columns <str>" in spans and "--state-columns <str>" in spans and "--questions <path>" in spans
+    assert "--columns <str>" in spans and "--state-columns <str>" in spans and "--questions PATH|URI" in spans
