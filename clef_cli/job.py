@@ -25,7 +25,6 @@ from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.locations.buckets import forget as forget_buckets
 from clef_cli.locations.object_store import forget as forget_objects
-from clef_cli.locations.uploads import upload_whole
 from clef_cli.locations.uris import is_object_uri
 from clef_cli.output import OutputSpec, write_output
 from clef_cli.progress import Progress
@@ -41,6 +40,7 @@ from clef_cli.store.locks import job_locks
 from clef_cli.store.media_stats import MediaStats
 from clef_cli.store.opening import check_store, open_existing_store, open_store
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
+from clef_cli.store.remote_output import upload_staged
 
 REMOTE_SPOOL = "remote-media"
 
@@ -203,7 +203,7 @@ def write_job_output(
     )
     counts = write_output(spec, results, settings.inputs, settings.limit, passthrough)
     if settings.upload is not None:
-        upload_whole(settings.output, settings.upload)
+        upload_staged(settings.output, settings.upload, keep=settings.keep_staged_output)
     return counts
 
 

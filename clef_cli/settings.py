@@ -140,6 +140,8 @@ class ScoreSettings:
     upload: str | None = None
     """An object-store URI the output is uploaded to, whole, once written; `output` is then its
     local copy in the checkpoint (`store/remote_output.py`)."""
+    keep_staged_output: bool = False
+    """Keep that local copy after its upload succeeded (`--keep-staged-output`); by default it goes."""
     media_spool_bytes: int = 32 << 30
     """Disk for media tensors kept from planning (beside the checkpoint, a quarter of the free
     space at most), so that media are decoded once, not twice."""

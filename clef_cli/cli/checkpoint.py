@@ -18,6 +18,7 @@ from clef_cli.sizes import human_size, plural
 
 if TYPE_CHECKING:
     from clef_cli.store.prune import PruneReport
+    from clef_cli.store.remote.cache_prune import CachePruned
 
 app = typer.Typer(help="Inspect and prune checkpoints.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -177,22 +178,26 @@ def checkpoint_prune(
             "killed writers) once older than this.",
         ),
     ] = 24.0,
+    cache_dir: CacheDirOption = None,
 ) -> None:
     """Drop the keys (results and hidden states) that no recent run used; crash-safe.
 
     Given both options, a key is kept only when both keep it: used by one of the last N
     completed runs (or a run since) and by a run started in the last DAYS. A prune that would
-    drop every key is refused (exit 2) unless --force.
+    drop every key is refused (exit 2) unless --force. A store in a bucket: this machine's cache
+    folders of it (under --cache-dir) are pruned to match, and their staged outputs removed.
     """
     from clef_cli.store.location import store_location
     from clef_cli.store.opening import prune_store
 
-    location = store_location(directory, option="checkpoint")
-    report = prune_store(location, keep_runs, older_than, force=force, dry_run=dry_run, grace_hours=grace_hours)
+    location = store_location(directory, cache_dir, option="checkpoint")
+    report = prune_store(location, keep_runs, older_than, force, dry_run, grace_hours, cache_dir)
     stdout.print(prune_summary(report), markup=False)
     if location.remote:
         verb = "would delete" if report.dry_run else "deleted"
         stdout.print(f"{verb} {plural(report.objects_deleted, 'object')} no manifest names", markup=False)
+    if report.cache is not None:
+        stdout.print(cache_summary(report.cache), markup=False)
     if report.dry_run and report.drops_every_key:
         then = "--force drops them all" if force else "this prune is refused unless --force"
         stdout.print(f"that is every key: without --dry-run, {then}", markup=False)
@@ -209,3 +214,17 @@ def prune_summary(report: PruneReport) -> str:
         f"in {shards} ({report.shards_removed:,} removed whole, {report.shards_rewritten:,} rewritten); {freed} "
         f"{human_size(max(0, report.bytes_freed))}; {kept} the keys of {plural(len(report.kept_runs), 'completed run')}"
     )
+
+
+def cache_summary(pruned: CachePruned) -> str:
+    """What pruning this machine's cache of a bucket store did, or would do."""
+    staged = plural(pruned.staged, "staged output")
+    if pruned.dry_run:
+        said = f"this machine's cache ({pruned.root}): would remove {staged} ({human_size(pruned.bytes_freed)})"
+        said += f"; {plural(pruned.folders, 'cache folder')} follow the store when pruned"
+    else:
+        said = f"this machine's cache ({pruned.root}): {plural(pruned.folders, 'cache folder')} pruned to match"
+        said += f", {staged} removed; freed {human_size(pruned.bytes_freed)}"
+    if pruned.held:
+        said += f"; left {plural(len(pruned.held), 'folder')} a running job holds"
+    return said

@@ -84,6 +84,7 @@ from clef_cli.cli.store_options import (
     CacheDirOption,
     CheckpointOption,
     ConfirmRestartOption,
+    KeepStagedOutputOption,
     ReheadOption,
     SyncEveryOption,
 )
@@ -151,6 +152,7 @@ def score(
     checkpoint: CheckpointOption = None,
     cache_dir: CacheDirOption = None,
     sync_every: SyncEveryOption = 30.0,
+    keep_staged_output: KeepStagedOutputOption = False,
     hidden_states: HiddenStatesOption = HiddenStates.keep,
     keep_below: KeepBelowOption = 0.6,
     keep_sample: KeepSampleOption = 0.02,

@@ -59,3 +59,12 @@ ReheadOption = Annotated[
         "--hidden-states); the thinker runs only on the records whose states the store lacks.",
     ),
 ]
+KeepStagedOutputOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-staged-output",
+        rich_help_panel=PANEL_STORE,
+        help="With -o s3://...: keep the output's local copy (in the checkpoint's upload/ folder) after its "
+        "upload; by default it is removed once uploaded.",
+    ),
+]

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 Observer = Callable[[str, Path, dict[str, Any]], None]
 """`observer(operation, path, details)`: operations are create, write, fsync, fsync_dir, rename,
-unlink, mkdir, truncate, rmtree, sqlite_open, sqlite_txn and sqlite_close."""
+unlink, mkdir, rmdir, truncate, rmtree, sqlite_open, sqlite_txn and sqlite_close."""
 
 _observers: list[Observer] = []
 
@@ -127,18 +127,34 @@ def unlink(path: Path, missing_ok: bool = True) -> None:
     Path(path).unlink(missing_ok=missing_ok)
 
 
-def mkdir(path: Path, durable: bool = True) -> None:
+def mkdir(path: Path, durable: bool = True) -> list[Path]:
     """Create folder `path` and any missing parents; `durable`: fsync each new folder's parent,
-    so the folder (and what is later made durable in it) survives a power loss."""
+    so the folder (and what is later made durable in it) survives a power loss. Returns the
+    folders it made, deepest first (what `rmdir_empty` removes when they end empty)."""
     path = Path(path)
     if path.is_dir():
-        return
+        return []
     missing = [path, *(parent for parent in path.parents if not parent.exists())]
     for folder in reversed(missing):
         _note("mkdir", folder)
         folder.mkdir(exist_ok=True)
         if durable:
             fsync_dir(folder.parent)
+    return missing
+
+
+def rmdir_empty(folders: list[Path]) -> None:
+    """Remove each of `folders` (deepest first) that is empty, stopping at the first that is not
+    or is gone: a command that made a folder and wrote nothing in it leaves no folder behind."""
+    for folder in folders:
+        try:
+            with os.scandir(folder) as entries:
+                if any(entries):
+                    return
+            _note("rmdir", folder)
+            os.rmdir(folder)
+        except OSError:  # gone, or filled meanwhile by another process: left as it is
+            return
 
 
 def rmtree(path: Path, ignore_errors: bool = False) -> None:

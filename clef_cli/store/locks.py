@@ -3,7 +3,13 @@ one checkpoint or output.
 
 The file is held with `flock` for the job's whole life. The kernel drops that lock when the owner
 dies, however it dies (SIGKILL, OOM killer, reboot), so a lock left by a dead process is simply
-taken over; the pid and host written inside only serve to name the holder.
+taken over; the pid and host written inside name the holder.
+
+A killed job's lock file would stay until a job took the same lock, which a dated output never
+does: so a job that takes a lock removes the other lock files beside it that are stale, those no
+process holds whose owner is a process of this host that is gone (`sweep_stale`). A live
+owner's, or one of another host (a shared folder), is never removed. Folders a lock made for
+itself go with it when they end empty (a refused command leaves no empty folder).
 """
 
 from __future__ import annotations
@@ -20,6 +26,11 @@ from pathlib import Path
 from clef_cli.errors import ClefError
 from clef_cli.store import durable
 from clef_cli.store.atomic import is_character_device
+
+SUFFIX = ".lock"
+STALE_WAITS = (0.05, 0.1, 0.2, 0.4)
+"""Seconds to wait before taking again a lock whose holder is a gone process of this host: a
+sweep (`sweep_stale`) holds such a file for a moment while it removes it."""
 
 _held: dict[int, JobLock] = {}
 """The locks this process holds now, by id: what a process ended at once lets go (`abandon_held`)."""
@@ -48,21 +59,33 @@ class JobLock:
         self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         self.took_over: dict[str, object] | None = None
         self._descriptor: int | None = None
+        self._made: list[Path] = []
+        """Folders `acquire` made for the file: removed by `release` when they end empty."""
+        self.swept: list[Path] = []
+        """Stale lock files beside this one that `acquire` removed."""
 
     def acquire(self) -> None:
-        durable.mkdir(self.path.parent, durable=False)
+        self._made = durable.mkdir(self.path.parent, durable=False)
+        waits = iter(STALE_WAITS)
         while True:
-            descriptor = durable.open_or_create(self.path)
+            try:
+                descriptor = durable.open_or_create(self.path)
+            except FileNotFoundError:  # its folder, made by another command, removed as that one ended
+                self._made += durable.mkdir(self.path.parent, durable=False)
+                continue
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 owner = _read_owner(descriptor) or {}
                 os.close(descriptor)
+                if stale_owner(owner) and (wait := next(waits, None)) is not None:
+                    time.sleep(wait)  # another job's sweep is removing this dead job's file
+                    continue
                 raise LockedError(
                     f"{self.what} is in use by another clef job (pid {owner.get('pid', '?')} on host "
                     f"{owner.get('host', '?')}); lock file {self.path}"
                 ) from None
-            # The previous holder may have unlinked the file between our open and our flock.
+            # The previous holder (or a sweep) may have unlinked the file between our open and our flock.
             try:
                 same_file = os.stat(self.path).st_ino == os.fstat(descriptor).st_ino
             except FileNotFoundError:
@@ -76,6 +99,7 @@ class JobLock:
         durable.fsync(descriptor, self.path)
         self._descriptor = descriptor
         _held[id(self)] = self
+        self.swept = sweep_stale(self.path.parent, self.path)
 
     def release(self) -> None:
         _held.pop(id(self), None)
@@ -85,6 +109,8 @@ class JobLock:
             durable.unlink(self.path, missing_ok=False)
         os.close(self._descriptor)
         self._descriptor = None
+        made, self._made = self._made, []
+        durable.rmdir_empty(made)
 
     def __enter__(self) -> JobLock:
         self.acquire()
@@ -92,6 +118,55 @@ class JobLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM), or a pid this system cannot have
+        return True
+    return True
+
+
+def stale_owner(owner: dict[str, object]) -> bool:
+    """Whether a lock's owner (its file's JSON) is a process of this host that is gone."""
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or "started" not in owner:
+        return False
+    return owner.get("host") == socket.gethostname() and not _alive(pid)
+
+
+def sweep_stale(folder: Path, own: Path | None = None) -> list[Path]:
+    """Remove the stale lock files in `folder` (see the module's note), but `own`; the removed.
+    Nothing here raises: a file that cannot be read or held is left as it is."""
+    try:
+        with os.scandir(folder) as entries:
+            names = [entry.name for entry in entries if entry.name.endswith(SUFFIX) and entry.is_file()]
+    except OSError:
+        return []
+    return [folder / name for name in sorted(names) if folder / name != own and _remove_if_stale(folder / name)]
+
+
+def _remove_if_stale(path: Path) -> bool:
+    """Remove `path` when no process holds it (its `flock` is free) and its owner is stale;
+    held while it goes, so no job takes it meanwhile (one that tries waits, `STALE_WAITS`)."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        owner = _read_owner(descriptor)
+        if owner is None or not stale_owner(owner) or os.stat(path).st_ino != os.fstat(descriptor).st_ino:
+            return False
+        durable.unlink(path)
+        return True
+    except OSError:  # held (BlockingIOError), or gone meanwhile
+        return False
+    finally:
+        os.close(descriptor)
 
 
 def abandon_held() -> None:
@@ -114,10 +189,10 @@ def job_locks(output: Path, checkpoint: Path) -> Iterator[JobLock]:
     outputs, and an output written from several checkpoints); yields the output's lock. A
     character device (`-o /dev/null`) is not locked: nothing is made beside it, and jobs streaming
     into it at once harm nothing."""
-    checkpoint_lock = JobLock(checkpoint.with_name(checkpoint.name + ".lock"), f"checkpoint {checkpoint}")
+    checkpoint_lock = JobLock(checkpoint.with_name(checkpoint.name + SUFFIX), f"checkpoint {checkpoint}")
     if is_character_device(output):
         with checkpoint_lock:
             yield checkpoint_lock
         return
-    with JobLock(output.with_name(output.name + ".lock"), f"output {output}") as output_lock, checkpoint_lock:
+    with JobLock(output.with_name(output.name + SUFFIX), f"output {output}") as output_lock, checkpoint_lock:
         yield output_lock

@@ -5,6 +5,7 @@ only here, so nothing above store/ asks where a store lives."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_cli.store.checkpoint import SHARDS, Checkpoint
@@ -100,15 +101,20 @@ def prune_store(
     force: bool = False,
     dry_run: bool = False,
     grace_hours: float = 24.0,
+    cache_dir: Path | None = None,
 ) -> PruneReport:
     """`clef checkpoint prune` on a folder (store/prune.py) or a bucket (store/remote/pruning.py:
-    objects no manifest names are deleted once older than `grace_hours`)."""
+    objects no manifest names are deleted once older than `grace_hours`; then this machine's
+    cache folders of the store, under `cache_dir`, are pruned to match: remote/cache_prune.py)."""
     if not location.remote:
         from clef_cli.store.prune import prune
 
         return prune(location.folder, keep_runs, older_than_days, force=force, dry_run=dry_run)
+    from clef_cli.store.remote.cache_prune import prune_caches
     from clef_cli.store.remote.manifests import store_problems
     from clef_cli.store.remote.pruning import prune_bucket
 
     with store_problems(location.uri or "", location.option):
-        return prune_bucket(location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600)
+        report = prune_bucket(location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600)
+        report.cache = prune_caches(location.uri or "", cache_dir, dry_run)
+    return report

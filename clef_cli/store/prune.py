@@ -21,7 +21,7 @@ import uuid
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,9 @@ from clef_cli.store.key_index import KeyIndex, counts_as_run
 from clef_cli.store.locks import JobLock
 from clef_cli.store.manifest import read_manifest
 from clef_cli.store.shard_files import described_file, ipc_bytes
+
+if TYPE_CHECKING:
+    from clef_cli.store.remote.cache_prune import CachePruned
 
 
 @dataclass
@@ -53,6 +56,8 @@ class PruneReport:
     """Every key would go (refused unless forced; a dry run only says so)."""
     objects_deleted: int = 0
     """A store in a bucket: objects no manifest names any more, deleted after the grace period."""
+    cache: CachePruned | None = None
+    """A store in a bucket: what pruning this machine's cache folders of it did (`remote/cache_prune.py`)."""
 
 
 def check_limits(keep_runs: int | None, older_than_days: float | None) -> None:
