@@ -331,6 +331,7 @@ def open_job(
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
     path = settings.checkpoint_path
     made_here = not existing and not path.exists()  # before the locks: a remote -o's is made inside it
+    stop = stop or threading.Event()
     with job_locks(settings.output, path) as lock:
         if lock.took_over:
             progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
@@ -338,7 +339,8 @@ def open_job(
         if existing:
             checkpoint = open_existing_store(settings.store)
         else:
-            checkpoint = open_store(settings.store, manifest, settings.restart, settings.sync_every, progress.warn)
+            syncs = (settings.sync_every, progress.warn, settings.sync_failure_limit, stop, progress.syncs)
+            checkpoint = open_store(settings.store, manifest, settings.restart, *syncs)  # failing syncs stop the job
         opening = time.perf_counter() - opening  # the summary's `opening the store` (stats.STAGES)
         spool: RemoteSpool | None = None
         summary: JobSummary | None = None
@@ -359,7 +361,6 @@ def open_job(
             summary.stats.stages |= {"open_store": opening, "keying": time.perf_counter() - keying}
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
-            stop = stop or threading.Event()
             yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started, stop)
         except KeyboardInterrupt:  # a stop that ended the job inside a step (`JobStopped`) or at once
             failed = True
@@ -380,6 +381,10 @@ def open_job(
         finally:
             if spool is not None:
                 spool.remove()
-            checkpoint.close(quiet=failed)  # a bucket store's last sync; its failure is the job's unless one came first
+            try:  # a bucket store's last sync; its failure is the job's unless one came first
+                checkpoint.close(quiet=failed)
+            finally:
+                if summary is not None:
+                    summary.stats.sync_failures = checkpoint.sync_failures
             if discarded:
                 discard(path, keep_logs)

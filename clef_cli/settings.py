@@ -115,6 +115,8 @@ class ScoreSettings:
     """Where a bucket store's cache folders live (default $CLEF_CACHE_DIR, $XDG_CACHE_HOME/clef, ~/.cache/clef)."""
     sync_every: float = 30.0
     """Seconds between two syncs of a bucket store (a kill loses at most that much work)."""
+    sync_failure_limit: float = 300.0
+    """Seconds a bucket store's syncs may keep failing before the job stops (exit 1, its work kept in the cache)."""
     confirm_restart: bool = False
     """--restart on a bucket store discards what every machine shares: refused without this."""
     store_folder: Path | None = None
@@ -282,6 +284,8 @@ class ScoreSettings:
         assert self.store_folder is not None
         if not self.sync_every > 0:
             raise UsageError(f"--sync-every must be above 0 seconds, not {self.sync_every:g}")
+        if not self.sync_failure_limit > 0:
+            raise UsageError(f"--sync-failure-limit must be above 0 seconds, not {self.sync_failure_limit:g}")
         if self.restart and not self.confirm_restart:
             raise UsageError(
                 f"--restart on the store {self.checkpoint} would discard what every machine using it shares: "

@@ -83,6 +83,8 @@ class JobStats:
     special_tokens: str | None = None
     """The job's --special-tokens mode (text or parse), so a collected file says how its prompts
     were read."""
+    sync_failures: int = 0
+    """Syncs to a store in a bucket that failed in this run (each retried at the next turn)."""
     encode: dict[str, EncodeRate] = field(default_factory=dict)
     scoring_started: float | None = None
     """perf_counter() when scoring began (set by the engine)."""
@@ -180,6 +182,7 @@ class JobStats:
             "workers": self.workers,
             "counts": dict(self.counts),
             "special_tokens": self.special_tokens,
+            "sync_failures": self.sync_failures,
             "encode": {
                 kind: {
                     "records": rate.records,

@@ -49,6 +49,8 @@ class S3Proxy:
     hold: Callable[[str, str], bool] | None = None
     """Which requests, by (method, path with the query), wait after their body arrived until
     `release` is set; `held` is set when the first one arrives."""
+    dropped_headers: set[str] = field(default_factory=set)
+    """Request headers (lower case) not passed on: `if-none-match`, a store that ignores the condition."""
     held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,7 +102,8 @@ class S3Proxy:
                     return
                 target = urlsplit(proxy.upstream)
                 connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_HEADERS}
+                dropped = HOP_HEADERS | proxy.dropped_headers
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
                 connection.request(self.command, self.path, body=body, headers=headers)
                 answer = connection.getresponse()
                 payload = answer.read()

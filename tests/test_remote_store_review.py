@@ -7,6 +7,7 @@ states computed on a fresh machine, a reader's run in every machine's history, a
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import replace
 
 import pytest
@@ -486,7 +487,8 @@ def test_a_jobs_end_that_cannot_commit_says_what_is_kept_and_where(s3, tmp_path,
         writer.close()
     assert str(refused.value) == (
         f"could not commit to the store {STORE}: the bucket is down; the 7 records this machine committed "
-        f"since its last sync are kept in its cache {writer.path}: rerun the same command here to upload them"
+        f"since its last sync are kept in its cache {writer.path} on {socket.gethostname()}: rerun the same "
+        "command here to upload them"
     )
 
 

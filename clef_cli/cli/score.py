@@ -87,6 +87,7 @@ from clef_cli.cli.store_options import (
     KeepStagedOutputOption,
     ReheadOption,
     SyncEveryOption,
+    SyncFailureLimitOption,
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
@@ -152,6 +153,7 @@ def score(
     checkpoint: CheckpointOption = None,
     cache_dir: CacheDirOption = None,
     sync_every: SyncEveryOption = 30.0,
+    sync_failure_limit: SyncFailureLimitOption = 300.0,
     keep_staged_output: KeepStagedOutputOption = False,
     hidden_states: HiddenStatesOption = HiddenStates.keep,
     keep_below: KeepBelowOption = 0.6,

@@ -337,6 +337,7 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
     same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
     same += ("verify_media", "cache_dir", "sync_every", "confirm_restart", "allow_empty", "max_record_bytes")
     same += ("keep_staged_output",)
+    same += ("sync_failure_limit",)
     output, upload = options["output"], None
     if isinstance(output, str):  # an object URI (`writable_location`)
         checkpoint = options["checkpoint"]  # the option's text (`ScoreSettings` checks what it names)

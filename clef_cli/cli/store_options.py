@@ -40,12 +40,31 @@ SyncEveryOption = Annotated[
         "killed machine loses at most that much work.",
     ),
 ]
+SyncFailureLimitOption = Annotated[
+    float,
+    typer.Option(
+        "--sync-failure-limit",
+        metavar="SECONDS",
+        rich_help_panel=PANEL_STORE,
+        help="With --checkpoint s3://...: once the syncs have kept failing this long, the job stops (exit 1), "
+        "keeping its work in this machine's cache for a rerun here to upload.",
+    ),
+]
 ConfirmRestartOption = Annotated[
     bool,
     typer.Option(
         "--confirm-restart",
         rich_help_panel=PANEL_STORE,
         help="With --restart on a store in a bucket: yes, discard what every machine using it shares.",
+    ),
+]
+KeepStagedOutputOption = Annotated[
+    bool,
+    typer.Option(
+        "--keep-staged-output",
+        rich_help_panel=PANEL_STORE,
+        help="With -o s3://...: keep the output's local copy (in the checkpoint's upload/ folder) after its "
+        "upload; by default it is removed once uploaded.",
     ),
 ]
 ReheadOption = Annotated[
@@ -57,14 +76,5 @@ ReheadOption = Annotated[
         rich_help_panel=PANEL_STORE,
         help="Re-score the checkpoint's hidden states with the joint head in this folder (not with --ray or "
         "--hidden-states); the thinker runs only on the records whose states the store lacks.",
-    ),
-]
-KeepStagedOutputOption = Annotated[
-    bool,
-    typer.Option(
-        "--keep-staged-output",
-        rich_help_panel=PANEL_STORE,
-        help="With -o s3://...: keep the output's local copy (in the checkpoint's upload/ folder) after its "
-        "upload; by default it is removed once uploaded.",
     ),
 ]

@@ -17,13 +17,15 @@ lifecycle rule (`AbortIncompleteMultipartUpload`) does (docs/scoring.md).
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from clef_cli.errors import UsageError
 from clef_cli.locations.buckets import SMALL_PUT, bucket
 from clef_cli.locations.failures import FAILING, failure_of, named
-from clef_cli.locations.object_store import MissingObject, ObjectStoreError, _retried, filesystem
+from clef_cli.locations.object_store import MissingObject, NoSuchBucket, ObjectStoreError, _retried, filesystem
 from clef_cli.locations.uris import LocationProblem, is_object_uri, object_uri
 
 SINGLE_PUT_BYTES = 64 << 20
@@ -59,15 +61,84 @@ def check_writable(text: str, option: str) -> None:
         if found == pafs.FileType.Directory:
             raise UsageError(f"{option} {text} is a folder in the store (objects lie under it); give an object's URI")
         folder, _, name = uri.rpartition("/")
-        probe = f"{folder}/.{name}{PROBE}{uuid.uuid4().hex[:12]}"
-        _put(probe, b"", quick=True, named=uri)
-        client = bucket(probe, quick=True)
-        with contextlib.suppress(ObjectStoreError, LocationProblem):  # a role that may put but not delete
-            client.delete(client.key(probe))
+        probe_writes(f"{folder}/.{name}{PROBE}{uuid.uuid4().hex[:12]}", uri)
     except ObjectStoreError as error:  # a missing bucket (exit 2) included: one reading (failures.py)
         raise named(error, option, text) from None
     except LocationProblem as problem:
         raise failure_of(FAILING if problem.transient else "other", option, text, str(problem)) from None
+
+
+class WriteRefused(ObjectStoreError):
+    """A step of `probe_writes` the bucket refused (its text is the sorted failure's, `_classify`);
+    `step` says which: "a write", "a conditional write", "a listing", "a delete"."""
+
+    def __init__(self, step: str, error: BaseException) -> None:
+        if isinstance(error, ObjectStoreError):  # its cause and the server's answer kept (failures.py)
+            super().__init__(str(error), error.detail, error.failure, error.words)
+        else:
+            super().__init__(str(error))
+        self.step = step
+
+    @property
+    def cause(self) -> str:
+        """The refusal in a few words ("access denied"), else the sorted failure's text."""
+        text = str(self)
+        return "access denied" if re.search(r"access denied|AccessDenied|\b403\b", text, re.I) else text
+
+
+class ConditionIgnored(ObjectStoreError):
+    """The bucket wrote over an object a conditional write (`If-None-Match: *`) should have spared."""
+
+
+def probe_writes(probe: str, named: str, conditional: bool = False, listed: bool = False, strict: bool = False) -> None:
+    """Ask the bucket for the writes a job will make, before any record is read: an empty object put
+    at `probe` (`conditional`: only where none is, `If-None-Match: *`, then again, which must be
+    refused: a store that ignores the condition would let two writers commit one manifest), found
+    by a listing (`listed`), and deleted at once. Failures are named by `named` (what the probe
+    stands for), and a refused step is a `WriteRefused`; a refused delete is one only when
+    `strict` (else a role that may put but not delete passes: an output is never deleted)."""
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
+
+    client = bucket(probe, quick=True)
+    key = client.key(probe)
+
+    def step(what: str, call: Callable[[], object]) -> object:
+        try:
+            return _retried(named, True, call, errors=(OSError, BaseError))
+        except NoSuchBucket:
+            raise
+        except (ObjectStoreError, LocationProblem) as error:
+            raise WriteRefused(what, error) from None
+
+    def put_again() -> bool:
+        try:
+            obstore.put(client.store, key, b"", mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            return False
+        return True
+
+    def delete() -> None:
+        step("a delete", lambda: obstore.delete(client.store, key))
+
+    mode = "create" if conditional else "overwrite"
+    step("a conditional write" if conditional else "a write", lambda: obstore.put(client.store, key, b"", mode=mode))
+    try:
+        if conditional and step("a conditional write", put_again):
+            raise ConditionIgnored(
+                "the bucket ignores conditional writes (If-None-Match: *), on which the store's commits rely"
+            )
+        if listed:
+            step("a listing", lambda: [item for page in obstore.list(client.store, key) for item in page])
+    except BaseException:
+        with contextlib.suppress(ObjectStoreError):  # the first refusal is the one to tell
+            delete()
+        raise
+    try:
+        delete()
+    except WriteRefused:
+        if strict:
+            raise
 
 
 def upload_whole(local: Path, uri: str) -> None:

@@ -101,6 +101,9 @@ def require_folder(path: Path) -> None:
 class Checkpoint:
     """A checkpoint folder opened for one job (the caller holds its lock)."""
 
+    sync_failures = 0
+    """Syncs to a store in a bucket that failed in this run, known once it is closed (a folder: none)."""
+
     def __init__(self, path: Path, manifest: dict[str, Any]) -> None:
         self.path = path
         self.manifest = manifest

@@ -4,6 +4,7 @@ only here, so nothing above store/ asks where a store lives."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,17 +23,27 @@ def open_store(
     restart: bool = False,
     sync_every: float = 30.0,
     say: Callable[[str], None] | None = None,
+    failure_limit: float = 300.0,
+    stop: threading.Event | None = None,
+    report: Callable[[int, int], None] | None = None,
 ) -> Checkpoint:
     """A job's store (made, or reused after its fingerprint is checked); the caller holds the
     folder's lock. A bucket's is synced beside the job, every `sync_every` seconds and at close
-    (`say`: the line that its end waits for a prune's claim)."""
+    (`say`: the lines that a sync failed, that its end waits for a prune's claim; `report`: told
+    the syncs that committed and those that failed in a row after each); once its syncs have
+    failed for `failure_limit` seconds, it sets `stop`, the job's stop event."""
     if not location.remote:
         return Checkpoint.open(location.folder, manifest, restart=restart)
     from clef_cli.store.remote.manifests import store_problems
     from clef_cli.store.remote.store import RemoteCheckpoint
 
     with store_problems(location.uri or "", location.option):
-        return RemoteCheckpoint.open_remote(location, manifest, restart=restart, sync_every=sync_every, say=say)
+        checkpoint = RemoteCheckpoint.open_remote(
+            location, manifest, restart, sync_every, say=say, failure_limit=failure_limit, stop=stop
+        )
+    if checkpoint.syncer is not None:
+        checkpoint.syncer.report = report
+    return checkpoint
 
 
 def open_existing_store(location: StoreLocation, locked: bool = True) -> Checkpoint:
@@ -78,13 +89,14 @@ def stored_hidden_dtype(location: StoreLocation) -> str | None:
 
 
 def check_store(location: StoreLocation) -> None:
-    """Before any record is read: a bucket store answers (credentials, bucket, endpoint: exit 1)
-    and its prefix holds a store or nothing (exit 2). A local folder is checked by settings."""
+    """Before any record is read: a bucket store answers (credentials, bucket, endpoint: exit 1),
+    its prefix holds a store or nothing (exit 2), and it takes the job's writes (exit 1). A local
+    folder is checked by settings."""
     if not location.remote:
         return
     from clef_cli.locations import buckets
     from clef_cli.store.remote import manifests
-    from clef_cli.store.remote.store import check_prefix
+    from clef_cli.store.remote.store import check_prefix, probe_store
 
     buckets.forget()  # a new job: clients from the environment as it is now, manifests read afresh
     manifests.forget()
@@ -92,6 +104,7 @@ def check_store(location: StoreLocation) -> None:
         chain = manifests.Chain(location.uri or "", quick=True)
         if chain.latest() is None:
             check_prefix(chain)
+        probe_store(chain, location.option)
 
 
 def prune_store(

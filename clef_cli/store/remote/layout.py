@@ -32,8 +32,11 @@ SEGMENTS = "segments/"
 RUNS = "runs/"
 LATEST = "latest.json"
 FOLDERS = (MANIFESTS, SEGMENTS, RUNS)
+PROBE = ".clef-probe-"
+"""A job's write probe (`store.probe_store`): put and deleted at once, left only where a delete was refused."""
 OWN_NAME = re.compile(
     rf"{MANIFESTS}\d{{10}}\.json|{SEGMENTS}[0-9a-f]{{32}}\.(keys|results|hidden)|{RUNS}[0-9a-f]+\.keys|{re.escape(LATEST)}"
+    rf"|{re.escape(PROBE)}[0-9a-f]{{12}}"
 )
 """The names a store writes under its prefix; anything else there means the prefix is something else's."""
 

@@ -7,6 +7,8 @@ the key index, the ledger, the output) is the local store's own code.
 from __future__ import annotations
 
 import contextlib
+import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,9 @@ from clef_cli.store.manifest import CheckpointMismatch, comparable, mismatch_mes
 from clef_cli.store.remote.cache import Cache, Mark
 from clef_cli.store.remote.compaction import compact, due
 from clef_cli.store.remote.last_users import last_users
-from clef_cli.store.remote.layout import FOLDERS, own_name
+from clef_cli.store.remote.layout import FOLDERS, PROBE, own_name
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
-from clef_cli.store.remote.sync import DEFAULT_EVERY, Syncer
+from clef_cli.store.remote.sync import DEFAULT_EVERY, DEFAULT_FAILURE_LIMIT, Syncer
 
 SHOWN_STRANGERS = 3
 
@@ -50,12 +52,15 @@ class RemoteCheckpoint(Checkpoint):
         sync_every: float | None = DEFAULT_EVERY,
         hold_lock: bool = False,
         say: Callable[[str], None] | None = None,
+        failure_limit: float = DEFAULT_FAILURE_LIMIT,
+        stop: threading.Event | None = None,
     ) -> RemoteCheckpoint:
         """Open the store for a job with this fingerprint (`manifest`), or only to read it
         (`manifest` None: the store must exist). `sync_every` None: a reader (no sync; the run it
         records, `--rehead`'s, is committed to the manifest when it closes);
         `hold_lock`: take the cache folder's lock here (the caller holds none); `say`: where the
-        line goes that says the job's end waits for a claim."""
+        lines about the syncs go (failures, the job's end waiting for a claim); `stop`: the job's
+        stop event, set once the syncs have failed for `failure_limit` seconds (sync.py)."""
         assert location.uri is not None
         folder = location.folder
         held = JobLock(folder.with_name(folder.name + ".lock"), f"cache {folder}") if hold_lock else None
@@ -86,8 +91,9 @@ class RemoteCheckpoint(Checkpoint):
             if held is not None:
                 held.release()
             raise
-        checkpoint.syncer = Syncer(checkpoint, chain, checkpoint.mark, sync_every, say)  # a reader's: its run's record
-        checkpoint.syncer.start()
+        syncer = Syncer(checkpoint, chain, checkpoint.mark, sync_every, say, failure_limit, stop)
+        checkpoint.syncer = syncer  # a reader's: its run's record
+        syncer.start()
         return checkpoint
 
     @property
@@ -107,7 +113,10 @@ class RemoteCheckpoint(Checkpoint):
         try:
             if self.syncer is not None:
                 syncer, self.syncer = self.syncer, None
-                syncer.close(quiet)
+                try:
+                    syncer.close(quiet)
+                finally:
+                    self.sync_failures = syncer.failures
                 writer = syncer.every is not None
                 if writer and not quiet and self.chain.known is not None and due(self.chain.known):
                     with contextlib.suppress(ClefError, LocationProblem, OSError):
@@ -216,3 +225,26 @@ def check_prefix(chain: Chain, reading: bool = False, option: str = "--checkpoin
         )
     if reading:
         raise UsageError(f"{option} {chain.uri} holds no clef store (no manifest)")
+
+
+def probe_store(chain: Chain, option: str = "--checkpoint") -> None:
+    """Before the model loads and any record is read: the writes a job's syncs make (a conditional
+    put, a listing, a delete: `uploads.probe_writes`, one empty object under the prefix, removed at
+    once), so read-only credentials end the job now (exit 1, one line), not after it computed what
+    it cannot keep."""
+    from clef_cli.locations.object_store import ObjectStoreError
+    from clef_cli.locations.uploads import ConditionIgnored, WriteRefused, probe_writes
+
+    probe = chain.uri + PROBE + uuid.uuid4().hex[:12]
+    try:
+        probe_writes(probe, chain.uri, conditional=True, listed=True, strict=True)
+    except WriteRefused as refused:
+        left = f"; its probe object {probe} is left there" if refused.step == "a delete" else ""
+        words = f"the bucket refused {refused.step} with these credentials ({refused.cause}){left}"
+    except ConditionIgnored as ignored:
+        words = str(ignored)
+    else:
+        return
+    error = ObjectStoreError(f"{option} {chain.uri}: {words}")
+    error.words = words  # what `store_problems` names by the option and the URI (locations/failures.py)
+    raise error

@@ -5,14 +5,17 @@ manifest (store/remote/manifests.py: a conflict re-reads and merges, never overw
 It runs on its own thread and never holds what the job needs: the job commits shards to the cache
 as it always does, and the sync reads them after their journal line is written. A SIGKILL of the
 machine therefore loses at most the last `--sync-every` seconds of work; a failing bucket never
-stops the scoring (the sync tries again at its next turn, and the job's end says what was left).
-While a prune or a compaction holds the store, syncs wait for its claim to end (bounded by its
-lease).
+stops the scoring at once: a failed sync is said on stderr when it happens (then once every
+`REPEAT_EVERY` seconds while the syncs keep failing) and tried again at the next turn; once they
+have failed for `--sync-failure-limit` seconds (`DEFAULT_FAILURE_LIMIT`) the syncer sets the job's
+stop event, and the job ends with exit 1 naming this machine and its cache folder, where what it
+committed stays for a rerun there to upload. While a prune or a compaction holds the store, syncs
+wait for its claim to end (bounded by its lease): no failure.
 """
 
 from __future__ import annotations
 
-import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +36,10 @@ from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
 from clef_cli.store.remote.segments import Packed, pack
 
 DEFAULT_EVERY = 30.0
+DEFAULT_FAILURE_LIMIT = 300.0
+"""Seconds the syncs may keep failing before the job stops (`--sync-failure-limit`)."""
+REPEAT_EVERY = 180.0
+"""Seconds between two lines saying the syncs still fail (the first failure is said at once)."""
 CLAIM_POLL = 2.0
 KEYS_BATCH = 65536
 """Keys per batch of a run's keys object (as a segment's: segments.BATCH_ROWS)."""
@@ -56,6 +63,8 @@ class Syncer:
         mark: Mark,
         every: float | None = DEFAULT_EVERY,
         say: Callable[[str], None] | None = None,
+        failure_limit: float = DEFAULT_FAILURE_LIMIT,
+        job_stop: threading.Event | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.chain = chain
@@ -64,11 +73,31 @@ class Syncer:
         """Seconds between two syncs; None for a reader (`--rehead`): no thread, no shard ever
         uploaded, only its run's record committed at its end, so every machine's history has it."""
         self.say = say
-        """Where the one line goes that says the job's end waits for a claim, and how long at most."""
+        """Where the job's lines about its syncs go: failures, and the end waiting for a claim."""
+        self.failure_limit = failure_limit
+        """Seconds the syncs may keep failing before `job_stop` is set (the job ends with exit 1)."""
+        self.job_stop = job_stop
+        self.clock: Callable[[], float] = time.monotonic
+        """What `failing_since` and the limit are measured by (a test's clock may run faster)."""
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.sent_run: dict[str, Any] | None = None
         self.thread: threading.Thread | None = None
+        self.synced = 0
+        """Syncs of this run that committed a manifest."""
+        self.failures = 0
+        """Syncs of this run that failed (the stats JSON's `sync_failures`)."""
+        self.failing = 0
+        """Syncs that failed in a row since the last that committed (0: the last one went through)."""
+        self.failing_since: float | None = None
+        """`clock()` at the first of those failures; None while the syncs go through."""
+        self.last_error: str | None = None
+        """What the last failed sync met."""
+        self.gave_up = False
+        """The syncs failed for `failure_limit` seconds: the job was told to stop."""
+        self.report: Callable[[int, int], None] | None = None
+        """Told (`synced`, `failing`) after each turn of the thread (a cron log's progress line)."""
+        self._said = 0.0
 
     def start(self) -> None:
         if self.every is None:
@@ -80,18 +109,76 @@ class Syncer:
         assert self.every is not None
         while not self.stop.wait(self.every):
             # a claim that ends, a bucket that answers again: the next turn commits (or the job's end)
-            with contextlib.suppress(ClefError, LocationProblem, OSError):  # Claimed is a ClefError
+            try:
                 self.sync()
+            except Claimed:
+                continue  # bounded by its lease: the syncs wait, nothing failed
+            except (ClefError, LocationProblem, OSError) as error:
+                if self._failed(error):
+                    return
+            else:
+                self._went_through()
+            if self.report is not None:
+                self.report(self.synced, self.failing)
+
+    @property
+    def failing_for(self) -> float:
+        """Seconds the syncs have failed in a row (0 while they go through)."""
+        return 0.0 if self.failing_since is None else self.clock() - self.failing_since
+
+    def _failed(self, error: BaseException) -> bool:
+        """Count a failed sync and say it (the first at once, then every `REPEAT_EVERY` s); past
+        `failure_limit`, stop the job (True: the thread ends, what is left is the cache's)."""
+        now = self.clock()
+        self.failures += 1
+        self.failing += 1
+        self.last_error = str(error)
+        if self.failing_since is None:
+            self.failing_since = now
+        if self.failing_for >= self.failure_limit:
+            self.gave_up = True
+            self._tell(f"{self._failing_line()}: the job stops after its current batch")
+            if self.job_stop is not None:
+                self.job_stop.set()
+            return True
+        if self.failing == 1 or now - self._said >= REPEAT_EVERY:
+            self._said = now
+            self._tell(
+                f"{self._failing_line()}; the job goes on committing to this machine's cache and stops if the "
+                f"syncs keep failing for {self.failure_limit:g} s"
+            )
+        return False
+
+    def _went_through(self) -> None:
+        if self.failing:
+            self._tell(f"the sync to the store {self.chain.uri} went through again after {self.failing} failed")
+        self.failing, self.failing_since = 0, None
+
+    def _failing_line(self) -> str:
+        many = f"the syncs to the store {self.chain.uri} have failed {self.failing} times in a row for "
+        what = f"{int(self.failing_for)} s" if self.failing > 1 else ""
+        first = f"a sync to the store {self.chain.uri} failed"
+        return f"{many + what if self.failing > 1 else first} ({self.last_error})"
+
+    def _tell(self, line: str) -> None:
+        if self.say is not None:
+            self.say(line)
 
     def close(self, quiet: bool = False) -> None:
-        """Stop the thread, then commit what is left (waiting out a claim). `quiet`: the job is
-        failing anyway, so a failure here is not raised over its own."""
+        """Stop the thread, then commit what is left (waiting out a claim); after the syncs failed
+        past the limit, nothing is tried again. `quiet`: the job is failing anyway, so a failure
+        here is not raised over its own."""
         self.stop.set()
         if self.thread is not None:
             self.thread.join()
+        if self.gave_up:
+            if not quiet:
+                raise ClefError(self._kept(f"the syncs failed for {self.failure_limit:g} s ({self.last_error})"))
+            return
         try:
             self._final()
         except (ClefError, LocationProblem, OSError) as error:
+            self.failures += 1
             if not quiet:
                 raise ClefError(self._kept(error)) from None
 
@@ -108,12 +195,13 @@ class Syncer:
                 left = float(claimed.claim.get("until", 0)) - time.time()
                 time.sleep(min(CLAIM_POLL, max(0.1, left)))
 
-    def _kept(self, error: BaseException) -> str:
+    def _kept(self, error: BaseException | str) -> str:
         unsynced = sum(entry.records for entry in self._fresh())
+        host = socket.gethostname()  # the cache is this machine's: a rerun elsewhere has none of it
         return (
             f"could not commit to the store {self.chain.uri}: {error}; the {unsynced} records this machine "
-            f"committed since its last sync are kept in its cache {self.checkpoint.path}: rerun the same command "
-            "here to upload them"
+            f"committed since its last sync are kept in its cache {self.checkpoint.path} on {host}: rerun the same "
+            "command here to upload them"
         )
 
     # ------------------------------------------------------------------ one sync
@@ -153,6 +241,7 @@ class Syncer:
             faults.pause_at("manifest-committed")
             self.mark.settle(committed or self.chain.known)
             if committed is not None:
+                self.synced += 1
                 self.mark.seq = committed.seq
                 self.sent_run = run or self.sent_run
             self.mark.save(self.checkpoint.path)
