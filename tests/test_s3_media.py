@@ -192,7 +192,7 @@ def test_no_credentials_or_an_unknown_bucket_end_the_job_with_one_line(s3, monke
         str(store),
     ]
     result, _ = score([str(local)], output, *args)
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # the URI must change: exit 2 (locations/failures.py)
     assert "no-such-bucket-here" in result.stderr and "does not exist" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not output.exists()
     write_jsonl(local, records[:3])
@@ -202,7 +202,7 @@ def test_no_credentials_or_an_unknown_bucket_end_the_job_with_one_line(s3, monke
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     result, _ = score([str(local)], output, *args)
     assert result.exit_code == 1, result.output
-    assert "access denied" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert ": no credentials (" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not output.exists()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "clef-test")  # credentials back: nothing was lost
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "clef-test-secret")
@@ -307,7 +307,7 @@ def test_credentials_lost_while_decoding_end_the_job_with_one_line(s3, monkeypat
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     second, rows = score(inputs, tmp_path / "o2.parquet", *store)
     assert second.exit_code == 1, second.output
-    assert "access denied" in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert ": no credentials (" in second.stderr and len(second.stderr.strip().splitlines()) == 1, second.stderr
     assert rows is None  # no output with an error row per record
 
 
