@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from clef_cli.cli.stopping import EXIT_INTERRUPTED, SECOND, StopRequests
+from clef_cli.cli import stopping
+from clef_cli.cli.stopping import EXIT_INTERRUPTED, FIRST, SECOND, SHOW_CURSOR, StopRequests
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +72,107 @@ def test_a_request_made_before_the_job_defers_reaches_the_job(default_sigint):
         with stops.deferring() as event:
             assert event.is_set()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the test's handler is back
+
+
+class Exited(BaseException):
+    """`os._exit(code)` in this process, made an exception the test catches: the process ends
+    nowhere, and each moment's exit runs in the test's own process (where mutation testing sees it)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    def exit_now(code: int) -> None:
+        raise Exited(code)
+
+    monkeypatch.setattr(stopping.os, "_exit", exit_now)
+
+
+def test_a_request_outside_a_command_ends_the_process_130_at_once_saying_so(exits, capfd, tmp_path):
+    """Before or after its command (the console script's parsing, its teardown), the first
+    request already ends the process, its lock files removed, the line on stderr."""
+    from clef_cli.store.locks import JobLock
+
+    stops = StopRequests()
+    assert not stops.requested()
+    lock = JobLock(tmp_path / ".lock", "a job")
+    lock.acquire()
+    with pytest.raises(Exited) as exited:
+        stops._handle(signal.SIGINT, None)
+    assert exited.value.code == EXIT_INTERRUPTED and stops.requests == 1
+    assert capfd.readouterr().err == f"\n{SECOND}\n"  # no cursor code: stderr is no terminal here
+    assert not (tmp_path / ".lock").exists()
+    lock.release()
+
+
+def test_in_a_command_the_first_request_interrupts_and_the_second_ends_the_process(exits, default_sigint):
+    stops = StopRequests()
+    with stops.command():
+        assert signal.getsignal(signal.SIGINT) == stops._handle
+        with pytest.raises(KeyboardInterrupt):
+            stops._handle(signal.SIGINT, None)
+        assert stops.requested() and stops.requests == 1
+        with pytest.raises(Exited) as exited:
+            stops._handle(signal.SIGINT, None)
+        assert exited.value.code == EXIT_INTERRUPTED
+
+
+def test_a_deferred_jobs_first_request_sets_its_event_and_says_what_comes(exits, default_sigint, capsys):
+    stops = StopRequests()
+    with stops.command(), stops.deferring() as event:
+        stops._handle(signal.SIGINT, None)
+        assert event.is_set() and stops.requests == 1
+        wait_for(lambda: FIRST in capsys.readouterr().err, "the note")
+        with pytest.raises(Exited):
+            stops._handle(signal.SIGINT, None)
+
+
+def test_a_second_request_on_a_terminal_gives_its_cursor_back(exits):
+    """A live display hid the cursor; the line the process ends on shows it again."""
+    import pty
+
+    main, terminal = pty.openpty()
+    saved = os.dup(2)
+    os.dup2(terminal, 2)
+    try:
+        with pytest.raises(Exited):
+            stopping.stop_now()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(terminal)
+    said = os.read(main, 4096).decode()
+    os.close(main)
+    assert said.startswith(SHOW_CURSOR) and SECOND in said
+
+
+def test_the_console_script_keeps_its_handler_and_ends_with_its_commands_status(exits, default_sigint, monkeypatch):
+    """`install_for_process`: the handler stays after the command, and the last exit function
+    ends the process with the command's status, even where a stream cannot be flushed."""
+    import atexit
+    import io
+
+    stops = StopRequests()
+    registered = atexit._ncallbacks()
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        stops.install_for_process()
+        assert atexit._ncallbacks() == registered + 1
+        with stops.command():
+            pass
+        assert signal.getsignal(signal.SIGINT) == stops._handle  # not given back after the command
+    finally:
+        atexit.unregister(stops._exit_when_done)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stdout", closed)  # its flush raises
+    for status, code in ((None, 0), (3, 3), ("an error's text", 1)):
+        stops.exit_when_done(status)
+        with pytest.raises(Exited) as exited:
+            stops._exit_when_done()
+        assert exited.value.code == code
