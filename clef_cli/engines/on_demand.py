@@ -33,7 +33,8 @@ from clef_cli.store.manifest import scored_model, stored_engine
 from clef_cli.store.opening import stored_hidden_dtype, stored_manifest
 
 PLACEHOLDER_OUTPUT = "on-demand.parquet"
-"""The output a train-head computation names for its locks (never written)."""
+"""The output a train-head computation names for its locks (never written), beside the store's
+folder: inside it, the store would hold an output (refused, `locations/overlap`)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,10 @@ def compute_missing_states(
     return OnDemandCost(summary.forwarded, summary.tokens, seconds, wanted)
 
 
+def _beside(folder: Path) -> Path:
+    return folder.with_name(f"{folder.name}.{PLACEHOLDER_OUTPUT}")
+
+
 def gold_states(
     checkpoint: Path | str,
     records: Sequence[str | Path],
@@ -137,7 +142,7 @@ def gold_states(
     rows, _ = read_gold_rows(gold, gold_format)
     settings = ScoreSettings(
         inputs=list(records),
-        output=store_location(checkpoint).folder / PLACEHOLDER_OUTPUT,
+        output=_beside(store_location(checkpoint).folder),
         model=model,
         questions=questions,
         device=device,
