@@ -329,10 +329,11 @@ def open_job(
     started = time.monotonic()
     settings, release = checked_release(settings, preflight, progress=progress)
     manifest = job_manifest(settings, release, dtype, head_dir or release.path)
+    settings, slot = settings.with_locked_slot()  # a bucket store's cache folder: chosen and locked at once
     path = settings.checkpoint_path
     made_here = not existing and not path.exists()  # before the locks: a remote -o's is made inside it
     stop = stop or threading.Event()
-    with job_locks(settings.output, path) as lock:
+    with job_locks(settings.output, path, slot) as lock:
         if lock.took_over:
             progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
         opening = time.perf_counter()

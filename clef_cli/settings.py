@@ -30,11 +30,12 @@ from clef_cli.locations.uris import local_path, option_location
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
 from clef_cli.store.atomic import ensure_writable, ensure_writable_folder, is_character_device, is_stream
-from clef_cli.store.location import StoreLocation, remote_location
+from clef_cli.store.location import StoreLocation, lock_slot, remote_location
 from clef_cli.store.remote_output import UPLOADS
 
 if TYPE_CHECKING:
     from clef_cli.results import OutputCounts, RunCounts
+    from clef_cli.store.locks import JobLock
 
 ENGINES = ("hf", "vllm")
 MIN_CPU_KV_CACHE_GIB = 1
@@ -120,7 +121,8 @@ class ScoreSettings:
     confirm_restart: bool = False
     """--restart on a bucket store discards what every machine shares: refused without this."""
     store_folder: Path | None = None
-    """A bucket store's cache folder, chosen once by `validate` (a second job takes the next free one)."""
+    """A bucket store's cache folder: where `validate` expects it (the first free one), then the one
+    a job chose and locked (`with_locked_slot`: a second job takes the next free one)."""
     hidden_states: str = "keep"
     keep_below: float = 0.6
     """`selective`: keep the states of records whose confidence (as `clef review` orders) is below this."""
@@ -182,6 +184,21 @@ class ScoreSettings:
             location = remote_location(self.checkpoint, self.cache_dir)
             self.checkpoint, self.store_folder = location.uri, location.folder
         return StoreLocation(self.checkpoint_path, str(self.checkpoint) if self.store_folder is not None else None)
+
+    def with_locked_slot(self) -> tuple[ScoreSettings, JobLock | None]:
+        """A bucket store's cache folder chosen and locked in one step (one another job on this
+        machine holds is skipped: `lock_slot`), with these settings moved into it (a remote -o's
+        stage too); the lock is the caller's. A folder store: no lock (`job_locks` takes it)."""
+        location = self.store
+        if not location.remote:
+            return self, None
+        chosen, lock = lock_slot(location)
+        if chosen.folder == self.store_folder:
+            return self, lock
+        staged = self.upload is not None and self.store_folder is not None
+        staged = staged and self.output.is_relative_to(self.store_folder / UPLOADS)  # type: ignore[operator]
+        output = chosen.folder / UPLOADS / self.output.name if staged else self.output
+        return replace(self, store_folder=chosen.folder, output=output), lock
 
     def validate(self) -> None:
         self._validate_locations()

@@ -14,6 +14,7 @@ from clef_cli.cli.console import stdout
 from clef_cli.cli.examples import epilog
 from clef_cli.cli.options import local_location, read_location
 from clef_cli.cli.usage import ClefCommand
+from clef_cli.errors import ClefError
 from clef_cli.sizes import human_size, plural
 
 if TYPE_CHECKING:
@@ -103,16 +104,38 @@ def checkpoint_info(
     directory: StoreArgument,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     cache_dir: CacheDirOption = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="A store in a bucket: check that every object its manifest names is there at its size (a HEAD "
+            "request an object) and say which records a damaged store has lost (exit 1 when some are).",
+        ),
+    ] = False,
 ) -> None:
     """Show a checkpoint: its scoring fingerprint, keys, size, and the runs that used it."""
     from clef_cli.store.location import store_location
-    from clef_cli.store.opening import open_existing_store
+    from clef_cli.store.opening import open_existing_store, verify_store
 
-    checkpoint = open_existing_store(store_location(directory, cache_dir, "DIRECTORY"), locked=False)
+    location = store_location(directory, cache_dir, "DIRECTORY")
+    checkpoint = open_existing_store(location, locked=False)
     try:
         info = checkpoint.info()
+        if verify:
+            info["lost"] = verify_store(checkpoint)
     finally:
         checkpoint.close()
+    _print_info(info, as_json)
+    if info.get("lost"):
+        records = sum(item["records"] for item in info["lost"])
+        raise ClefError(
+            f"the store {location.uri or location.folder} has lost {plural(records, 'record')} in "
+            f"{plural(len(info['lost']), 'segment')}: `clef checkpoint repair` drops them from its manifest and the "
+            "next `clef score` that needs them computes them again"
+        )
+
+
+def _print_info(info: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
         return
@@ -146,6 +169,38 @@ def checkpoint_info(
     for key, value in sorted(info["settings"].items()):
         stdout.print(f"{key}: {_plain(value)}", markup=False)
     _print_runs(info["runs"])
+    for item in info.get("lost") or ():
+        stdout.print(
+            f"lost: segment {item['segment']} ({plural(item['records'], 'record')}): {item['why']}", markup=False
+        )
+
+
+@app.command("repair", cls=ClefCommand, epilog=epilog("checkpoint repair"))
+def checkpoint_repair(
+    directory: StoreArgument,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say which segments are dead; change nothing.")] = False,
+) -> None:
+    """A store in a bucket: drop the segments whose objects are missing or damaged, in one commit.
+
+    Each segment's keys and results objects are downloaded and checked against their names (the
+    store's keys and results bytes, no hidden states), its hidden-state objects by their sizes;
+    the dead ones leave the manifest in one commit under the store's claim (as a prune's). Their
+    records are computed again by the next `clef score` that needs them. A folder store is opened
+    as a job opens it (every file checked): its damaged shards are dropped.
+    """
+    from clef_cli.store.location import store_location
+    from clef_cli.store.opening import repair_store
+
+    lost, checked = repair_store(store_location(directory, None, option="checkpoint"), dry_run)
+    verb = "would drop" if dry_run else "dropped"
+    records = sum(item.records for item in lost)
+    stdout.print(
+        f"checked {plural(checked, 'segment')}: {verb} {plural(len(lost), 'dead segment')} "
+        f"({plural(records, 'record')} lost)",
+        markup=False,
+    )
+    for item in lost:
+        stdout.print(f"  {item.segment} ({plural(item.records, 'record')}): {item.why}", markup=False)
 
 
 @app.command("prune", cls=ClefCommand, epilog=epilog("checkpoint prune"))

@@ -62,6 +62,11 @@ RUNNABLE: dict[str, tuple[str, ...]] = {
         "clef checkpoint info posts.parquet.ckpt",
         "clef checkpoint info posts.parquet.ckpt --json",
     ),
+    "checkpoint repair": (
+        POSTS,
+        "clef checkpoint repair posts.parquet.ckpt --dry-run",
+        "clef checkpoint repair posts.parquet.ckpt",
+    ),
     "checkpoint prune": (
         POSTS,
         "clef checkpoint prune posts.parquet.ckpt --keep-runs 7 --dry-run",
@@ -76,6 +81,9 @@ AT_SCALE: dict[str, tuple[str, ...]] = {
     "compare": ('clef compare yesterday.parquet today.parquet --fail-above-psi 0.2 || echo "labels drifted"',),
     "checkpoint info": ("clef checkpoint info s3://bucket/clef-store/",),
     "checkpoint prune": ("clef checkpoint prune s3://bucket/clef-store/ --keep-runs 14",),
+    "checkpoint repair": (
+        "clef checkpoint info s3://bucket/clef-store/ --verify || clef checkpoint repair s3://bucket/clef-store/",
+    ),
 }
 
 

@@ -331,6 +331,11 @@ class Checkpoint:
                 shards.append(HiddenShardFile(path, entry.records, described["crc32"], fetch))
         return shards
 
+    def set_aside_damaged(self) -> bool:
+        """A store in a bucket checks the objects of the job's reused keys here (store/remote/store.py);
+        a folder's shards were checked when it opened. True: some were set aside, decide again."""
+        return False
+
     def local_file(self, entry: ShardEntry, kind: str) -> Path:
         """The shard's `kind` file (results, hidden), downloaded first when it is a remote part's."""
         path = self.shards_path / entry.files[kind]["name"]

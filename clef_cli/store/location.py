@@ -11,6 +11,7 @@ from pathlib import Path
 
 from clef_cli.errors import UsageError
 from clef_cli.locations.uris import is_object_uri, local_path
+from clef_cli.store.locks import SUFFIX, JobLock, LockedError
 from clef_cli.store.remote.layout import cache_folder, store_uri
 
 MAX_SLOTS = 16
@@ -45,14 +46,36 @@ def store_location(text: str | Path, cache_dir: Path | None = None, option: str 
 
 
 def remote_location(text: str, cache_dir: Path | None = None, option: str = "--checkpoint") -> StoreLocation:
-    """A bucket store and the first cache folder no running job on this machine holds (a second
-    job on the same store gets its own, so both write the store)."""
+    """A bucket store and the first cache folder no running job on this machine holds: where its
+    cache will likely be, for the checks before the store is opened. The folder a job uses is the
+    one `lock_slot` takes."""
     uri = store_uri(text, option)
     for slot in range(1, MAX_SLOTS + 1):
         folder = cache_folder(uri, cache_dir, slot)
-        if not _held(folder.with_name(folder.name + ".lock")):
+        if not _held(folder.with_name(folder.name + SUFFIX)):
             return StoreLocation(folder, uri, option)
     return StoreLocation(cache_folder(uri, cache_dir), uri, option)
+
+
+def lock_slot(location: StoreLocation) -> tuple[StoreLocation, JobLock]:
+    """A bucket store's cache folder chosen and locked in one step: the first whose lock this
+    process takes (one another job holds is skipped), so jobs started together on one machine each
+    get their own folder; the lock is the caller's to release (its folders go with it when they
+    end empty). All `MAX_SLOTS` held: the first one's `LockedError`, naming its holder."""
+    assert location.uri is not None
+    root = location.folder.parent.parent  # cache_folder: ROOT/stores/NAME
+    first: LockedError | None = None
+    for slot in range(1, MAX_SLOTS + 1):
+        folder = cache_folder(location.uri, root, slot)
+        lock = JobLock(folder.with_name(folder.name + SUFFIX), f"cache {folder}")
+        try:
+            lock.acquire()
+        except LockedError as held:
+            first = first or held
+            continue
+        return StoreLocation(folder, location.uri, location.option), lock
+    assert first is not None
+    raise first
 
 
 def _held(lock: Path) -> bool:

@@ -184,15 +184,20 @@ def abandon_held() -> None:
 
 
 @contextlib.contextmanager
-def job_locks(output: Path, checkpoint: Path) -> Iterator[JobLock]:
+def job_locks(output: Path, checkpoint: Path, held: JobLock | None = None) -> Iterator[JobLock]:
     """Hold a job's output and its checkpoint (a custom --checkpoint may be shared by several
     outputs, and an output written from several checkpoints); yields the output's lock. A
     character device (`-o /dev/null`) is not locked: nothing is made beside it, and jobs streaming
-    into it at once harm nothing."""
-    checkpoint_lock = JobLock(checkpoint.with_name(checkpoint.name + SUFFIX), f"checkpoint {checkpoint}")
-    if is_character_device(output):
-        with checkpoint_lock:
-            yield checkpoint_lock
-        return
-    with JobLock(output.with_name(output.name + SUFFIX), f"output {output}") as output_lock, checkpoint_lock:
-        yield output_lock
+    into it at once harm nothing. `held`: the checkpoint's lock, taken already (a bucket store's
+    cache folder, chosen and locked in one step: store/location.lock_slot); released here too,
+    also when the output's cannot be taken."""
+    with contextlib.ExitStack() as locks:
+        if held is not None:
+            locks.callback(held.release)
+        output_lock = None
+        if not is_character_device(output):
+            output_lock = locks.enter_context(JobLock(output.with_name(output.name + SUFFIX), f"output {output}"))
+        checkpoint_lock = held or locks.enter_context(
+            JobLock(checkpoint.with_name(checkpoint.name + SUFFIX), f"checkpoint {checkpoint}")
+        )
+        yield output_lock or checkpoint_lock

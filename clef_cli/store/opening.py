@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_cli.errors import UsageError
 from clef_cli.store.checkpoint import SHARDS, Checkpoint
 from clef_cli.store.location import StoreLocation
 from clef_cli.store.manifest import read_manifest
@@ -131,3 +132,61 @@ def prune_store(
         report = prune_bucket(location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600)
         report.cache = prune_caches(location.uri or "", cache_dir, dry_run)
     return report
+
+
+def verify_store(checkpoint: Checkpoint) -> list[dict[str, Any]]:
+    """`checkpoint info --verify`: a bucket store's segments with an object missing or not of its
+    size (HEAD requests), and those set aside as damaged when read; a folder's checkpoint checks
+    its files whenever it is opened (none)."""
+    from clef_cli.store.remote.damage import verify
+    from clef_cli.store.remote.manifests import store_problems
+
+    chain, latest = getattr(checkpoint, "chain", None), getattr(checkpoint, "latest", None)
+    if chain is None or latest is None:
+        return []
+    with store_problems(chain.uri):
+        lost = {item.segment: item for item in verify(chain, latest)}
+    named = {entry.name: entry.records for entry in checkpoint.dropped}
+    lost_list = [{"segment": item.segment, "records": item.records, "why": item.why} for item in lost.values()]
+    for segment, why in checkpoint.mark.set_aside.items():  # type: ignore[attr-defined]
+        if segment not in lost and segment in named:
+            lost_list.append({"segment": segment, "records": named[segment], "why": why})
+    return lost_list
+
+
+def repair_store(location: StoreLocation, dry_run: bool = False) -> tuple[list[Any], int]:
+    """`clef checkpoint repair`: a bucket store's dead segments dropped (store/remote/damage.py)."""
+    from clef_cli.store.remote.damage import Lost, repair
+
+    if not location.remote:  # opened as a job opens it: damaged shards dropped, the journal rewritten
+        from clef_cli.store.checkpoint import require_folder
+        from clef_cli.store.locks import SUFFIX, JobLock
+
+        folder = location.folder
+        require_folder(folder)
+        with JobLock(folder.with_name(folder.name + SUFFIX), f"checkpoint {folder}"):
+            manifest = read_manifest(folder)
+            if manifest is None:
+                raise UsageError(f"{folder} is not a clef checkpoint")
+            opened = Checkpoint.open_existing(folder) if dry_run else Checkpoint.open(folder, manifest)
+            opened.close()
+        lost = [Lost(entry.name, entry.records, "its files fail their checks") for entry in opened.dropped]
+        return lost, len(opened.entries) + len(lost)
+    from clef_cli.store.remote.manifests import store_problems
+
+    with store_problems(location.uri or "", location.option):
+        return repair(location.uri or "", dry_run)
+
+
+def unclaim_store(location: StoreLocation, confirm: bool) -> dict[str, Any] | None:
+    """`clef checkpoint unclaim`: break a bucket store's claim (store/remote/claims.py); the claim
+    broken, None when none was there. A folder store has none (its jobs hold its lock)."""
+    if not location.remote:
+        from clef_cli.errors import UsageError
+
+        raise UsageError(f"{location.folder} is a folder store: it has no claim (a running job holds its lock)")
+    from clef_cli.store.remote.claims import unclaim
+    from clef_cli.store.remote.manifests import store_problems
+
+    with store_problems(location.uri or "", location.option):
+        return unclaim(location.uri or "", confirm)

@@ -199,7 +199,7 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
 
     Raises `GateRefused` (with the report's numbers) when the gate fails and `force` is off. The
     checkpoint and HEAD_DIR are locked as a job's are, so no job writes them meanwhile."""
-    from clef_cli.store.location import store_location
+    from clef_cli.store.location import lock_slot, store_location
     from clef_cli.store.locks import job_locks
     from clef_cli.store.opening import open_existing_store
 
@@ -217,8 +217,10 @@ def train_head(settings: TrainHeadSettings, progress: TrainProgress | None = Non
             settings.device, settings.questions,
         )  # fmt: skip
         progress.stage(computed.describe())
-    location = store_location(settings.checkpoint)
-    with job_locks(settings.output, location.folder):
+    location, slot = store_location(settings.checkpoint), None
+    if location.remote:  # a bucket store's cache folder, chosen and locked in one step
+        location, slot = lock_slot(location)
+    with job_locks(settings.output, location.folder, slot):
         checkpoint = open_existing_store(location)
         try:
             return _train_head(settings, checkpoint, progress, computed)

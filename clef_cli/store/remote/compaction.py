@@ -26,8 +26,19 @@ import pyarrow.compute as pc
 
 from clef_cli import faults
 from clef_cli.errors import ClefError
+from clef_cli.locations.object_store import MissingObject
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line, new_claim
-from clef_cli.store.remote.segments import Packed, Segment, keys_object, read_keys, read_parts, segment_of
+from clef_cli.store.remote.segments import (
+    DamagedObject,
+    Packed,
+    Segment,
+    content_name,
+    keys_object,
+    named_by,
+    read_keys,
+    read_parts,
+    segment_of,
+)
 
 FANOUT = 8
 """Segments of one level that are merged into one of the next."""
@@ -118,15 +129,19 @@ def compact(chain: Chain, choose: Callable[[Manifest], list[Segment]] = due) -> 
 
 
 def merge(chain: Chain, segments: list[Segment]) -> Packed:
-    """One segment holding the parts of `segments`: keys merged, results joined, states named."""
+    """One segment holding the parts of `segments`: keys merged, results joined, states named.
+    Each object is checked against its name first: a segment with one missing or damaged is left
+    out, so the swap drops it (its records are computed again by the job that needs them)."""
     results, parts, rows = bytearray(), [], []
     with tempfile.TemporaryDirectory(prefix="clef-compact-") as folder:
         for segment in segments:
             keys_file = Path(folder) / f"{segment.id}.keys"
-            chain.bucket.download(chain.key(segment.keys), keys_file)
+            data = checked_objects(chain, segment, keys_file)
+            if data is None:
+                continue
             shift, offset = len(parts), len(results)
-            results += chain.bucket.get(chain.key(segment.results))
-            for part in read_parts(keys_file):
+            results += data
+            for part in read_parts(keys_file, chain.uri + segment.keys):
                 spot = (part.results[0] + offset, part.results[1], part.results[2])
                 parts.append(replace(part, results=spot))
             for batch in read_keys(keys_file):
@@ -137,6 +152,19 @@ def merge(chain: Chain, segments: list[Segment]) -> Packed:
     data = bytes(results)
     merged = segment_of(keys, data, parts, level=max(segment.level for segment in segments) + 1)
     return Packed(merged, keys, data, ())
+
+
+def checked_objects(chain: Chain, segment: Segment, keys_file: Path) -> bytes | None:
+    """The segment's keys object downloaded to `keys_file` and its results object's bytes, each
+    checked against its name; None when one is missing or damaged (the segment is dead)."""
+    try:
+        chain.bucket.download(chain.key(segment.keys), keys_file)
+        data = chain.bucket.get(chain.key(segment.results))
+        read_parts(keys_file, chain.uri + segment.keys)
+    except (MissingObject, DamagedObject):
+        return None
+    alike = named_by(keys_file, segment.keys) and content_name(data, "results") == segment.results
+    return data if alike else None
 
 
 def upload(chain: Chain, packed: Packed) -> None:

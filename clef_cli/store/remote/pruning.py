@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from clef_cli import faults
 from clef_cli.errors import UsageError
+from clef_cli.locations.object_store import MissingObject
 from clef_cli.sizes import plural
 from clef_cli.store.key_index import LOOKUP_CHUNK, counts_as_run
 from clef_cli.store.prune import PruneReport, check_limits, kept_run_seqs
@@ -36,9 +37,12 @@ from clef_cli.store.remote.layout import LATEST, RUNS, SEGMENTS, manifest_seq
 from clef_cli.store.remote.manifests import Chain, Manifest
 from clef_cli.store.remote.segments import (
     KEY_SCHEMA,
+    DamagedObject,
     Packed,
     Segment,
+    content_name,
     keys_object,
+    named_by,
     read_keys,
     read_parts,
     segment_of,
@@ -124,10 +128,17 @@ def _plan(
 def _filtered(
     chain: Chain, segment: Segment, kept: sqlite3.Connection, kept_runs: set[str], folder: Path
 ) -> tuple[Packed | None, int, int]:
-    """The segment without the keys no kept run used: (its rewrite or None when none stay, keys, dropped)."""
+    """The segment without the keys no kept run used: (its rewrite or None when none stay, keys,
+    dropped). Its objects are checked against their names as they are read: a dead segment (one
+    missing or damaged) is dropped whole, its records counted as dropped."""
     keys_file = folder / f"{segment.id}.keys"
-    chain.bucket.download(chain.key(segment.keys), keys_file)
-    parts = read_parts(keys_file)
+    try:
+        chain.bucket.download(chain.key(segment.keys), keys_file)
+        if not named_by(keys_file, segment.keys):
+            return None, segment.records, segment.records
+        parts = read_parts(keys_file, chain.uri + segment.keys)
+    except (MissingObject, DamagedObject):
+        return None, segment.records, segment.records
     runs_kept = pa.array([part.run in kept_runs for part in parts])
     pieces, total = [], 0
     for batch in read_keys(keys_file):
@@ -148,7 +159,12 @@ def _filtered(
     needed = sorted(set(remaining.column("part").to_pylist()))
     renumber = {old: new for new, old in enumerate(needed)}
     moved = pa.array([renumber[part] for part in remaining.column("part").to_pylist()], pa.uint32())
-    data = chain.bucket.get(chain.key(segment.results))
+    try:
+        data = chain.bucket.get(chain.key(segment.results))
+    except MissingObject:
+        return None, total, total
+    if content_name(data, "results") != segment.results:
+        return None, total, total
     results, new_parts = bytearray(), []
     for old in needed:
         part = parts[old]

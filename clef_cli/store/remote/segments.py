@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,10 +41,19 @@ BATCH_ROWS = 65536
 """Keys per record batch of a keys object: a reader holds one batch at a time."""
 NAME_LENGTH = 32
 """Hex characters of a content hash in an object's name (128 bits)."""
+SEGMENT_ID = re.compile(f"[0-9a-f]{{{NAME_LENGTH}}}")
+OBJECT_NAME = re.compile(f"{SEGMENTS}[0-9a-f]{{{NAME_LENGTH}}}\\.(results|hidden)")
+"""The names a manifest may give a segment's objects (anything else is a damaged or hostile manifest)."""
 
 
 class DamagedObject(ClefError):
-    """An object of the store does not match what its segment says of it."""
+    """An object of the store does not match what its segment says of it (missing, changed, cut
+    short or another's): `obj` names it, `segment` the segment set aside for it."""
+
+    def __init__(self, message: str, obj: str = "", segment: str = "") -> None:
+        super().__init__(message)
+        self.obj = obj
+        self.segment = segment
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,10 @@ class Segment:
 
     @classmethod
     def read(cls, segment_id: str, raw: dict[str, Any]) -> Segment:
+        """A manifest's entry; a name no writer gives (a path, a URI, another folder) is refused."""
+        names = [str(raw["results"]), *map(str, raw.get("hidden") or ())]
+        if not SEGMENT_ID.fullmatch(segment_id) or not all(OBJECT_NAME.fullmatch(name) for name in names):
+            raise ValueError(f"segment {segment_id[:80]!r} names objects no clef store writes")
         return cls(
             segment_id, int(raw["records"]), int(raw["keys_bytes"]), str(raw["results"]), int(raw["results_bytes"]),
             tuple(raw.get("hidden") or ()), int(raw.get("hidden_bytes", 0)), int(raw["parts"]),
@@ -131,6 +145,15 @@ class Packed:
 def content_name(data: bytes | str, suffix: str) -> str:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     return f"{SEGMENTS}{hashlib.sha256(raw).hexdigest()[:NAME_LENGTH]}.{suffix}"
+
+
+def named_by(path: Path, name: str) -> bool:
+    """Whether the downloaded file `path` holds the bytes `name` (a `content_name`) was made of."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+    return name.rsplit("/", 1)[-1].split(".", 1)[0] == digest.hexdigest()[:NAME_LENGTH]
 
 
 def segment_of(keys: bytes, results: bytes, parts: Sequence[Part], level: int = 0) -> Segment:
@@ -221,22 +244,28 @@ def _hidden_place(
     return (packed, *spot)
 
 
-def read_parts(keys_file: Path) -> list[Part]:
-    """The parts a downloaded keys object lists."""
-    with pa.memory_map(str(keys_file)) as source:
-        metadata = ipc.open_file(source).schema.metadata or {}
+def read_parts(keys_file: Path, where: str = "") -> list[Part]:
+    """The parts a downloaded keys object lists (`where`: the object, as a damage names it)."""
     try:
+        with pa.memory_map(str(keys_file)) as source:
+            reader = ipc.open_file(source)
+            if reader.schema.remove_metadata() != KEY_SCHEMA:
+                raise ValueError("not a keys object's columns")
+            metadata = reader.schema.metadata or {}
         return [Part.read(raw) for raw in json.loads(metadata[PARTS])]
-    except (KeyError, ValueError, TypeError, IndexError) as error:
-        raise DamagedObject(f"keys object {keys_file.name} has no readable parts ({error})") from None
+    except (KeyError, ValueError, TypeError, IndexError, pa.ArrowException) as error:
+        raise DamagedObject(f"{where or keys_file.name} is no keys object of a clef store ({error})", where) from None
 
 
-def read_keys(keys_file: Path) -> Iterator[pa.RecordBatch]:
+def read_keys(keys_file: Path, where: str = "") -> Iterator[pa.RecordBatch]:
     """A downloaded keys object, a batch at a time (memory-mapped: bounded memory however large)."""
-    with pa.memory_map(str(keys_file)) as source:
-        reader = ipc.open_file(source)
-        for number in range(reader.num_record_batches):
-            yield reader.get_batch(number)
+    try:
+        with pa.memory_map(str(keys_file)) as source:
+            reader = ipc.open_file(source)
+            for number in range(reader.num_record_batches):
+                yield reader.get_batch(number)
+    except pa.ArrowException as error:
+        raise DamagedObject(f"{where or keys_file.name} is no keys object of a clef store ({error})", where) from None
 
 
 def split_results(source: BinaryIO, parts: Sequence[Part], where: str) -> Iterator[bytes]:

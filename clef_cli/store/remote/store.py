@@ -19,7 +19,7 @@ from clef_cli.errors import ClefError, UsageError
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.checkpoint import Checkpoint, ShardEntry, discard
 from clef_cli.store.checkpoint_info import described
-from clef_cli.store.location import StoreLocation
+from clef_cli.store.location import StoreLocation, lock_slot
 from clef_cli.store.locks import JobLock
 from clef_cli.store.manifest import CheckpointMismatch, comparable, mismatch_message, read_manifest
 from clef_cli.store.remote.cache import Cache, Mark
@@ -58,14 +58,14 @@ class RemoteCheckpoint(Checkpoint):
         """Open the store for a job with this fingerprint (`manifest`), or only to read it
         (`manifest` None: the store must exist). `sync_every` None: a reader (no sync; the run it
         records, `--rehead`'s, is committed to the manifest when it closes);
-        `hold_lock`: take the cache folder's lock here (the caller holds none); `say`: where the
+        `hold_lock`: take a cache folder's lock here, the first free one (the caller holds none); `say`: where the
         lines about the syncs go (failures, the job's end waiting for a claim); `stop`: the job's
         stop event, set once the syncs have failed for `failure_limit` seconds (sync.py)."""
         assert location.uri is not None
+        held: JobLock | None = None
+        if hold_lock:  # chosen and locked in one step: a folder another job holds is skipped
+            location, held = lock_slot(location)
         folder = location.folder
-        held = JobLock(folder.with_name(folder.name + ".lock"), f"cache {folder}") if hold_lock else None
-        if held is not None:
-            held.acquire()
         try:
             chain = Chain(location.uri)
             latest = chain.latest()

@@ -272,6 +272,8 @@ class Syncer:
             if claim is not None:
                 raise Claimed(claim, self.chain.uri)
         segments = dict(base.segments) if base is not None else {}
+        for segment in self.mark.set_aside:  # found missing or damaged (cache.py): its records are computed again
+            segments.pop(segment, None)
         if packed is not None:
             segments[packed.segment.id] = packed.segment
         runs = dict(base.runs) if base is not None else {}
