@@ -164,8 +164,8 @@ def test_the_key_sent_is_the_key_tested(store):
     store is asked for is the normalised one; every other character is sent as written."""
     limits = MediaLimits(object_roots=(f"s3://{BUCKET}/media",))
     written = ["a/./b.png", "a//b.png", "x/../b.png", "b.png.", "a\\b.png", "%2e%2e/b.png", "．．/b.png",
-               " ../b.png", "..%2fother/x.png", "caf\u00e9.png", "cafe\u0301.png", "a\u2028b.png", "a\x85b.png",
-               "a;b+c~d.png"]  # fmt: skip
+               " ../b.png", "..%2fother/x.png", "caf\u00e9.png", "cafe\u0301.png", "a;b+c~d.png"]  # fmt: skip
+    # C1 controls and U+2028/U+2029 are refused (issue 57.6): tests/test_location_controls.py
     for entry in written:
         store.clear()
         read_entry(entry, f"s3://{BUCKET}/records/", limits)

@@ -108,6 +108,7 @@ def read_location(param: typer.CallbackParam, value: Any) -> Any:
 
 
 def _local(param: typer.CallbackParam, value: str) -> Path:
+    option_location(value, _option_name(param))  # a refusal names the option
     found = local_path(value)
     if found is None:
         raise UsageError(f"{_option_name(param)} takes a local path, not a URI: {shown(value)}")
@@ -146,6 +147,7 @@ def writable_location(param: typer.CallbackParam, value: str | None) -> Path | s
     query string); a local-filesystem URI is its path."""
     if value is None:
         return None
+    option_location(value, _option_name(param))  # a refusal names the option
     path = local_path(value)
     if path is None:
         return value

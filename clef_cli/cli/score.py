@@ -93,7 +93,7 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
-from clef_cli.locations.overlap import refuse_overlap
+from clef_cli.locations.overlap import refuse_inside_store, refuse_overlap
 from clef_cli.progress import Progress
 from clef_cli.settings import ScoreSettings
 
@@ -190,6 +190,9 @@ def score(
     refuse_impossible(ctx, ray, rehead, engine)
     settings = score_settings(ctx.params, limits)
     refuse_overlap("--stats-json", stats_json, settings.inputs)
+    refuse_inside_store("--stats-json", [stats_json], settings.checkpoint)
+    roots = [*settings.limits.media_roots, *settings.limits.object_roots]
+    refuse_inside_store("--media-root", roots, settings.checkpoint)
     progress = job_progress(quiet, log_every, dry_run)
     if dry_run:
         return show_plan(settings, progress)

@@ -118,6 +118,23 @@ def refuse_overlap(
             )
 
 
+def refuse_inside_store(option: str, locations: Iterable[str | Path | None], store: str | Path | None) -> None:
+    """A usage error (exit 2, one line) when a location a job reads or writes beside its store (a
+    media root, --stats-json) is the store's folder or prefix or lies inside it: the folder is the
+    store's own, and a bucket store's prune deletes the objects under it that no manifest names."""
+    if store is None or not str(store).strip():
+        return
+    for location in locations:
+        found = None if location is None else relation(store, location, folder=True)
+        if found in ("is", "holds"):
+            assert location is not None
+            where = "is" if found == "is" else "lies inside"
+            raise UsageError(
+                f"{option} {shown(str(location))} {where} the store --checkpoint {shown(str(store))}: the store's "
+                f"folder is its own (a prune deletes what it does not name); give {option} a location outside it"
+            )
+
+
 _HARM = {
     "is": "writing would replace it",
     "lies": "a later run would read it as input",

@@ -7,7 +7,8 @@ which could point the credentials at another endpoint) and the same text is then
 the roots (`is_under`, separator aware) and read.
 
 Every location string, a record's or an option's, first passes one check (`location_problem`):
-no control character (C0 or DEL), no lone surrogate, no credentials in it. What pyarrow's S3 client
+no control character (C0, DEL, C1, and the line and paragraph separators U+2028 and U+2029, which
+log viewers break lines at), no lone surrogate, no credentials in it. What pyarrow's S3 client
 (the AWS SDK for C++ over libcurl) sends was measured against an S3 server: it cuts each path
 segment at a NUL (the SDK URL-encodes a segment's C string) and libcurl then resolves `.` and `..`
 segments, so `media/..\\x00/media-private/x.png` was sent as `media-private/x.png`; every other
@@ -15,7 +16,10 @@ character (the rest of C0, DEL, backslash, `%`, `?`, `#`, spaces, trailing dots,
 percent-encoded and reaches the store as written, and pyarrow refuses an empty segment. So with
 control characters refused and `.`, `..` and empty segments resolved here, the string tested
 against the roots is the key the store is asked for. Credentials (`s3://KEY:SECRET@bucket`,
-`https://user:pass@host`) are refused and, in every message, masked (`shown`).
+`https://user:pass@host`) are refused and, in every message, masked (`shown`). A secret may hold a
+`/` (about half of AWS secret keys do) or an `@`, so the user info is not only what stands before
+the first `/` (RFC 3986): an authority whose head holds a `:` that is no port (a bucket never holds
+one) runs to the location's last `@`, and masking more than the secret is the safe mistake.
 """
 
 from __future__ import annotations
@@ -33,16 +37,23 @@ NOT_OBJECT_SCHEMES = ("http", "https", "data", *LOCAL_SCHEMES)
 are bytes, file:/local: are local paths."""
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _OBJECT_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)(/[^?#]*)?$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""C0, DEL, C1 (U+0085 ends a line to many log viewers, U+009B starts a terminal's escape) and the
+Unicode line and paragraph separators: refused in a location, escaped wherever text is shown."""
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
-_AUTHORITY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@")
-"""A location's user info: all of its authority before the last `@` (as pyarrow parses it)."""
-_USER_INFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)([^/?#\s'\"]*)@")
-"""User info in free text (a message quoting a location): up to its last `@` before the path, as
-`_AUTHORITY` (a secret may hold an `@`)."""
+_SCHEME_AT = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*)://")
+"""Where a URI starts, in a location or in free text (a message quoting one)."""
+_HEAD_END = {True: re.compile(r"[/?#]"), False: re.compile(r"[/?#\s'\"]")}
+"""Where an authority ends as RFC 3986 reads it: in a whole location, in free text."""
+_TEXT_END = re.compile(r"[\s'\"]")
+"""Where a location quoted in free text ends (a secret may hold `/`, `?`, `#` and `@`)."""
+_HOST_PORT = re.compile(r"(?:[^:@]*@)?(?:\[[^\]]*\]|[^:@\[\]]*)(?::\d*)?")
+"""An authority's head that is a host with a port (`host:8020`, `[::1]:80`, `user@host:8020`)."""
 CREDENTIAL_SCHEMES = ("s3", "s3a", "gs", "gcs", "http", "https")
 """Schemes whose user info is a credential (an access key, a user name): all of it is refused and
 masked. Elsewhere (`abfs://container@account...`, `hdfs://user@host`) only a password is."""
+BUCKET_SCHEMES = ("s3", "s3a", "gs", "gcs")
+"""Schemes whose authority is a bucket: no `:` stands in one, so any `:` there starts a secret."""
 CREDENTIALS = "a user name or password in a location is refused; put credentials in the environment"
 
 
@@ -64,8 +75,10 @@ def location_problem(text: str) -> str | None:
         return "a control character in a location is refused"
     if _SURROGATE.search(text):
         return "a lone surrogate (text that is not Unicode) in a location is refused"
-    if (match := _AUTHORITY.match(text)) is not None and _is_credential(match):
-        return CREDENTIALS
+    if (match := _SCHEME_AT.match(text)) is not None:
+        end = _user_info(text, match, whole=True)
+        if end is not None and _is_credential(match.group(1), text[match.end() : end]):
+            return CREDENTIALS
     return None
 
 
@@ -85,32 +98,67 @@ def option_location(location: str | Path, option: str) -> None:
         raise UsageError(f"{option} {shown(str(location))}: {problem}")
 
 
-def _is_credential(match: re.Match[str]) -> bool:
-    """Whether a (scheme, user info) match holds a credential (see `CREDENTIAL_SCHEMES`)."""
-    return match.group(1)[:-3].lower() in CREDENTIAL_SCHEMES or ":" in match.group(2)
+def _user_info(text: str, scheme: re.Match[str], whole: bool) -> int | None:
+    """Where the user info of the URI `scheme` starts ends (the index of its `@`), or None: the last
+    `@` before the path, or, when the authority's head holds a `:` that is no port, the last `@` of
+    the location (a secret may hold `/`: `s3://KEY:se/cret@bucket/a.png`). `whole`: `text` is one
+    location (else it ends at a space or a quote)."""
+    start = scheme.end()
+    end = len(text) if whole else _first(_TEXT_END, text, start, len(text))
+    head_end = _first(_HEAD_END[whole], text, start, end)
+    head = text[start:head_end]
+    if ":" in head and (scheme.group(1).lower() in BUCKET_SCHEMES or not _HOST_PORT.fullmatch(head)):
+        at = text.rfind("@", start, end)
+        if at >= head_end:
+            return at
+    at = text.rfind("@", start, head_end)
+    return at if at >= 0 else None
+
+
+def _first(pattern: re.Pattern[str], text: str, start: int, end: int) -> int:
+    found = pattern.search(text, start, end)
+    return end if found is None else found.start()
+
+
+def _is_credential(scheme: str, info: str) -> bool:
+    """Whether a scheme's user info holds a credential (see `CREDENTIAL_SCHEMES`)."""
+    return scheme.lower() in CREDENTIAL_SCHEMES or ":" in info
 
 
 def masked(text: str) -> str:
     """`text` with every credential in a URI masked (`s3://***@bucket/...`,
-    `abfs://container:***@account...`): what any message, error cell or log may say."""
-    return _USER_INFO.sub(_mask, _AUTHORITY.sub(_mask, text, count=1))
+    `abfs://container:***@account...`): what any message, error cell or log may say. A text that
+    starts with a URI is read as one location (a secret may then hold a space)."""
+    pieces, done = [], 0
+    for scheme in _SCHEME_AT.finditer(text):
+        if scheme.start() < done:
+            continue
+        end = _user_info(text, scheme, whole=scheme.start() == 0)
+        info = "" if end is None else text[scheme.end() : end]
+        if end is None or not _is_credential(scheme.group(1), info):
+            continue
+        kept = "" if scheme.group(1).lower() in CREDENTIAL_SCHEMES else info.partition(":")[0] + ":"
+        pieces += [text[done : scheme.end()], kept, "***"]
+        done = end
+    return "".join(pieces) + text[done:]
+
+
+def escaped(text: str) -> str:
+    """`text` with control characters (`_CONTROL`) and lone surrogates escaped (`\\x85`,
+    `\\u2028`): one line that can neither hide nor forge another, in a message, a cell or a log."""
+    found = _CONTROL.sub(lambda match: _escape(match.group()), text)
+    return _SURROGATE.sub(lambda match: _escape(match.group()), found)
+
+
+def _escape(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def shown(text: str) -> str:
     """A location as messages name it: `masked`, and control characters and lone surrogates
-    escaped (`\\x00`), so nothing a record wrote can hide or forge a line."""
-    found = _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", masked(text))
-    return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", found)
-
-
-def _mask(match: re.Match[str]) -> str:
-    scheme, info = match.group(1), match.group(2)
-    if not _is_credential(match):
-        return match.group()
-    if scheme[:-3].lower() in CREDENTIAL_SCHEMES:
-        return f"{scheme}***@"
-    user, _, _ = info.partition(":")
-    return f"{scheme}{user}:***@"
+    escaped (`escaped`), so nothing a record wrote can hide or forge a line."""
+    return escaped(masked(text))
 
 
 def is_uri(location: str | Path) -> bool:
