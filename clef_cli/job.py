@@ -107,6 +107,8 @@ def job_ledger(
     stats = MediaStats(checkpoint.index, writable=not dry_run, trusted=not settings.verify_media)
     media = MediaHasher(settings.limits, stats=stats)
     ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
+    if not dry_run and checkpoint.set_aside_damaged():  # a bucket object found damaged: its records run again
+        ledger._decide(len(ledger.to_run), needs_hidden)
     checkpoint.ledger = ledger
     return ledger
 

@@ -24,9 +24,11 @@ from clef_cli.store.locks import JobLock
 from clef_cli.store.manifest import CheckpointMismatch, comparable, mismatch_message, read_manifest
 from clef_cli.store.remote.cache import Cache, Mark
 from clef_cli.store.remote.compaction import compact, due
+from clef_cli.store.remote.damage import set_aside_entries
 from clef_cli.store.remote.last_users import last_users
 from clef_cli.store.remote.layout import FOLDERS, PROBE, own_name
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
+from clef_cli.store.remote.segments import DamagedObject
 from clef_cli.store.remote.sync import DEFAULT_EVERY, DEFAULT_FAILURE_LIMIT, Syncer
 
 SHOWN_STRANGERS = 3
@@ -86,6 +88,7 @@ class RemoteCheckpoint(Checkpoint):
             checkpoint.latest = latest
             checkpoint.mark = Mark.load(folder, location.uri)
             cache.refresh(checkpoint, latest, checkpoint.mark)
+            checkpoint.dropped += set_aside_entries(latest, checkpoint.mark.set_aside)  # computed again
             checkpoint._names.floor = checkpoint.mark.synced_through  # new shards are numbered after the synced
         except BaseException:
             if held is not None:
@@ -153,6 +156,29 @@ class RemoteCheckpoint(Checkpoint):
             self, with_states, sum(sizes.values()), sizes, last_users(self), cache=str(self.path),
             segments=len(latest.segments) if latest else 0, manifest=latest.seq if latest else 0,
         )  # fmt: skip
+
+    def set_aside_damaged(self) -> bool:
+        """Before the job computes: the results of the parts that hold its reused keys, downloaded
+        now (its output reads them anyway) and checked; a segment found missing or damaged is set
+        aside and its parts forgotten, so this run computes its records (True: decide again)."""
+        assert self.index is not None
+        with self.index.lock:
+            query = "SELECT DISTINCT shard FROM keys WHERE key IN (SELECT key FROM temp.job)"
+            shards = {row[0] for row in self.index.db.execute(query)}
+        firsts: dict[str, ShardEntry] = {}
+        for entry in self.entries:
+            if entry.remote is not None and entry.name in shards:
+                firsts.setdefault(entry.remote["segment"], entry)
+        bad = {}
+        for segment, entry in firsts.items():
+            try:
+                self.local_file(entry, "results")
+            except DamagedObject as damage:
+                bad[segment] = str(damage)
+        if bad:
+            self.cache.forget_segments(self, set(bad))
+            self.dropped += set_aside_entries(self.latest, bad)
+        return bool(bad)
 
     def _failed_rows(self, entry: ShardEntry) -> set[int]:
         """A shard's rows that are failed records': a part's list them; the cache's own shards
