@@ -82,6 +82,10 @@ class Syncer:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.sent_run: dict[str, Any] | None = None
+        """This run's record as the last committed manifest has it (None: not in the store yet)."""
+        self.keys_object: str | None = None
+        """This run's `runs/RUN.keys` once put: never put again (a turn that meets a claim or a
+        failing bucket after it sends the manifest only)."""
         self.thread: threading.Thread | None = None
         self.synced = 0
         """Syncs of this run that committed a manifest."""
@@ -176,17 +180,17 @@ class Syncer:
                 raise ClefError(self._kept(f"the syncs failed for {self.failure_limit:g} s ({self.last_error})"))
             return
         try:
-            self._final()
+            self._final(failed=quiet)
         except (ClefError, LocationProblem, OSError) as error:
             self.failures += 1
             if not quiet:
                 raise ClefError(self._kept(error)) from None
 
-    def _final(self) -> None:
+    def _final(self, failed: bool = False) -> None:
         said = False
         while True:
             try:
-                self.sync(final=True)
+                self.sync(final=True, failed=failed)
                 return
             except Claimed as claimed:
                 if self.say is not None and not said:
@@ -217,18 +221,24 @@ class Syncer:
             if entry.remote is None and entry.name.isdigit() and int(entry.name) > through
         ]
 
-    def sync(self, final: bool = False) -> Manifest | None:
+    def sync(self, final: bool = False, failed: bool = False) -> Manifest | None:
         """Upload the new shards as a segment and commit a manifest naming it (and this run's
-        record, at the end with the keys it used). Nothing to send: nothing done."""
+        record, at the end with the keys it used). Nothing to send: nothing done. A run's record
+        first goes with its first segment or at its end (`final`), never at the end of a job that
+        `failed` first: a job refused before its first record puts nothing in the bucket."""
         with self.lock:
             if self.mark.pending:  # the last commit failed, perhaps after its manifest went through
                 self.mark.settle(self.chain.latest())
                 self.mark.save(self.checkpoint.path)
             fresh = self._fresh()
+            if not fresh and self.sent_run is None and (failed or not final):
+                return None
             run = self._run_record()
             if not fresh and run is None:
                 return None
             self._wait_for_claim()
+            if run is not None and run["keys"] is not None and self.keys_object is None:
+                self.keys_object = self._upload_used_keys()  # once: a retried turn names the same object
             packed = pack(fresh, self.checkpoint.shards_path) if fresh else None
             if packed is not None:
                 self._upload(packed)
@@ -293,9 +303,10 @@ class Syncer:
     # ------------------------------------------------------------------ the run's record
 
     def _run_record(self) -> dict[str, Any] | None:
-        """This run's record as the manifest keeps it, when it changed since the last sync; the
-        first carries the keys the run's records have (uploaded once: `prune --keep-runs` keeps
-        what a kept run used, and a killed run's record has them too)."""
+        """This run's record as the manifest keeps it, when it changed since the last sync; once
+        the ledger is built it names `runs/RUN.keys`, the keys the run's records have (`sync` puts
+        it once: `prune --keep-runs` keeps what a kept run used, and a killed run's record has
+        them too)."""
         index = self.checkpoint.index
         if index is None:
             return None
@@ -305,9 +316,9 @@ class Syncer:
         fields = ("started", "finished", "counts", "inputs", "output", "interrupted")
         run = {name: found[0][name] for name in fields}
         sent = self.sent_run or {}
-        run["keys"] = sent.get("keys")
-        if run["keys"] is None and self.checkpoint.ledger is not None:  # the ledger is built: its keys, once
-            run["keys"] = self._upload_used_keys()
+        run["keys"] = self.keys_object
+        if run["keys"] is None and self.checkpoint.ledger is not None:  # the ledger is built: its keys
+            run["keys"] = self._keys_name()
         if self.sent_run is not None and all(sent.get(name) == run.get(name) for name in (*fields, "keys")):
             return None
         return run
@@ -318,7 +329,7 @@ class Syncer:
         records holds one batch of keys in memory, never the night's."""
         index = self.checkpoint.index
         assert index is not None
-        name = f"{RUNS}{self.checkpoint.run_id}.keys"
+        name = self._keys_name()
         path = self.checkpoint.path / f".{self.checkpoint.run_id}.keys.tmp"
         schema = pa.schema([("key", pa.binary(32))])
         try:
@@ -331,6 +342,9 @@ class Syncer:
         finally:
             durable.unlink(path)
         return name
+
+    def _keys_name(self) -> str:
+        return f"{RUNS}{self.checkpoint.run_id}.keys"
 
 
 def _chunks(packed: Packed):  # type: ignore[no-untyped-def]
