@@ -204,3 +204,22 @@ def test_ray_byte_ranges_read_past_a_long_line_and_keep_the_records_places(tmp_p
     assert [row["record_index"] for row in rows] == [0, 1, 2, 3]
     assert rows[1]["payload"] is None and "r.jsonl line 2: a line of" in rows[1]["problem"]
     assert [row["problem"] for row in rows if row["record_index"] != 1] == [None, None, None]
+
+
+def test_a_line_over_the_limit_is_read_past_a_piece_at_a_time_never_whole():
+    """The rest of an oversize line comes in pieces of `PIECE_BYTES` at most (a 3.5-piece line
+    here), its size counted whole, and the next line is read as it is."""
+    from clef_cli.inputs.record_size import PIECE_BYTES
+
+    class Counted(io.BytesIO):
+        largest = 0
+
+        def readline(self, size=-1):
+            line = super().readline(size)
+            Counted.largest = max(Counted.largest, len(line))
+            return line
+
+    line = b"x" * (PIECE_BYTES * 7 // 2) + b"\n"
+    found = list(bounded_lines(Counted(line + b"next\n"), 100))
+    assert found == [Oversize(len(line)), b"next\n"]
+    assert Counted.largest <= PIECE_BYTES
