@@ -356,7 +356,7 @@ def open_job(
                 progress.note(f"{what} will be computed again")
             checkpoint.begin_run(settings.inputs, settings.destination)  # a remote -o: its URI, not its stage
             settings, spool = with_remote_spool(settings, checkpoint.path)
-            progress.note("keying the records")
+            progress.phase("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"
             keying = time.perf_counter()
             ledger = job_ledger(settings, release, checkpoint, needs_hidden)

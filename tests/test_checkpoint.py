@@ -385,7 +385,7 @@ def test_rehead_without_model_uses_the_checkpoints_and_counts_only_the_jobs_toke
     tokens = sum(row["prompt_tokens"] for row in rows(reheaded))
     assert [row["id"] for row in rows(reheaded)] == [f"r{i:03d}" for i in range(5)]
     assert json.loads(stats.read_text())["tokens"] == tokens
-    assert f"{tokens:,} tokens in" in result.stderr
+    assert f"{tokens:,} prompt tokens in" in result.stderr
 
 
 def test_rehead_at_a_file_or_an_empty_folder_is_a_usage_error_naming_rehead(job, tmp_path):

@@ -88,9 +88,9 @@ def _stderr_line(line: str) -> None:
 
 
 class LineProgress(Progress):
-    """Plain lines (no ANSI, no redraw): a line when scoring starts, each note and phase as it
-    comes, and from a timer a progress line every `every` seconds, whether or not a record
-    finished (a hung batch says for how long none did)."""
+    """Plain lines (no ANSI, no redraw): a line when scoring starts, each note as it comes, and
+    from a timer a progress line every `every` seconds, whether or not a record finished (a hung
+    batch says for how long none did)."""
 
     def __init__(
         self,
@@ -149,9 +149,9 @@ class LineProgress(Progress):
             self.counts.syncs, self.counts.failing = done, failing
 
     def phase(self, description: str | None) -> None:
+        """A phase is named by the timer's line (`keying the records: 40 s so far`), not at once:
+        a job refused in its first second reads as its one error line."""
         self._doing(description)
-        if description:
-            self.write(description)
 
     def note(self, message: str) -> None:
         self._doing(message)
