@@ -84,6 +84,13 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
+def put_two_records(client, bucket: str, questions: dict) -> None:
+    """`in/records.jsonl` (records a and b) and `in/a.png` in `bucket`, put straight to the server."""
+    records = "".join(json.dumps({"id": n, "state": "x", "questions": questions}) + "\n" for n in "ab")
+    client.put_object(Bucket=bucket, Key="in/records.jsonl", Body=records)
+    client.put_object(Bucket=bucket, Key="in/a.png", Body=(MEDIA / "image_a.png").read_bytes())
+
+
 def require(module: str):
     """An optional test dependency's module, or a skip where it is not installed; in CI (`CI=true`)
     a missing one is a failure, so a broken install cannot pass as skipped tests."""

@@ -8,7 +8,6 @@ refused before the model loads."""
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 import time
@@ -21,7 +20,7 @@ from clef_cli.locations import buckets, object_store
 from clef_cli.locations.failures import DENIED, NO_BUCKET, NO_CREDENTIALS, SILENT, UNREACHABLE, words_of
 from clef_cli.locations.uris import LocationProblem
 
-from .helpers import MEDIA, TINY_MODEL, write_jsonl
+from .helpers import TINY_MODEL, put_two_records, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-bucket-errors"
@@ -34,9 +33,7 @@ INTERNAL = ("latest.json", "manifests/", ".clef-probe-", "<?xml", "<Error>", "<C
 @pytest.fixture
 def s3(store_bucket, proxy):
     client = store_bucket
-    records = "".join(json.dumps({"id": n, "state": "x", "questions": QUESTIONS}) + "\n" for n in "ab")
-    client.put_object(Bucket=BUCKET, Key="in/records.jsonl", Body=records)
-    client.put_object(Bucket=BUCKET, Key="in/a.png", Body=(MEDIA / "image_a.png").read_bytes())
+    put_two_records(client, BUCKET, QUESTIONS)
     proxy.failure_status, proxy.failure_code = 503, "SlowDown"
     object_store.forget()
     yield client

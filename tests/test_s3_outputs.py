@@ -4,7 +4,6 @@ S3 server behind the counting proxy; every run here is refused before the model 
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
@@ -13,7 +12,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.locations import buckets, object_store
 
-from .helpers import MEDIA, TINY_MODEL, write_jsonl
+from .helpers import TINY_MODEL, put_two_records, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-outputs"
@@ -25,9 +24,7 @@ COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-sta
 def s3(store_bucket, proxy):
     """store_bucket holding two records and an image (put straight to the server: no proxy count)."""
     client = store_bucket
-    records = "".join(json.dumps({"id": n, "state": "x", "questions": QUESTIONS}) + "\n" for n in "ab")
-    client.put_object(Bucket=BUCKET, Key="in/records.jsonl", Body=records)
-    client.put_object(Bucket=BUCKET, Key="in/a.png", Body=(MEDIA / "image_a.png").read_bytes())
+    put_two_records(client, BUCKET, QUESTIONS)
     proxy.failure_status, proxy.failure_code = 503, "SlowDown"
     object_store.forget()
     return client
