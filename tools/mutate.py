@@ -3,8 +3,10 @@
     python tools/mutate.py clef_cli/inputs/columns.py clef_cli/inputs/listing.py
     python tools/mutate.py --changed main              # every clef_cli module changed since main
     python tools/mutate.py clef_cli/store/x.py --tests tests/test_store.py
+    python tools/mutate.py clef_cli/store/remote/segments.py --tests tests/test_store_in_memory.py --only
 
-A module's tests are the test files that import it (by its dotted name), plus any `--tests`.
+A module's tests are the test files that import it (by its dotted name), plus any `--tests`
+(`--only`: the `--tests` alone, e.g. store/remote/'s in-process tests without the moto ones).
 mutmut runs in a scratch copy of the working tree (it writes its `mutants/` folder beside the
 code), the static settings from pyproject.toml's [tool.mutmut] and the modules and tests given
 here, under `nice`, one mutant at a time by default (`--max-children`); a test's subprocesses
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", type=Path, help="clef_cli/... .py files to mutate")
     parser.add_argument("--changed", metavar="REF", help="also every clef_cli module changed since REF (git diff)")
     parser.add_argument("--tests", nargs="*", default=[], help="more test files to run against the mutants")
+    parser.add_argument("--only", action="store_true", help="run only the --tests, not the files importing the modules")
     parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "clef-mutate")
     args = parser.parse_args(argv)
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     modules = sorted({Path(module).resolve().relative_to(ROOT) for module in modules})
     if not modules:
         parser.error("name the modules to mutate, or --changed REF")
-    tests = sorted({*args.tests, *(test for module in modules for test in tests_for(module))})
+    found = [] if args.only else [test for module in modules for test in tests_for(module)]
+    tests = sorted({*args.tests, *found})
     if not tests:
         parser.error("no test file imports these modules: name them with --tests")
     print(f"mutating {len(modules)} module(s) against {len(tests)} test file(s): {' '.join(tests)}", flush=True)

@@ -143,12 +143,13 @@ def _make_store(root: str, quick: bool, upload: bool = False) -> Any:
 
 
 class Bucket:
-    """One bucket's client: `uri` names objects inside it (`s3://bucket/key`)."""
+    """One bucket's client: `uri` names objects inside it (`s3://bucket/key`). `store`: an obstore
+    store to use instead of one built from the environment (`serve_from`)."""
 
-    def __init__(self, root: str, quick: bool = False) -> None:
+    def __init__(self, root: str, quick: bool = False, store: Any = None) -> None:
         self.root = root
-        self.store = _make_store(root, quick)
-        self.uploads = _make_store(root, quick, upload=True)
+        self.store = _make_store(root, quick) if store is None else store
+        self.uploads = _make_store(root, quick, upload=True) if store is None else store
         """The same without the read timeout: puts of files, streams and large bodies."""
 
     def key(self, uri: str) -> str:
@@ -261,6 +262,20 @@ def _info(meta: Any) -> ObjectInfo:
 
 _buckets: dict[tuple[str, bool], Bucket] = {}
 _lock = threading.Lock()
+_served: dict[str, Bucket] = {}
+"""Buckets served from a store a caller gave (`serve_from`), by root (`s3://name`)."""
+
+
+def serve_from(root: str, store: Any | None) -> None:
+    """Serve the bucket `root` (`s3://name`) from `store`, an obstore store the caller built (a
+    test's `obstore.store.MemoryStore`: the store's logic tried in process, no server), until
+    `serve_from(root, None)`; `forget` leaves it. Reached only by a call from Python: no location
+    a user writes names a store of this kind."""
+    with _lock:
+        if store is None:
+            _served.pop(root, None)
+        else:
+            _served[root] = Bucket(root, store=store)
 
 
 def bucket(uri: str, quick: bool = False) -> Bucket:
@@ -271,7 +286,7 @@ def bucket(uri: str, quick: bool = False) -> Bucket:
     if scheme not in SCHEMES:
         raise LocationProblem(f"{uri}: clef's store reaches {', '.join(SCHEMES)} URIs, not {scheme}://")
     with _lock:
-        found = _buckets.get((root, quick))
+        found = _served.get(root) or _buckets.get((root, quick))
     if found is None:
         found = Bucket(root, quick)
         with _lock:
