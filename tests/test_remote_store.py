@@ -132,13 +132,12 @@ def killed_at(monkeypatch, point: str) -> None:
 
 
 def end_the_lease() -> None:
-    """The store's claim reaches the end of its lease now: its `until` moved into the past, which
-    is all the clock would change (tests set a long lease and end it here, never wait for it, so a
-    loaded machine cannot end it early)."""
-    import time
+    """The store's claim reaches the end of its lease now: its lease made 0 (a claim ends a lease
+    after its manifest's Last-Modified, by the bucket's clock; tests set a long lease and end it
+    here, never wait for it, so a loaded machine cannot end it early)."""
 
     def ended(base):
-        return replace(base, claim=base.claim and base.claim | {"until": time.time() - 1})
+        return replace(base, claim=base.claim and base.claim | {"lease": 0})
 
     manifests.Chain(STORE).commit(ended, fresh=True)
     manifests.forget()
@@ -258,12 +257,12 @@ def test_prune_keeps_what_the_kept_runs_used_and_deletes_orphans_after_the_grace
         orphan.sync()
     abandon(orphan)
     before = set(objects(s3))
-    dry = prune_bucket(STORE, keep_runs=1, dry_run=True, grace_seconds=0)
+    dry = prune_bucket(STORE, keep_runs=1, dry_run=True, grace_seconds=0, no_running_jobs=True)
     assert (dry.keys_dropped, dry.objects_deleted) == (10, 2) and set(objects(s3)) == before  # the orphan's 2
     kept = prune_bucket(STORE, keep_runs=1, grace_seconds=3600)
     assert kept.keys_dropped == 10 and kept.objects_deleted == 0  # nothing is old enough yet
     assert set(objects(s3)) > before  # the rewritten segment beside what it replaces, for now
-    swept = prune_bucket(STORE, keep_runs=1, grace_seconds=0)
+    swept = prune_bucket(STORE, keep_runs=1, grace_seconds=0, no_running_jobs=True)
     # the orphan's two and the replaced keys object (the kept part's results are the same bytes, the same name)
     assert swept.keys_dropped == 0 and swept.objects_deleted == 3
     with fresh_machine(STORE, tmp_path / "d") as reader:
@@ -316,12 +315,12 @@ def test_a_prune_killed_anywhere_loses_no_kept_key_and_the_next_one_finishes(s3,
     second.close()
     with monkeypatch.context() as patched, pytest.raises(Killed):
         killed_at(patched, point)
-        prune_bucket(STORE, keep_runs=1, grace_seconds=0)
+        prune_bucket(STORE, keep_runs=1, grace_seconds=0, no_running_jobs=True)
     with fresh_machine(STORE, tmp_path / "c") as reader:
         kept = stored_keys(reader)
         assert {key_of(n) for n in range(10, 40)} <= kept  # nothing kept is lost; 0-9 may still be there
     end_the_lease()
-    prune_bucket(STORE, keep_runs=1, grace_seconds=0)
+    prune_bucket(STORE, keep_runs=1, grace_seconds=0, no_running_jobs=True)
     with fresh_machine(STORE, tmp_path / "d") as reader:
         assert stored_keys(reader) == {key_of(n) for n in range(10, 40)}
         named = {f"nightly/{name}" for segment in reader.chain.known.segments.values() for name in segment.objects()}

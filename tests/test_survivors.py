@@ -137,9 +137,9 @@ def test_prunes_grace_period_is_in_hours(s3, tmp_path):
     orphan = f"nightly/segments/{'0' * 16}.results"
     s3.put_object(Bucket=BUCKET, Key=orphan, Body=b"left by a killed writer")
     location = machine(STORE, tmp_path / "p")
-    kept = prune_store(location, keep_runs=1, grace_hours=0.01)
+    kept = prune_store(location, keep_runs=1, grace_hours=0.01, no_running_jobs=True)
     assert kept.objects_deleted == 0 and orphan in bucket_objects(s3)
-    swept = prune_store(location, keep_runs=1, grace_hours=0)
+    swept = prune_store(location, keep_runs=1, grace_hours=0, no_running_jobs=True)
     assert swept.objects_deleted == 1 and orphan not in bucket_objects(s3)
 
 

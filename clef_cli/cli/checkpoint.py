@@ -234,6 +234,14 @@ def checkpoint_prune(
         ),
     ] = 24.0,
     cache_dir: CacheDirOption = None,
+    no_running_jobs: Annotated[
+        bool,
+        typer.Option(
+            "--no-running-jobs",
+            help="A store in a bucket: no job writes to it while this prune runs (an offline store), so "
+            "--grace-hours may be under its floor (a claim's lease plus a commit's patience, 0.42 h by default).",
+        ),
+    ] = False,
 ) -> None:
     """Drop the keys (results and hidden states) that no recent run used; crash-safe.
 
@@ -246,7 +254,7 @@ def checkpoint_prune(
     from clef_cli.store.opening import prune_store
 
     location = store_location(directory, cache_dir, option="checkpoint")
-    report = prune_store(location, keep_runs, older_than, force, dry_run, grace_hours, cache_dir)
+    report = prune_store(location, keep_runs, older_than, force, dry_run, grace_hours, cache_dir, no_running_jobs)
     stdout.print(prune_summary(report), markup=False)
     if location.remote:
         verb = "would delete" if report.dry_run else "deleted"
@@ -256,6 +264,35 @@ def checkpoint_prune(
     if report.dry_run and report.drops_every_key:
         then = "--force drops them all" if force else "this prune is refused unless --force"
         stdout.print(f"that is every key: without --dry-run, {then}", markup=False)
+
+
+@app.command("unclaim", cls=ClefCommand, epilog=epilog("checkpoint unclaim"))
+def checkpoint_unclaim(
+    directory: StoreArgument,
+    confirm: Annotated[
+        bool, typer.Option("--confirm", help="Break the claim (refused without it, naming whose it is).")
+    ] = False,
+) -> None:
+    """A store in a bucket: break the claim a prune or a compaction left on it, and say whose it was.
+
+    A claim ends by itself a lease (CLEF_CLAIM_LEASE_SECONDS, 15 minutes) after it was taken, by
+    the bucket's clock; this is for one whose holder is gone. A holder that still runs commits
+    nothing once its claim is broken (its work is lost, never the store's). A folder store has no
+    claim: its jobs hold its lock.
+    """
+    from clef_cli.store.location import store_location
+    from clef_cli.store.opening import unclaim_store
+    from clef_cli.store.remote.claims import claim_said
+
+    location = store_location(directory, None, option="checkpoint")
+    if not location.remote:
+        said = f"{location.folder} is a folder store: it has no claim (a running job holds its lock)"
+        stdout.print(said, markup=False)
+        return
+    claim = unclaim_store(location, confirm)
+    where = location.uri or directory
+    said = f"broke {claim_said(claim, where)}" if claim is not None else f"no claim on {where}: nothing to break"
+    stdout.print(said, markup=False)
 
 
 def prune_summary(report: PruneReport) -> str:

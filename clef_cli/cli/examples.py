@@ -72,6 +72,7 @@ RUNNABLE: dict[str, tuple[str, ...]] = {
         "clef checkpoint prune posts.parquet.ckpt --keep-runs 7 --dry-run",
         "clef checkpoint prune posts.parquet.ckpt --keep-runs 7 --older-than 30",
     ),
+    "checkpoint unclaim": (POSTS, "clef checkpoint unclaim posts.parquet.ckpt"),
 }
 AT_SCALE: dict[str, tuple[str, ...]] = {
     "score": (
@@ -81,6 +82,7 @@ AT_SCALE: dict[str, tuple[str, ...]] = {
     "compare": ('clef compare yesterday.parquet today.parquet --fail-above-psi 0.2 || echo "labels drifted"',),
     "checkpoint info": ("clef checkpoint info s3://bucket/clef-store/",),
     "checkpoint prune": ("clef checkpoint prune s3://bucket/clef-store/ --keep-runs 14",),
+    "checkpoint unclaim": ("clef checkpoint unclaim s3://bucket/clef-store/ --confirm",),
     "checkpoint repair": (
         "clef checkpoint info s3://bucket/clef-store/ --verify || clef checkpoint repair s3://bucket/clef-store/",
     ),

@@ -116,10 +116,12 @@ def prune_store(
     dry_run: bool = False,
     grace_hours: float = 24.0,
     cache_dir: Path | None = None,
+    no_running_jobs: bool = False,
 ) -> PruneReport:
     """`clef checkpoint prune` on a folder (store/prune.py) or a bucket (store/remote/pruning.py:
-    objects no manifest names are deleted once older than `grace_hours`; then this machine's
-    cache folders of the store, under `cache_dir`, are pruned to match: remote/cache_prune.py)."""
+    objects no manifest names are deleted once older than `grace_hours`, at least a claim's lease
+    plus a commit's patience unless `no_running_jobs`; then this machine's cache folders of the
+    store, under `cache_dir`, are pruned to match: remote/cache_prune.py)."""
     if not location.remote:
         from clef_cli.store.prune import prune
 
@@ -129,7 +131,9 @@ def prune_store(
     from clef_cli.store.remote.pruning import prune_bucket
 
     with store_problems(location.uri or "", location.option):
-        report = prune_bucket(location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600)
+        report = prune_bucket(
+            location.uri or "", keep_runs, older_than_days, force, dry_run, grace_hours * 3600, no_running_jobs
+        )
         report.cache = prune_caches(location.uri or "", cache_dir, dry_run)
     return report
 

@@ -10,7 +10,9 @@ another job makes it skip, never wait.
 
 A compaction killed at any point loses nothing: until its manifest is committed the old segments
 count, and what it uploaded is an orphan that `clef checkpoint prune` deletes after its grace
-period; its claim expires after its lease.
+period; its claim expires after its lease. A claim whose lease ran out (by the bucket's clock), or
+that another job took since, commits nothing: its holder gives up (`Lapsed`), since a prune may
+have taken the store and deleted what its merge names.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import pyarrow.compute as pc
 from clef_cli import faults
 from clef_cli.errors import ClefError
 from clef_cli.locations.object_store import MissingObject
-from clef_cli.store.remote.manifests import Chain, Manifest, claim_line, new_claim
+from clef_cli.store.remote.manifests import Chain, Manifest, claim_line, holder, new_claim
 from clef_cli.store.remote.segments import (
     DamagedObject,
     Packed,
@@ -48,6 +50,11 @@ class Held(ClefError):
     """Another job holds the store's claim."""
 
 
+class Lapsed(ClefError):
+    """This job's claim no longer holds the store (its lease ran out, or another job took it):
+    nothing is committed."""
+
+
 @contextlib.contextmanager
 def claimed(chain: Chain, what: str) -> Iterator[tuple[Manifest, dict]]:
     """Hold the store (a manifest naming this claim) while the block runs; yields the manifest it
@@ -58,7 +65,7 @@ def claimed(chain: Chain, what: str) -> Iterator[tuple[Manifest, dict]]:
     def take(base: Manifest | None) -> Manifest:
         if base is None:
             raise ClefError(f"{chain.uri} holds no clef store (no manifest)")
-        held = base.active_claim()
+        held = chain.holding(base)
         if held is not None and held.get("token") != claim["token"]:
             raise Held(claim_line(held, chain.uri))
         return replace(base, claim=claim)
@@ -77,14 +84,18 @@ def claimed(chain: Chain, what: str) -> Iterator[tuple[Manifest, dict]]:
 
 
 def release(chain: Chain, claim: dict, change: Callable[[Manifest], Manifest]) -> Manifest:
-    """Commit `change(latest)` without this claim (another job's claim, taken after ours expired,
-    stays)."""
+    """Commit `change(latest)` without this claim, while it still holds the store: its token in the
+    latest manifest and its lease not run out by the bucket's clock; else `Lapsed`, nothing committed."""
 
     def released(base: Manifest | None) -> Manifest:
         assert base is not None
-        changed = change(base)
-        mine = changed.claim is not None and changed.claim.get("token") == claim["token"]
-        return replace(changed, claim=None if mine else changed.claim)
+        what = f"the {claim.get('what', 'prune')}'s claim on {chain.uri}"
+        if (base.claim or {}).get("token") != claim["token"]:
+            taken = f"another job took the store since ({holder(base.claim)})" if base.claim else "it was broken"
+            raise Lapsed(f"{what} no longer holds the store: {taken}; nothing committed")
+        if chain.holding(base) is None:
+            raise Lapsed(f"{what} ran out of its lease by the bucket's clock; nothing committed")
+        return replace(change(base), claim=None)
 
     committed = chain.commit(released, fresh=True)
     assert committed is not None
@@ -107,7 +118,7 @@ def compact(chain: Chain, choose: Callable[[Manifest], list[Segment]] = due) -> 
     """Merge the segments `choose` picks (by default a full level) under the claim; None when
     there is nothing to merge or another job holds the store."""
     latest = chain.latest()
-    if latest is None or len(choose(latest)) < 2 or latest.active_claim() is not None:
+    if latest is None or len(choose(latest)) < 2 or chain.holding(latest) is not None:
         return None
     try:
         with claimed(chain, "compaction") as (base, claim):
@@ -124,7 +135,7 @@ def compact(chain: Chain, choose: Callable[[Manifest], list[Segment]] = due) -> 
                 return replace(latest, segments=segments | {packed.segment.id: packed.segment})
 
             return release(chain, claim, swapped)
-    except Held:
+    except (Held, Lapsed):  # another job holds the store, or took it: its merge waits for a later job
         return None
 
 

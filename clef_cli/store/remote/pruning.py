@@ -11,11 +11,15 @@ switches to them, and the claim is released in it.
 Then the objects no manifest names any more are deleted, once they are older than the grace period:
 what the prune replaced, the orphans of writers killed between an upload and their manifest, the
 manifests far behind the latest. A writer's upload younger than the grace period is never touched,
-so a prune never races a running job's commit.
+so a prune never races a running job's commit: the grace period is at least a claim's lease plus a
+commit's patience (`grace_floor`; shorter only for a store no job writes to meanwhile,
+`no_running_jobs`), its age is the bucket's clock's, and a writer that commits after a prune puts
+what it names again if the prune deleted it (sync.py).
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import tempfile
 import time
@@ -34,7 +38,7 @@ from clef_cli.store.key_index import LOOKUP_CHUNK, counts_as_run
 from clef_cli.store.prune import PruneReport, check_limits, kept_run_seqs
 from clef_cli.store.remote.compaction import claimed, release, upload
 from clef_cli.store.remote.layout import LATEST, RUNS, SEGMENTS, manifest_seq
-from clef_cli.store.remote.manifests import Chain, Manifest
+from clef_cli.store.remote.manifests import COMMIT_PATIENCE, Chain, Manifest, claim_lease
 from clef_cli.store.remote.segments import (
     KEY_SCHEMA,
     DamagedObject,
@@ -59,9 +63,17 @@ def prune_bucket(
     force: bool = False,
     dry_run: bool = False,
     grace_seconds: float = 86400.0,
+    no_running_jobs: bool = False,
 ) -> PruneReport:
-    """Prune the store at `uri` (see the module's note)."""
+    """Prune the store at `uri` (see the module's note); a grace period under `grace_floor()` is
+    refused unless `no_running_jobs` (the caller says no job writes to the store meanwhile)."""
     check_limits(keep_runs, older_than_days)
+    if grace_seconds < grace_floor() and not no_running_jobs:
+        raise UsageError(
+            f"--grace-hours {grace_seconds / 3600:g} is under the floor of {grace_floor() / 3600:.3g} hours (a claim's "
+            f"lease of {claim_lease():g} s plus a commit's patience of {COMMIT_PATIENCE:g} s): a running job's upload "
+            f"would be deleted before it is named; add --no-running-jobs if no job writes to {uri} meanwhile"
+        )
     chain = Chain(uri)
     latest = chain.latest()
     if latest is None:
@@ -83,6 +95,12 @@ def prune_bucket(
         report.dry_run = dry_run
     report.objects_deleted = sweep(chain, grace_seconds, dry_run)
     return report
+
+
+def grace_floor() -> float:
+    """The shortest grace period (seconds) a prune may give while jobs run: an upload is named by
+    a manifest within a commit's patience, after waiting at most a claim's lease."""
+    return claim_lease() + COMMIT_PATIENCE
 
 
 def _runs(manifest: Manifest) -> list[dict[str, Any]]:
@@ -200,7 +218,8 @@ def sweep(chain: Chain, grace_seconds: float, dry_run: bool = False) -> int:
         return 0
     named = {LATEST} | {name for segment in latest.segments.values() for name in segment.objects()}
     named |= {run["keys"] for run in latest.runs.values() if run.get("keys")}
-    cutoff = time.time() - grace_seconds
+    now = time.time() if dry_run else chain.server_now()  # the bucket's clock (a dry run writes nothing)
+    cutoff = now - grace_seconds
     deleted = 0
     for info in list(chain.bucket.list(chain.prefix)):
         name = info.key[len(chain.prefix) :]
@@ -208,7 +227,7 @@ def sweep(chain: Chain, grace_seconds: float, dry_run: bool = False) -> int:
         ours = seq is not None or name.startswith((SEGMENTS, RUNS))
         if not ours or name in named or (seq is not None and seq > latest.seq - KEEP_MANIFESTS):
             continue
-        if info.modified <= cutoff:
+        if math.floor(info.modified) <= cutoff:  # whole seconds, as the bucket's clock is read
             deleted += 1
             if not dry_run:
                 chain.bucket.delete(info.key)

@@ -73,7 +73,7 @@ class RemoteCheckpoint(Checkpoint):
             latest = chain.latest()
             if latest is None:
                 check_prefix(chain, reading=manifest is None, option=location.option)
-            if sync_every is not None and latest is not None and (claim := latest.active_claim()) is not None:
+            if sync_every is not None and latest is not None and (claim := chain.holding(latest)) is not None:
                 raise ClefError(claim_line(claim, location.uri) + ": rerun then")
             if restart:
                 latest = _restarted(chain, manifest or {})
@@ -212,7 +212,7 @@ def _restarted(chain: Chain, manifest: dict[str, Any]) -> Manifest | None:
     """`--restart` on a bucket store: a manifest that names nothing (prune deletes the rest)."""
 
     def emptied(base: Manifest | None) -> Manifest:
-        if base is not None and (claim := base.active_claim()) is not None:
+        if base is not None and (claim := chain.holding(base)) is not None:
             raise ClefError(claim_line(claim, chain.uri) + "; --restart waits for no claim: rerun after it")
         return Manifest(0, manifest)
 

@@ -10,7 +10,11 @@ stops the scoring at once: a failed sync is said on stderr when it happens (then
 have failed for `--sync-failure-limit` seconds (`DEFAULT_FAILURE_LIMIT`) the syncer sets the job's
 stop event, and the job ends with exit 1 naming this machine and its cache folder, where what it
 committed stays for a rerun there to upload. While a prune or a compaction holds the store, syncs
-wait for its claim to end (bounded by its lease): no failure.
+wait for its claim to end (bounded by its lease, by the bucket's clock): no failure. A commit that
+lands after others committed since its segment went up checks that the segment's objects are still
+there (a prune may have deleted them as unnamed), and puts those that are not again, before naming
+them. A stop request made while a commit retries or waits for a claim ends it at once
+(`JobStopped`, exit 130): nothing is committed, the cache keeps it for a rerun.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from clef_cli import faults
-from clef_cli.errors import ClefError
+from clef_cli.errors import ClefError, JobStopped
+from clef_cli.locations.object_store import MissingObject
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.store import durable
 from clef_cli.store.checkpoint import Checkpoint, ShardEntry
@@ -117,6 +122,8 @@ class Syncer:
                 self.sync()
             except Claimed:
                 continue  # bounded by its lease: the syncs wait, nothing failed
+            except JobStopped:
+                return  # the job stops: its end syncs what is left
             except (ClefError, LocationProblem, OSError) as error:
                 if self._failed(error):
                     return
@@ -187,7 +194,7 @@ class Syncer:
                 raise ClefError(self._kept(error)) from None
 
     def _final(self, failed: bool = False) -> None:
-        said = False
+        said, armed = False, self.job_stop is not None and not self.job_stop.is_set()
         while True:
             try:
                 self.sync(final=True, failed=failed)
@@ -196,8 +203,11 @@ class Syncer:
                 if self.say is not None and not said:
                     self.say(f"{claimed}: the job's last commit waits for it")
                     said = True
-                left = float(claimed.claim.get("until", 0)) - time.time()
-                time.sleep(min(CLAIM_POLL, max(0.1, left)))
+                pause = min(CLAIM_POLL, max(0.1, float(claimed.claim.get("left", 0))))
+                if armed and self.job_stop is not None and self.job_stop.wait(pause):
+                    raise JobStopped from None  # a stop request while waiting: nothing committed, the cache keeps it
+                if not armed:
+                    time.sleep(pause)
 
     def _kept(self, error: BaseException | str) -> str:
         unsynced = sum(entry.records for entry in self._fresh())
@@ -240,6 +250,7 @@ class Syncer:
             if run is not None and run["keys"] is not None and self.keys_object is None:
                 self.keys_object = self._upload_used_keys()  # once: a retried turn names the same object
             packed = pack(fresh, self.checkpoint.shards_path) if fresh else None
+            uploaded_on = self.chain.known.seq if self.chain.known is not None else 0
             if packed is not None:
                 self._upload(packed)
                 through = max(int(entry.name) for entry in fresh)
@@ -247,7 +258,7 @@ class Syncer:
                 self.mark.pending = {"segment": packed.segment.id, "shards": names, "through": through}
                 self.mark.save(self.checkpoint.path)
                 faults.pause_at("segment-uploaded")
-            committed = self.chain.commit(lambda base: self._merged(base, packed, run))
+            committed = self.chain.commit(lambda base: self._merged(base, packed, run, uploaded_on), stop=self.job_stop)
             faults.pause_at("manifest-committed")
             self.mark.settle(committed or self.chain.known)
             if committed is not None:
@@ -265,22 +276,26 @@ class Syncer:
         known = self.chain.known
         if known is None or known.active_claim() is None:
             return
-        latest = self.chain.latest()
-        claim = latest.active_claim() if latest is not None else None
+        claim = self.chain.holding(self.chain.latest())
         if claim is not None:
             raise Claimed(claim, self.chain.uri)
 
-    def _merged(self, base: Manifest | None, packed: Packed | None, run: dict[str, Any] | None) -> Manifest | None:
-        """The next manifest: what `base` names, this segment and this run's record."""
+    def _merged(
+        self, base: Manifest | None, packed: Packed | None, run: dict[str, Any] | None, uploaded_on: int = 0
+    ) -> Manifest | None:
+        """The next manifest: what `base` names, this segment and this run's record (its objects
+        checked again when others committed since they went up, manifest `uploaded_on`)."""
         fingerprint = self.checkpoint.manifest
         if base is None and packed is None:
             return None  # a run that committed nothing makes no store
         if base is not None:
             if comparable(base.fingerprint) != comparable(fingerprint):
                 raise ClefError(f"the store {self.chain.uri} was restarted by another job with another model meanwhile")
-            claim = base.active_claim()
+            claim = self.chain.holding(base)
             if claim is not None:
                 raise Claimed(claim, self.chain.uri)
+            if base.seq != uploaded_on:
+                self._still_there(packed, run)
         segments = dict(base.segments) if base is not None else {}
         for segment in self.mark.set_aside:  # found missing or damaged (cache.py): its records are computed again
             segments.pop(segment, None)
@@ -291,14 +306,30 @@ class Syncer:
             runs[self.checkpoint.run_id] = run
         return Manifest(0, base.fingerprint if base is not None else fingerprint, segments, runs)
 
-    def _upload(self, packed: Packed) -> None:
-        """The segment's objects, the keys last (every object is named by content: a retry after
-        a kill writes the same bytes under the same name)."""
+    def _still_there(self, packed: Packed | None, run: dict[str, Any] | None) -> None:
+        """Others committed since this turn's objects went up (a prune among them may have deleted
+        them as unnamed): each is asked for (HEAD) and put again when gone, before a manifest names it."""
         bucket, key = self.chain.bucket, self.chain.key
-        bucket.put(key(packed.segment.results), packed.results)
-        if packed.hidden_files:
+        names = list(packed.segment.objects()) if packed is not None else []
+        for name in [*names, *([run["keys"]] if run is not None and run.get("keys") else [])]:
+            try:
+                bucket.head(key(name))
+            except MissingObject:
+                if packed is not None and name in packed.segment.objects():
+                    self._upload(packed, only=name)
+                else:
+                    self._upload_used_keys()
+
+    def _upload(self, packed: Packed, only: str | None = None) -> None:
+        """The segment's objects, the keys last (every object is named by content: a retry after
+        a kill writes the same bytes under the same name); `only`: that one object."""
+        bucket, key = self.chain.bucket, self.chain.key
+        if only in (None, packed.segment.results):
+            bucket.put(key(packed.segment.results), packed.results)
+        if packed.hidden_files and only in (None, packed.hidden_object):
             bucket.put(key(packed.hidden_object), lambda: _chunks(packed))
-        bucket.put(key(packed.segment.keys), packed.keys)
+        if only in (None, packed.segment.keys):
+            bucket.put(key(packed.segment.keys), packed.keys)
 
     # ------------------------------------------------------------------ the run's record
 
