@@ -522,3 +522,74 @@ def test_unclaim_breaks_a_claim_only_when_confirmed_and_a_released_claim_commits
         with pytest.raises(compaction.Lapsed, match="it was broken; nothing committed"):
             compaction.release(manifests.Chain(STORE), claim, lambda latest: latest)
     assert "its lease has run out" in claim_said({"since": 0, "left": 0}, STORE)
+
+
+# ---------------------------------------------------------------- what a claim and a damage say
+
+
+def test_a_claim_says_what_holds_the_store_its_process_and_its_lease(memory, monkeypatch):
+    import io
+    import os
+    import socket
+
+    monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "60")
+    monkeypatch.setattr(manifests, "clock", lambda: 1000.0)
+    claim = manifests.new_claim("prune")
+    assert len(claim["token"]) == 32 and claim == {
+        "what": "prune", "host": socket.gethostname(), "pid": os.getpid(), "token": claim["token"],
+        "since": 1000.0, "until": 1060.0, "lease": 60.0,
+    }  # fmt: skip
+    assert manifests.new_claim("prune")["token"] != claim["token"]
+    score = "a compaction at the end of a `clef score` job (pid 7 on host h)"
+    assert manifests.holder({"what": "compaction", "pid": 7, "host": "h"}) == score
+    assert manifests.holder({}) == "a `clef checkpoint prune` (pid ? on host ?)"
+    assert manifests.holder({"what": "repair", "pid": 1, "host": "x"}) == "a `clef checkpoint repair` (pid 1 on host x)"
+    line = manifests.claim_line({"what": "prune", "pid": 1, "host": "h", "left": 12.7}, STORE)
+    assert line == f"the store {STORE} is held by a `clef checkpoint prune` (pid 1 on host h) for at most 12 s more"
+    assert manifests.claim_line({"left": -5}, STORE).endswith("for at most 0 s more")
+    assert manifests.claim_line({}, STORE).endswith("for at most 0 s more")
+    with pytest.raises(segments.DamagedObject) as refused:
+        segments.read_parts(write(memory_file(), b"not arrow"), where="s3://b/k.keys")
+    assert refused.value.obj == "s3://b/k.keys" and str(refused.value).startswith("s3://b/k.keys is no keys object")
+    made = segments.DamagedObject("m", "o", "s")
+    assert (str(made), made.obj, made.segment) == ("m", "o", "s")
+    plain = segments.DamagedObject("m")
+    assert (plain.obj, plain.segment) == ("", "")
+    parts = [segments.Part(1, "r", (0, 3, sha("abc")), None), segments.Part(1, "r", (3, 2, sha("de")), None)]
+    assert list(segments.split_results(io.BytesIO(b"abcde"), parts, "w")) == [b"abc", b"de"]
+    with pytest.raises(segments.DamagedObject, match=r"^w does not hold the results its segment names"):
+        list(segments.split_results(io.BytesIO(b"abcdX"), parts, "w"))
+
+
+def sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def memory_file():
+    import tempfile
+    from pathlib import Path
+
+    return Path(tempfile.mkdtemp()) / "k.keys"
+
+
+def test_the_buckets_time_is_read_once_from_the_hints_last_modified_and_carried_on(memory, monkeypatch):
+    chain = manifests.Chain(STORE)
+    chain.commit(lambda base: manifests.Manifest(0, {"f": 1}))
+    obstore.delete(memory, PREFIX + LATEST)
+    before = time.time()
+    now = chain.server_now()
+    assert json.loads(read(memory, PREFIX + LATEST)) == {"seq": 1} and chain.hinted == 1
+    stamp = obstore.head(memory, PREFIX + LATEST)["last_modified"].timestamp()
+    assert int(stamp) + 1.0 <= now < int(stamp) + 1.5 and before - 0.01 <= now <= time.time() + 1.01
+    obstore.delete(memory, PREFIX + LATEST)
+    time.sleep(0.05)
+    later = chain.server_now()  # carried on by the monotonic clock: no request
+    assert 0.04 < later - now < 1 and PREFIX + LATEST not in objects(memory)
+    monkeypatch.setattr(manifests, "ANCHOR_FOR", -1.0)  # read again
+    chain.server_now()
+    assert PREFIX + LATEST in objects(memory)
+    with monkeypatch.context() as skewed:  # this machine's clock a day off moves nothing
+        skewed.setattr(manifests, "time", Skewed(DAY))
+        assert abs(chain.server_now() - time.time()) < 1.5
