@@ -5,6 +5,7 @@ second-request exit (`os._exit`) runs in a child Python, so it cannot end the te
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -83,6 +84,24 @@ class Exited(BaseException):
         self.code = code
 
 
+class Unflushable(io.StringIO):
+    """A stream whose reader has gone (a closed pipe): its flush raises."""
+
+    def flush(self) -> None:
+        raise BrokenPipeError("the reader has gone")
+
+
+def handled(stops: StopRequests) -> str:
+    """What one request does (a KeyboardInterrupt caught here, never taken for pytest's own)."""
+    try:
+        stops._handle(signal.SIGINT, None)
+    except Exited as exited:
+        return f"exit {exited.code}"
+    except KeyboardInterrupt:
+        return "interrupt"
+    return "deferred"
+
+
 @pytest.fixture
 def exits(monkeypatch):
     def exit_now(code: int) -> None:
@@ -100,9 +119,7 @@ def test_a_request_outside_a_command_ends_the_process_130_at_once_saying_so(exit
     assert not stops.requested()
     lock = JobLock(tmp_path / ".lock", "a job")
     lock.acquire()
-    with pytest.raises(Exited) as exited:
-        stops._handle(signal.SIGINT, None)
-    assert exited.value.code == EXIT_INTERRUPTED and stops.requests == 1
+    assert handled(stops) == f"exit {EXIT_INTERRUPTED}" and stops.requests == 1
     assert capfd.readouterr().err == f"\n{SECOND}\n"  # no cursor code: stderr is no terminal here
     assert not (tmp_path / ".lock").exists()
     lock.release()
@@ -112,22 +129,18 @@ def test_in_a_command_the_first_request_interrupts_and_the_second_ends_the_proce
     stops = StopRequests()
     with stops.command():
         assert signal.getsignal(signal.SIGINT) == stops._handle
-        with pytest.raises(KeyboardInterrupt):
-            stops._handle(signal.SIGINT, None)
+        assert handled(stops) == "interrupt"
         assert stops.requested() and stops.requests == 1
-        with pytest.raises(Exited) as exited:
-            stops._handle(signal.SIGINT, None)
-        assert exited.value.code == EXIT_INTERRUPTED
+        assert handled(stops) == f"exit {EXIT_INTERRUPTED}"
 
 
 def test_a_deferred_jobs_first_request_sets_its_event_and_says_what_comes(exits, default_sigint, capsys):
     stops = StopRequests()
     with stops.command(), stops.deferring() as event:
-        stops._handle(signal.SIGINT, None)
+        assert handled(stops) == "deferred"
         assert event.is_set() and stops.requests == 1
         wait_for(lambda: FIRST in capsys.readouterr().err, "the note")
-        with pytest.raises(Exited):
-            stops._handle(signal.SIGINT, None)
+        assert handled(stops) == f"exit {EXIT_INTERRUPTED}"
 
 
 def test_a_second_request_on_a_terminal_gives_its_cursor_back(exits):
@@ -153,7 +166,6 @@ def test_the_console_script_keeps_its_handler_and_ends_with_its_commands_status(
     """`install_for_process`: the handler stays after the command, and the last exit function
     ends the process with the command's status, even where a stream cannot be flushed."""
     import atexit
-    import io
 
     stops = StopRequests()
     registered = atexit._ncallbacks()
@@ -168,11 +180,30 @@ def test_the_console_script_keeps_its_handler_and_ends_with_its_commands_status(
         atexit.unregister(stops._exit_when_done)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    closed = io.StringIO()
-    closed.close()
-    monkeypatch.setattr(sys, "stdout", closed)  # its flush raises
+    with pytest.raises(Exited) as exited:
+        StopRequests()._exit_when_done()  # no command reported a status
+    assert exited.value.code == 0
+    monkeypatch.setattr(sys, "stdout", Unflushable())
     for status, code in ((None, 0), (3, 3), ("an error's text", 1)):
         stops.exit_when_done(status)
         with pytest.raises(Exited) as exited:
             stops._exit_when_done()
         assert exited.value.code == code
+
+
+def test_a_process_ended_at_once_ends_130_even_where_nothing_can_be_written(exits, monkeypatch):
+    """stdout's reader gone and stderr a pipe nobody reads: the flush and the line fail, the
+    process still ends 130."""
+    monkeypatch.setattr(sys, "stdout", Unflushable())
+    reading, writing = os.pipe()
+    os.close(reading)
+    saved = os.dup(2)
+    os.dup2(writing, 2)
+    try:
+        with pytest.raises(Exited) as exited:
+            stopping.stop_now()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(writing)
+    assert exited.value.code == EXIT_INTERRUPTED
