@@ -140,6 +140,7 @@ def test_a_deferred_jobs_first_request_sets_its_event_and_says_what_comes(exits,
         assert handled(stops) == "deferred"
         assert event.is_set() and stops.requests == 1
         wait_for(lambda: FIRST in capsys.readouterr().err, "the note")
+        assert stops._noting is not None and stops._noting.daemon  # it never holds a process's exit
         assert handled(stops) == f"exit {EXIT_INTERRUPTED}"
 
 
