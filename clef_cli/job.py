@@ -249,7 +249,7 @@ class Job:
         temporary goes) and the job interrupted: the rerun writes it from the store."""
         if self.stop.is_set():
             return self.interrupted()
-        self.progress.note("writing the output")
+        self.progress.phase("writing the output")
         described = provenance(self.settings, self.release, manifest or self.checkpoint.manifest)
         described |= {f"clef.records_{name}": str(value) for name, value in self.summary.run_counts().items()}
         try:

@@ -272,7 +272,8 @@ def test_a_remote_output_needs_a_checkpoint_and_appears_only_whole(s3, proxy, tm
     assert s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("KeyCount") == 0  # no object, no partial one
     proxy.failures.clear()
     proxy.failure_status = 503
-    again = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *COMMON])
+    kept = ["--keep-staged-output"]  # to compare the upload with its stage (removed after an upload otherwise)
+    again = runner.invoke(app, ["score", str(records), "-o", target, "--checkpoint", str(store), *kept, *COMMON])
     assert again.exit_code == 0, again.output
     assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
     assert again.stderr.splitlines()[0].endswith(f"-> {target}"), again.stderr  # the URI given, not the stage
@@ -450,7 +451,7 @@ def test_a_remote_output_killed_mid_upload_leaves_no_upload_behind_and_the_rerun
     if keys:
         assert s3.get_object(Bucket=BUCKET, Key="out/night.parquet")["Body"].read() == staged
     proxy.clear()
-    again = runner.invoke(app, argv)
+    again = runner.invoke(app, [*argv, "--keep-staged-output"])  # its stage kept, to compare with the upload
     assert again.exit_code == 0, again.output
     assert "0 run through the model, 1 from the checkpoint" in again.stderr, again.stderr
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix="out/")["Contents"]]

@@ -181,6 +181,8 @@ CASES = {
     ("checkpoint prune", "--cache-dir"): Case(
         ("checkpoint", "prune", "{checkpoint}", "--keep-runs", "1", "--cache-dir", "{uri}")
     ),
+    ("checkpoint repair", "DIRECTORY"): Case(("checkpoint", "repair", STORE, "--dry-run"), store=True),
+    ("checkpoint unclaim", "DIRECTORY"): Case(("checkpoint", "unclaim", STORE), store=True),
 }
 """One run per location option; its expected outcome is the option's own decision."""
 

@@ -191,7 +191,7 @@ def checkpoint_repair(
     from clef_cli.store.location import store_location
     from clef_cli.store.opening import repair_store
 
-    lost, checked = repair_store(store_location(directory, None, option="checkpoint"), dry_run)
+    lost, checked = repair_store(store_location(directory, None, option="DIRECTORY"), dry_run)
     verb = "would drop" if dry_run else "dropped"
     records = sum(item.records for item in lost)
     stdout.print(
@@ -253,7 +253,7 @@ def checkpoint_prune(
     from clef_cli.store.location import store_location
     from clef_cli.store.opening import prune_store
 
-    location = store_location(directory, cache_dir, option="checkpoint")
+    location = store_location(directory, cache_dir, option="DIRECTORY")
     report = prune_store(location, keep_runs, older_than, force, dry_run, grace_hours, cache_dir, no_running_jobs)
     stdout.print(prune_summary(report), markup=False)
     if location.remote:
@@ -284,7 +284,7 @@ def checkpoint_unclaim(
     from clef_cli.store.opening import unclaim_store
     from clef_cli.store.remote.claims import claim_said
 
-    location = store_location(directory, None, option="checkpoint")
+    location = store_location(directory, None, option="DIRECTORY")
     if not location.remote:
         said = f"{location.folder} is a folder store: it has no claim (a running job holds its lock)"
         stdout.print(said, markup=False)
