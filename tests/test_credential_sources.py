@@ -83,13 +83,15 @@ def test_a_profiles_keys_in_the_shared_files(bare, monkeypatch, file, text, prof
 
 
 def test_the_files_named_by_the_environment_and_the_default_profile_variable(bare, monkeypatch):
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", write(bare / "elsewhere" / "creds", "[ops]\naws_access_key_id = K\n"))
+    creds = write(bare / "elsewhere" / "creds", "[ops]\naws_access_key_id = K\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", creds)
     assert failures._no_credentials() is True  # the default profile has no key there
     monkeypatch.setenv("AWS_DEFAULT_PROFILE", "ops")
     assert failures._no_credentials() is False
     monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE")
     assert failures._no_credentials() is True  # ~/.aws/credentials has none
-    monkeypatch.setenv("AWS_CONFIG_FILE", write(bare / "elsewhere" / "config", "[profile ops]\naws_access_key_id = K\n"))
+    config = write(bare / "elsewhere" / "config", "[profile ops]\naws_access_key_id = K\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", config)
     assert failures._no_credentials() is False
 
 
