@@ -138,3 +138,34 @@ def night(checkpoint, used: range, computed: range) -> None:
     commit(checkpoint, computed)
     counts = {"run": len(computed), "reused": len(used) - len(computed)}
     checkpoint.index.finish_run(checkpoint.run_id, counts)
+
+
+def reversed_rows(data: bytes) -> bytes:
+    """A keys object rewritten valid: the same keys and parts, its `row` column reversed (bit rot
+    or a bad copy tool that a hash check must catch)."""
+    from pyarrow import ipc
+
+    reader = ipc.open_file(pa.py_buffer(data))
+    table = reader.read_all()
+    table = table.set_column(2, "row", pa.array(table.column("row").to_pylist()[::-1], pa.uint32()))
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, reader.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+class Skewed:
+    """The `time` module as a machine whose clock is `seconds` off sees it (monotonic untouched)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def time(self) -> float:
+        import time
+
+        return time.time() + self.seconds
+
+    def __getattr__(self, name: str):
+        import time
+
+        return getattr(time, name)

@@ -17,7 +17,7 @@ from clef_cli.errors import ClefError
 from clef_cli.store.remote import compaction, manifests, pruning, sync
 from clef_cli.store.remote.layout import manifest_name
 
-from .remote_stores import commit, fresh_machine, key_of, night, open_machine
+from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine
 
 BUCKET = "clef-store-claims"
 STORE = f"s3://{BUCKET}/nightly/"
@@ -28,19 +28,6 @@ runner = CliRunner()
 @pytest.fixture
 def s3(store_bucket):
     return store_bucket
-
-
-class Skewed:
-    """The `time` module as a machine whose clock is `seconds` off sees it (monotonic untouched)."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def time(self) -> float:
-        return time.time() + self.seconds
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
 
 
 def skew(patched, seconds: float) -> None:

@@ -7,7 +7,6 @@ the store is whole again after the next job: never a wrong row, never a store th
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
 import pytest
 from typer.testing import CliRunner
 
@@ -17,7 +16,7 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote.compaction import compact
 from clef_cli.store.remote.segments import DamagedObject
 
-from .remote_stores import commit, fresh_machine, key_of, open_machine
+from .remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows
 
 BUCKET = "clef-store-damage"
 STORE = f"s3://{BUCKET}/damaged/"
@@ -45,17 +44,6 @@ def make_store(client, tmp_path) -> dict[str, str]:
     return {name.rsplit(".", 1)[1]: name for name in first} | {
         "other-" + name.rsplit(".", 1)[1]: name for name in others
     }
-
-
-def reversed_rows(data: bytes) -> bytes:
-    """A keys object rewritten valid: the same keys and parts, its `row` column reversed."""
-    reader = ipc.open_file(pa.py_buffer(data))
-    table = reader.read_all()
-    table = table.set_column(2, "row", pa.array(table.column("row").to_pylist()[::-1], pa.uint32()))
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, reader.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 def damage(client, objects: dict[str, str], kind: str, how: str) -> None:

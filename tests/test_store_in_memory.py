@@ -11,8 +11,6 @@ import time
 from dataclasses import replace
 
 import obstore
-import pyarrow as pa
-import pyarrow.ipc as ipc
 import pytest
 
 from clef_cli.errors import ClefError
@@ -21,7 +19,7 @@ from clef_cli.store.ledger import Ledger
 from clef_cli.store.remote import compaction, damage, manifests, pruning, segments
 from clef_cli.store.remote.layout import LATEST, MANIFESTS, SEGMENTS, manifest_name
 
-from .remote_stores import commit, fresh_machine, key_of, night, open_machine
+from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows
 
 ROOT = "s3://clef-memory"
 PREFIX = "nightly/"
@@ -394,16 +392,6 @@ def two_nights(memory, tmp_path) -> dict[str, str]:
     return {name.rsplit(".", 1)[1]: name for name in first}
 
 
-def reversed_rows(data: bytes) -> bytes:
-    reader = ipc.open_file(pa.py_buffer(data))
-    table = reader.read_all()
-    table = table.set_column(2, "row", pa.array(table.column("row").to_pylist()[::-1], pa.uint32()))
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, reader.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 @pytest.mark.parametrize("how", ["deleted", "byte", "other"])
 @pytest.mark.parametrize("kind", ["keys", "results"])
 def test_a_damaged_object_costs_its_records_and_a_verify_and_repair_mend_the_store(memory, tmp_path, kind, how):
@@ -468,17 +456,6 @@ def test_a_manifest_whose_segment_is_not_named_by_its_content_is_refused(memory,
 
 
 # ---------------------------------------------------------------- claims, by the bucket's clock
-
-
-class Skewed:
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-    def time(self) -> float:
-        return time.time() + self.seconds
-
-    def __getattr__(self, name: str):
-        return getattr(time, name)
 
 
 @pytest.mark.parametrize("seconds", [+DAY, -DAY], ids=["ahead", "behind"])
