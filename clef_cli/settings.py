@@ -25,7 +25,7 @@ from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.record_size import MAX_RECORD_BYTES, ReadLimits
 from clef_cli.inputs.sources import unfound_local
-from clef_cli.locations.overlap import refuse_overlap
+from clef_cli.locations.overlap import refuse_inside_store, refuse_overlap
 from clef_cli.locations.uris import local_path, option_location
 from clef_cli.release import DEFAULT_MODEL, Release
 from clef_cli.stats import JobStats
@@ -272,6 +272,7 @@ class ScoreSettings:
         if self.checkpoint is not None and str(self.checkpoint).strip():
             refuse_overlap("--checkpoint", self.checkpoint, self.inputs, folder=True)
             refuse_overlap("--checkpoint", self.checkpoint, [self.destination], folder=True, what="output")
+        refuse_inside_store("--media-root", [*self.limits.media_roots, *self.limits.object_roots], self.checkpoint)
 
     def _validate_checkpoint(self) -> None:
         """The store's folder through the checks an output folder gets (`atomic`), before it is

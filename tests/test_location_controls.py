@@ -274,3 +274,21 @@ def test_a_record_path_with_c1_or_a_slashed_secret_is_that_records_error_escaped
     texts = [value for row in cells.values() for value in row.values() if isinstance(value, str)]
     for raw in ("\x85", "\x9b", "\u2028", *FRAGMENTS):
         assert not any(raw in text for text in [*texts, result.output]), raw
+
+
+def test_a_library_caller_gets_the_media_root_refusal_too(tmp_path):
+    """The media root inside the store is refused by `ScoreSettings.validate`, not only by the CLI."""
+    from clef_cli.encoding.media import MediaLimits
+    from clef_cli.settings import ScoreSettings
+
+    store = tmp_path / "store"
+    (store / "m").mkdir(parents=True)
+    (tmp_path / "media").mkdir()
+    records = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "state": "x"}])
+    inside = ScoreSettings(
+        [records], tmp_path / "o.parquet", checkpoint=store, limits=MediaLimits(media_roots=(store / "m",))
+    )
+    with pytest.raises(UsageError, match=r"--media-root .* lies inside the store --checkpoint"):
+        inside.validate()
+    beside = MediaLimits(media_roots=(tmp_path / "media",))
+    ScoreSettings([records], tmp_path / "o.parquet", checkpoint=store, limits=beside)._validate_overlaps()

@@ -191,8 +191,6 @@ def score(
     settings = score_settings(ctx.params, limits)
     refuse_overlap("--stats-json", stats_json, settings.inputs)
     refuse_inside_store("--stats-json", [stats_json], settings.checkpoint)
-    roots = [*settings.limits.media_roots, *settings.limits.object_roots]
-    refuse_inside_store("--media-root", roots, settings.checkpoint)
     progress = job_progress(quiet, log_every, dry_run)
     if dry_run:
         return show_plan(settings, progress)
