@@ -75,8 +75,9 @@ class WriteRefused(ObjectStoreError):
     def __init__(self, step: str, error: BaseException) -> None:
         if isinstance(error, ObjectStoreError):  # its cause and the server's answer kept (failures.py)
             super().__init__(str(error), error.detail, error.failure, error.words)
-        else:
-            super().__init__(str(error))
+        else:  # sorted as `check_writable` sorts a LocationProblem; its text the detail, so `named` never rebuilds one
+            failure = FAILING if isinstance(error, LocationProblem) and error.transient else "other"
+            super().__init__(str(error), str(error), failure)
         self.step = step
 
     @property
