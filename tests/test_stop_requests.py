@@ -208,3 +208,49 @@ def test_a_process_ended_at_once_ends_130_even_where_nothing_can_be_written(exit
         os.close(saved)
         os.close(writing)
     assert exited.value.code == EXIT_INTERRUPTED
+
+
+def test_a_process_ended_at_once_ends_130_whatever_its_terminal_check_or_lock_release_raise(exits, monkeypatch, capfd):
+    """`stop_now` is the last thing a process does: a terminal check that raises (a closed
+    descriptor 2) or a lock release that raises (a folder gone) must not keep it from ending 130
+    with its line said."""
+    from clef_cli.store import locks
+
+    def raising(*args):
+        raise OSError("gone")
+
+    monkeypatch.setattr(stopping.os, "isatty", raising)
+    monkeypatch.setattr(stopping, "abandon_held", raising)
+    with pytest.raises(Exited) as exited:
+        stopping.stop_now()
+    assert exited.value.code == EXIT_INTERRUPTED
+    assert capfd.readouterr().err == f"\n{SECOND}\n"
+    assert locks.abandon_held is not raising  # the module's own name was the one replaced
+
+
+def test_the_note_thread_is_named_for_a_thread_dump_and_prints_notes_as_written(monkeypatch, default_sigint):
+    """py-spy and faulthandler dumps name threads: the note thread reads as clef's. A note is
+    printed as its text, never read as rich markup, and one print that raises (a gone reader)
+    does not end the thread: the notes after it are still said."""
+    from clef_cli.cli import console
+
+    printed: list[str] = []
+    failures = iter([BrokenPipeError("the reader has gone")])
+    original = console.stderr.print
+
+    def printing(message, **options):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        with console.stderr.capture() as capture:
+            original(message, **options)
+        printed.append(capture.get())
+
+    monkeypatch.setattr(stopping.stderr, "print", printing)
+    stops = StopRequests()
+    with stops.command():
+        assert stops._noting is not None and stops._noting.name == "clef-stop-notes"
+        stops._notes.put("lost to the gone reader")
+        stops._notes.put("[bold]kept[/bold] as written")
+        wait_for(lambda: printed, "the second note")
+    assert printed == ["[bold]kept[/bold] as written\n"]
