@@ -63,6 +63,10 @@ class MemoryFS(pafs.FileSystemHandler):
     def __init__(self, name: str, store: MemoryStore) -> None:
         self.name, self.store = name, store
         self.fail: BaseException | None = None
+        self.exists = True
+        """False: the bucket is not there (every path not found, as pyarrow's S3 answers)."""
+        self.listings = 0
+        """LIST requests (one per folder listed)."""
 
     def _key(self, path: str) -> str | None:
         path = path.strip("/")
@@ -80,7 +84,7 @@ class MemoryFS(pafs.FileSystemHandler):
         found = []
         for path in paths:
             key = self._key(path)
-            if key is None:
+            if key is None or not self.exists:
                 found.append(pafs.FileInfo(path, pafs.FileType.NotFound))
             elif key == "":
                 found.append(pafs.FileInfo(path, pafs.FileType.Directory))
@@ -93,6 +97,7 @@ class MemoryFS(pafs.FileSystemHandler):
         return found
 
     def get_file_info_selector(self, selector):
+        self.listings += 1
         if self.fail is not None:
             raise self.fail
         key = self._key(selector.base_dir) or ""
@@ -128,6 +133,48 @@ class MemoryFS(pafs.FileSystemHandler):
     move = copy_file = open_input_stream = open_output_stream = open_append_stream = _unused
 
 
+class S3Handle:
+    """An input file as pyarrow's S3 filesystem opens it: its `metadata()` the object's headers
+    (a dict of bytes, as pyarrow 26 gives them)."""
+
+    def __init__(self, native, headers: dict[str, bytes]) -> None:
+        self.native, self.headers = native, headers
+
+    def size(self) -> int:
+        return self.native.size()
+
+    def read(self, count: int) -> bytes:
+        return self.native.read(count)
+
+    def metadata(self) -> dict[str, bytes]:
+        return self.headers
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.native.close()
+
+
+class S3View:
+    """pyarrow's filesystem over `handler`, its input files `S3Handle`s."""
+
+    def __init__(self, handler: MemoryFS) -> None:
+        self.handler, self.fs = handler, pafs.PyFileSystem(handler)
+        self.opened = 0
+
+    def get_file_info(self, what):
+        return self.fs.get_file_info(what)
+
+    def open_input_file(self, path: str) -> S3Handle:
+        self.opened += 1
+        native = self.fs.open_input_file(path)
+        meta = _head(self.handler.store, self.handler._key(path))
+        moment = meta["last_modified"].strftime("%Y-%m-%dT%H:%M:%SZ")
+        headers = {"Content-Length": str(meta["size"]).encode(), "ETag": f'"{meta["e_tag"].strip(chr(34))}"'.encode()}
+        return S3Handle(native, headers | {"Last-Modified": moment.encode()})
+
+
 def served(monkeypatch, root: str = ROOT) -> tuple[MemoryStore, MemoryFS]:
     """A new empty bucket at `root`, served to obstore's and pyarrow's clients of this process
     (undone by `forget_served`); no retry waits."""
@@ -137,7 +184,7 @@ def served(monkeypatch, root: str = ROOT) -> tuple[MemoryStore, MemoryFS]:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "clef-test-secret")
     handler = MemoryFS(root.partition("://")[2], store)
     buckets.serve_from(root, store)
-    object_store._filesystems[root] = (pafs.PyFileSystem(handler), handler.name)
+    object_store._filesystems[root] = (S3View(handler), handler.name)
     return store, handler
 
 

@@ -7,6 +7,7 @@ mutation run to try every planted bug."""
 
 from __future__ import annotations
 
+import io
 import re
 
 import obstore
@@ -14,7 +15,7 @@ import pytest
 from obstore.store import MemoryStore
 
 from clef_cli.errors import UsageError
-from clef_cli.locations import buckets
+from clef_cli.locations import buckets, object_store
 from clef_cli.locations.failures import DENIED, FAILING, NO_BUCKET, ObjectStoreError, words_of
 from clef_cli.locations.object_store import NoSuchBucket
 from clef_cli.locations.uploads import ConditionIgnored, WriteRefused, check_writable, probe_writes, upload_whole
@@ -393,3 +394,32 @@ def test_a_refusal_keeps_the_sorted_failure():
     )  # fmt: skip
     other = WriteRefused("a listing", LocationProblem("cannot read s3://b/k: odd"))
     assert (other.failure, other.detail, other.words) == ("other", "cannot read s3://b/k: odd", str(other))
+
+
+def read_from(store) -> None:
+    """A record's media read from the bucket first: access denied there would be that object's."""
+    put_object(store, "in/a.png", b"png")
+    object_store.read_object(f"{ROOT}/in/a.png", 100, io.BytesIO())
+
+
+def test_a_refused_upload_after_a_read_from_the_bucket_is_still_access_denied(bucket, tmp_path):
+    """An output's put is the job's, however many objects of the bucket were read before."""
+    store, _, refusals = bucket
+    read_from(store)
+    refusals.refuse("put", denied)
+    with pytest.raises(ObjectStoreError) as raised:
+        upload_whole(local_file(tmp_path, b"rows"), OUTPUT)
+    assert str(raised.value) == f"-o {OUTPUT}: {words_of(DENIED, NAME)}{NOT_UPLOADED}"
+
+
+@pytest.mark.parametrize("where", ["head", "probe"], ids=["head", "probe"])
+def test_a_refused_preflight_after_a_read_from_the_bucket_is_still_access_denied(bucket, where):
+    store, handler, refusals = bucket
+    read_from(store)
+    if where == "head":
+        handler.fail = OSError("AWS Error ACCESS_DENIED during HeadObject operation: No response body.")
+    else:
+        refusals.refuse("put", denied)
+    with pytest.raises(ObjectStoreError) as raised:
+        check_writable(OUTPUT, "-o")
+    assert str(raised.value) == f"-o {OUTPUT}: {words_of(DENIED, NAME)}"

@@ -240,8 +240,11 @@ def _head_stamp(handle: Any, size: int) -> ObjectStamp:
         try:
             from datetime import datetime
 
-            moment = datetime.fromisoformat(modified.replace("Z", "+00:00")) if "T" in modified else None
-            mtime = int((moment or parsedate_to_datetime(modified)).timestamp()) * 1_000_000_000
+            try:  # ISO (pyarrow's S3), else an HTTP date (whose "GMT" has a T too)
+                moment = datetime.fromisoformat(modified.replace("Z", "+00:00"))
+            except ValueError:
+                moment = parsedate_to_datetime(modified)
+            mtime = int(moment.timestamp()) * 1_000_000_000
         except (ValueError, TypeError):
             mtime = 0
     etag = meta.get("etag", "").strip('"') or meta.get("versionid", "")
