@@ -215,24 +215,38 @@ def test_a_bucket_pyarrow_cannot_list_is_named_by_the_probe(bucket):
 
 
 @pytest.mark.parametrize(
-    ("text", "words"),
+    ("text", "failure", "words", "detail"),
     [
-        ("AWS Error ACCESS_DENIED during HeadObject operation: No response body.", words_of(DENIED, NAME)),
-        ("AWS Error SLOW_DOWN during HeadObject operation: Please reduce your request rate.", words_of(FAILING, NAME)),
-        ("AWS Error UNKNOWN (HTTP status 400) during HeadObject operation: odd", OTHER),
+        ("AWS Error ACCESS_DENIED during HeadObject operation: No response body.", DENIED, words_of(DENIED, NAME), ""),
+        ("AWS Error SLOW_DOWN during HeadObject operation: Please reduce your request rate.", FAILING,
+         words_of(FAILING, NAME), f"the store kept failing for {OUTPUT}: "),
+        ("AWS Error UNKNOWN (HTTP status 400) during HeadObject operation: odd", "other", OTHER,
+         f"cannot read {OUTPUT}: "),
     ],
     ids=["denied", "throttled", "unknown-answer"],
-)
-def test_a_refused_look_at_the_output_is_named_by_the_option(bucket, text, words):
+)  # fmt: skip
+def test_a_refused_look_at_the_output_is_named_by_the_option(bucket, text, failure, words, detail):
     """pyarrow's HEAD of the output: the job's error for the credentials, the store's failing
-    as one, and no probe put."""
+    as one, and no probe put; what the store said kept for `-v`."""
     _, handler, refusals = bucket
     handler.fail = OSError(text)
     with pytest.raises(ObjectStoreError) as raised:
         check_writable(OUTPUT, "-o")
     assert str(raised.value) == f"-o {OUTPUT}: {words}"
+    assert raised.value.failure == failure and raised.value.detail == detail + text
     assert raised.value.__cause__ is None
     assert refusals.calls == []
+
+
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [(f"{OUTPUT}?versionId=1", "not a usable object URI"), (f"{ROOT}/out/", "give an object's URI, not a folder")],
+    ids=["query", "folder"],
+)
+def test_an_output_uri_that_names_no_object_is_refused_naming_its_option(bucket, given, why):
+    with pytest.raises(UsageError) as raised:
+        check_writable(given, "--output")
+    assert str(raised.value).startswith(f"--output {given!r}: {why}")
 
 
 # --------------------------------------------------------------------------- probe_writes
@@ -287,7 +301,7 @@ def test_a_bucket_that_ignores_the_condition_is_refused_for_the_store(bucket, mo
     assert str(raised.value) == (
         "the bucket ignores conditional writes (If-None-Match: *), on which the store's commits rely"
     )
-    assert list(keys_in(store)) == ([PROBE] if delete_refused else [])
+    assert keys_in(store) == ({PROBE: b""} if delete_refused else {})  # an empty probe, whichever put wrote it
 
 
 @pytest.mark.parametrize(
