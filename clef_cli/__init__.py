@@ -35,7 +35,7 @@ _EXPORTS = {
     "load_processor": "clef_cli.release",
     "resolve_release": "clef_cli.release",
     "ScoreJob": "clef_cli.engines.local.pipeline",
-    "ScoreSettings": "clef_cli.settings",
+    "ScoreSettings": "clef_cli.job.settings",
     "ScoredRecord": "clef_cli.results",
     "Scorer": "clef_cli.model.scoring",
     "load_scorer": "clef_cli.model.scoring",

@@ -59,7 +59,7 @@ def records() -> list[dict]:
 def settings(folder: Path, case: str, store: Path):
     """The ScoreSettings of one case (paths relative to `folder`, the working directory)."""
     from clef_cli.choices import OverflowPolicy
-    from clef_cli.settings import ScoreSettings
+    from clef_cli.job.settings import ScoreSettings
 
     options = dict(CASES[case])
     calibration = Path("calibration.json") if options.pop("calibration", False) else None

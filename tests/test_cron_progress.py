@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.cli.line_progress import Counts, LineProgress, duration, progress_line
 from clef_cli.cli.progress import rehead_line, score_line
-from clef_cli.settings import JobSummary
+from clef_cli.job.summary import JobSummary
 
 from .helpers import TINY_MODEL, write_jsonl
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from clef_cli.engines.on_demand import states_settings
-from clef_cli.settings import ScoreSettings
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.store.checkpoint import SHARDS
 from clef_cli.store.keep_policy import KEEP
 from clef_cli.store.location import StoreLocation

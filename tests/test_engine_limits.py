@@ -16,8 +16,8 @@ from clef_cli.engines.local.pipeline import ScoreJob
 from clef_cli.engines.vllm.job import VllmScoreJob
 from clef_cli.engines.vllm.limits import engine_refusal, prompt_limit
 from clef_cli.errors import RETRIED_KINDS
+from clef_cli.job.settings import VllmOptions
 from clef_cli.release import resolve_release
-from clef_cli.settings import VllmOptions
 from clef_cli.store.key_index import KeyIndex
 
 from .helpers import TINY_MODEL, settings_for

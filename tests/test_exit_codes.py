@@ -275,7 +275,7 @@ def test_kept_columns_the_output_cannot_hold_are_refused_by_the_settings(tmp_pat
     """The library's settings refuse them before any record is scored (a Parquet file has one
     column by each name), as the CLI does."""
     from clef_cli.errors import UsageError
-    from clef_cli.settings import ScoreSettings
+    from clef_cli.job.settings import ScoreSettings
 
     settings = ScoreSettings([RECORDS], tmp_path / "o.parquet", model=MODEL, keep_columns=columns)
     with pytest.raises(UsageError, match="--keep-columns"):
@@ -360,7 +360,7 @@ def test_a_refusal_that_needs_the_open_store_removes_the_store_it_made(tmp_path)
     UsageError then removes a store the run made with nothing committed, and keeps one that was
     there before."""
     from clef_cli.errors import UsageError
-    from clef_cli.job import open_job
+    from clef_cli.job.lifecycle import open_job
     from clef_cli.progress import Progress
     from tests.helpers import settings_for
 

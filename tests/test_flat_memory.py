@@ -10,7 +10,7 @@ import pytest
 from clef_cli.errors import ClefError
 from clef_cli.inputs.records import InvalidRecord, RecordBuilder
 from clef_cli.inputs.seen_ids import SeenIds
-from clef_cli.output import row_groups
+from clef_cli.job.output import row_groups
 from clef_cli.results import RESULT_SCHEMA, FailedRecord, results_table
 from clef_cli.store.ledger import ShardCache
 

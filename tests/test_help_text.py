@@ -70,7 +70,7 @@ def test_the_kv_cache_bound_the_help_shows_is_the_checks():
     """`--cpu-kv-cache-gib`'s range in the help is the one the check applies (whole GiB, at least
     the least vLLM takes): every value the help admits passes the check, the one below does not."""
     from clef_cli.errors import UsageError
-    from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, VllmOptions
+    from clef_cli.job.settings import MIN_CPU_KV_CACHE_GIB, VllmOptions
 
     option = score_option("cpu_kv_cache_gib")
     assert option.type_descriptor.annotation is int  # the check takes whole GiB only

@@ -18,7 +18,7 @@ from clef_cli.errors import UNEXPECTED, UsageError
 from clef_cli.inputs.json_values import MAX_NESTING
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder
-from clef_cli.output import passthrough_types
+from clef_cli.job.output import passthrough_types
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 LONE = "\ud800"

@@ -279,7 +279,7 @@ def test_a_record_path_with_c1_or_a_slashed_secret_is_that_records_error_escaped
 def test_a_library_caller_gets_the_media_root_refusal_too(tmp_path):
     """The media root inside the store is refused by `ScoreSettings.validate`, not only by the CLI."""
     from clef_cli.encoding.media import MediaLimits
-    from clef_cli.settings import ScoreSettings
+    from clef_cli.job.settings import ScoreSettings
 
     store = tmp_path / "store"
     (store / "m").mkdir(parents=True)

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 from clef_cli.errors import UsageError
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.locations import object_store
 from clef_cli.locations.overlap import refuse_overlap, relation
-from clef_cli.settings import ScoreSettings
 
 from .helpers import TINY_MODEL
 from .scored_files import random_records, write_scored

@@ -105,7 +105,7 @@ def test_checkpoint_info_shows_a_run_stopped_on_request_as_interrupted(tmp_path,
 )
 def test_checkpoint_info_tells_an_interrupt_from_a_crash(tmp_path, monkeypatch, raised, code, said):
     """Raised as the output is written, every record committed: only the interrupt is called one."""
-    import clef_cli.job as job_module
+    import clef_cli.job.lifecycle as job_module
 
     def stopped(*args, **kwargs):
         raise raised()

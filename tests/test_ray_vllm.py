@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clef_cli.engines.vllm.transport import shared_folder
-from clef_cli.settings import VllmOptions
+from clef_cli.job.settings import VllmOptions
 from clef_cli.store.checkpoint import Checkpoint
 
 from .helpers import SAMPLE_DATA, TINY_MODEL, require_ray, settings_for

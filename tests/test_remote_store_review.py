@@ -130,7 +130,7 @@ def test_a_store_that_keeps_failing_at_the_start_stops_the_job_in_one_line(s3, p
 
 def test_states_computed_on_a_fresh_machine_take_the_dtype_the_bucket_holds(s3, proxy, tmp_path):
     from clef_cli.engines.on_demand import states_settings
-    from clef_cli.settings import ScoreSettings
+    from clef_cli.job.settings import ScoreSettings
 
     writer = open_machine(STORE, tmp_path / "a")
     commit(writer, range(0, 10), with_hidden=True)  # float32 states

@@ -68,7 +68,7 @@ class SignalOnce:
 def at_moment(monkeypatch, moment: str, once: SignalOnce) -> None:
     """Where the signal lands, by the function running then (the product's own, wrapped)."""
     import clef_cli.cli.score as score_command
-    import clef_cli.job as job_module
+    import clef_cli.job.lifecycle as job_module
     from clef_cli import faults
     from clef_cli.engines.local import committer, pipeline
     from clef_cli.engines.vllm import client

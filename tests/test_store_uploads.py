@@ -183,7 +183,7 @@ def test_jobs_that_chose_the_same_cache_folder_each_lock_their_own(store_bucket,
 
 
 def test_a_job_settings_cache_folder_is_locked_when_chosen_and_its_stage_moves_with_it(store_bucket, tmp_path):
-    from clef_cli.settings import ScoreSettings
+    from clef_cli.job.settings import ScoreSettings
 
     cache = tmp_path / "cache"
     inputs = records(tmp_path / "in.jsonl", 1)

@@ -24,7 +24,7 @@ from clef_cli.errors import UsageError
 from clef_cli.inputs.readers import count_records, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.inputs.sources import expand_inputs
-from clef_cli.output import passthrough_types
+from clef_cli.job.output import passthrough_types
 
 from .helpers import SAMPLE_DATA, TINY_MODEL, require, write_jsonl
 

@@ -104,7 +104,7 @@ def test_a_model_vllm_does_not_serve_is_refused_at_start(tmp_path, monkeypatch):
 
 
 def test_the_engine_is_part_of_the_scoring_fingerprint(tmp_path):
-    from clef_cli.job import job_manifest
+    from clef_cli.job.lifecycle import job_manifest
     from clef_cli.release import resolve_release
     from tests.helpers import settings_for
 

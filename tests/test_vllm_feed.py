@@ -164,8 +164,8 @@ def test_batches_in_flight_keep_results_and_commits_in_order(tmp_path):
     """A backbone that runs two batches ahead is asked for batch N+1 before batch N's states are
     scored; the journal's commits and the output are those of one batch at a time."""
     from clef_cli.engines.local.pipeline import ScoreJob
+    from clef_cli.job.settings import ScoreSettings
     from clef_cli.model.scoring import load_scorer
-    from clef_cli.settings import ScoreSettings
 
     records = write_records(tmp_path, TEXT_IDS)
     journals, outputs, calls = [], [], []

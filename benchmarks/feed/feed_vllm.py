@@ -134,7 +134,7 @@ def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str
     """One `clef score --engine vllm` run through the stand-in: busy, CPU per token, disk rates."""
     from benchmarks.score.bench_score import MODEL
     from clef_cli.engines.vllm.job import VllmScoreJob
-    from clef_cli.settings import ScoreSettings
+    from clef_cli.job.settings import ScoreSettings
 
     out = folder / f"out-vllm-{workers}-{hidden_states}.parquet"
     settings = ScoreSettings(

@@ -65,7 +65,7 @@ class StageCpu:
 
     def install(self) -> None:
         """Time clef's stages by wrapping the functions that do them (this process only)."""
-        import clef_cli.job as job
+        import clef_cli.job.lifecycle as job
         from clef_cli.engines.local import executor, planning
         from clef_cli.engines.local.encode_pool import EncodePool
         from clef_cli.stats import JobStats

@@ -143,7 +143,7 @@ def writable_file(param: typer.CallbackParam, value: Path | None) -> Path | None
 @location(TAKES_URI)
 def writable_location(param: typer.CallbackParam, value: str | None) -> Path | str | None:
     """`writable_file` for an output that may also be an object URI (kept as the URI: the job
-    writes it locally and uploads it whole, `store/remote_output.py`, which refuses one with a
+    writes it locally and uploads it whole, `job/output.py`, which refuses one with a
     query string); a local-filesystem URI is its path."""
     if value is None:
         return None

@@ -93,9 +93,9 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.locations.overlap import refuse_inside_store, refuse_overlap
 from clef_cli.progress import Progress
-from clef_cli.settings import ScoreSettings
 
 
 def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine: Engine = Engine.hf) -> None:

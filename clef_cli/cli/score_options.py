@@ -26,10 +26,10 @@ from clef_cli.cli.options import (
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
+from clef_cli.job.output import staged_output
+from clef_cli.job.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
 from clef_cli.locations.uris import is_object_uri, object_uri
-from clef_cli.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
 from clef_cli.sizes import parse_size
-from clef_cli.store.remote_output import staged_output
 
 # What to read and write
 InputsArgument = Annotated[

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 
 from clef_cli.engines.local.pipeline import ScoreJob
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.model.scoring import Scorer
 from clef_cli.progress import Progress
-from clef_cli.settings import ScoreSettings
 
 
 def local_engine(

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from clef_cli.choices import DEFAULT_MAX_BATCH_SIZE
 from clef_cli.errors import ClefError, UsageError
-from clef_cli.job import open_job
+from clef_cli.job.lifecycle import open_job
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.model.scoring import Scorer
 from clef_cli.progress import Progress
 from clef_cli.release import DEFAULT_MODEL
-from clef_cli.settings import ScoreSettings
 from clef_cli.sizes import plural
 from clef_cli.store.keep_policy import KEEP
 from clef_cli.store.location import store_location

@@ -18,14 +18,15 @@ from clef_cli.encoding.batching import PlanEntry, plan_batches
 from clef_cli.engines.on_demand import OnDemandCost, compute_missing_states
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.families import family_of
-from clef_cli.job import Job, open_job
+from clef_cli.job.lifecycle import Job, open_job
+from clef_cli.job.settings import ScoreSettings
+from clef_cli.job.summary import JobSummary
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.head import JointSchemaHead, load_joint_head
 from clef_cli.model.scoring import head_logits, non_finite_failure, scored_record
 from clef_cli.progress import Progress
 from clef_cli.release import DEFAULT_MODEL, HEAD_CONFIG, HEAD_FILES, HEAD_WEIGHTS
 from clef_cli.results import FailedRecord, ScoredRecord, results_table
-from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store import durable
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.hidden_store import HiddenShardFile, StoredRecord, check_shard, pad_states, read_shard

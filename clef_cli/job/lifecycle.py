@@ -23,14 +23,15 @@ from clef_cli.errors import JobStopped, UsageError
 from clef_cli.inputs.first_window import check_first_window
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
+from clef_cli.job.output import OutputSpec, upload_staged, write_output
+from clef_cli.job.settings import ScoreSettings
+from clef_cli.job.summary import JobSummary
 from clef_cli.locations.buckets import forget as forget_buckets
 from clef_cli.locations.object_store import forget as forget_objects
 from clef_cli.locations.uris import is_object_uri
-from clef_cli.output import OutputSpec, write_output
 from clef_cli.progress import Progress
 from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
 from clef_cli.results import OutputCounts
-from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import plural
 from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint, discard
@@ -40,7 +41,6 @@ from clef_cli.store.locks import job_locks
 from clef_cli.store.media_stats import MediaStats
 from clef_cli.store.opening import check_store, open_existing_store, open_store
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
-from clef_cli.store.remote_output import upload_staged
 
 REMOTE_SPOOL = "remote-media"
 

@@ -2,6 +2,12 @@
 
 The file appears only when complete (temporary name, fsync, rename), so a killed job never
 leaves a half-written output that a downstream reader could take for a result.
+
+A job whose `-o` is an object URI writes its output into its checkpoint's local folder first (the
+store itself, or a bucket store's cache folder), atomically as every file (`store/atomic.py`),
+and uploads it whole at the end (`locations/uploads.py`); the rerun uploads again from the store.
+The staged copy goes once its upload succeeded (a dated output a night would otherwise pile up in
+a cache a machine keeps), unless `--keep-staged-output`; a failed upload keeps it and says where.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from clef_cli.errors import ClefError, UsageError
 from clef_cli.inputs.json_values import without_lone_surrogates
 from clef_cli.inputs.readers import iter_column_values, parquet_only, parquet_schema
 from clef_cli.inputs.sources import expand_inputs
+from clef_cli.locations.object_store import ObjectStoreError
+from clef_cli.locations.uploads import checked_uri, upload_whole
 from clef_cli.results import (
     FIRST_ERRORS,
     LONG_SCHEMA,
@@ -36,7 +44,9 @@ from clef_cli.results import (
     flat_rows,
     long_rows,
 )
+from clef_cli.store import durable
 from clef_cli.store.atomic import is_stdout, write_file
+from clef_cli.store.location import UPLOADS
 
 if TYPE_CHECKING:
     from clef_cli.quality.calibrate.temperature import Calibration
@@ -332,3 +342,26 @@ def _shape(
     for name, values in columns.items():
         table = table.append_column(name, values)
     return table.cast(schema)
+
+
+def staged_output(uri: str, checkpoint: Path | None, option: str = "-o") -> Path:
+    """Where an output bound for `uri` is written first: its name in the checkpoint's upload
+    folder. A remote output needs --checkpoint (a usage error naming it otherwise)."""
+    name = checked_uri(uri, option).rsplit("/", 1)[1]  # an object's URI: no query string, no folder
+    if checkpoint is None:
+        raise UsageError(
+            f"{option} {uri}: an output in an object store needs --checkpoint (a local folder, or a store in a "
+            "bucket: s3://bucket/store/)"
+        )
+    return checkpoint / UPLOADS / name
+
+
+def upload_staged(staged: Path, uri: str, keep: bool = False) -> None:
+    """Put the staged output `staged` at `uri`, then remove it unless `keep`. A failed upload (an
+    `ObjectStoreError`, exit 1) keeps it, and its message names where it is."""
+    try:
+        upload_whole(staged, uri)
+    except ObjectStoreError as error:
+        raise ObjectStoreError(f"{error} (its local copy stays at {staged})") from None
+    if not keep:
+        durable.unlink(staged)

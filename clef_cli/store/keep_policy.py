@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     import torch
 
     from clef_cli.model.scoring import BatchOutcome
-    from clef_cli.settings import ScoreSettings
     from clef_cli.store.hidden_store import HiddenPayload
 
 KEEP, SELECTIVE, DROP = "keep", "selective", "drop"
@@ -151,17 +150,20 @@ MEASURED_ROWS = 100_000
 """Latest stored results read to measure the share under the threshold (a store of millions is not read whole)."""
 
 
-def selective_share(settings: ScoreSettings, stored: Callable[[], pa.Table]) -> tuple[float, str]:
-    """The share of records whose states the run stores, for the disk guard (the lower bound:
-    what will surely be written), and how it was found, for its message. `selective` counts the
-    share of the store's latest results under the threshold when it has some; else only the sample.
-    `stored` gives the store's results, read only for `selective` (a big store maps many shards)."""
-    if settings.hidden_states != SELECTIVE:
-        return stored_fraction(settings.hidden_states, None, 0.0)[0], ""
-    below = measured_below(stored(), settings.keep_below)
-    low, _ = stored_fraction(SELECTIVE, below, settings.keep_sample)
+def selective_share(
+    policy: str, keep_below: float, keep_sample: float, stored: Callable[[], pa.Table]
+) -> tuple[float, str]:
+    """The share of records whose states the run stores under `policy` (`--hidden-states`), for
+    the disk guard (the lower bound: what will surely be written), and how it was found, for its
+    message. `selective` counts the share of the store's latest results under `keep_below` when it
+    has some; else only the `keep_sample`. `stored` gives the store's results, read only for
+    `selective` (a big store maps many shards)."""
+    if policy != SELECTIVE:
+        return stored_fraction(policy, None, 0.0)[0], ""
+    below = measured_below(stored(), keep_below)
+    low, _ = stored_fraction(SELECTIVE, below, keep_sample)
     if below is None:
-        return low, f" (selective: at least its {settings.keep_sample:.0%} sample; no stored results to measure more)"
+        return low, f" (selective: at least its {keep_sample:.0%} sample; no stored results to measure more)"
     return low, f" (selective: {low:.1%} of the records, as {below:.1%} of the store's results are under the threshold)"
 
 

@@ -17,6 +17,9 @@ from clef_cli.store.remote.layout import cache_folder, store_uri
 MAX_SLOTS = 16
 """Cache folders one machine tries for one store before waiting for the first (`--cache-dir`)."""
 
+UPLOADS = "upload"
+"""The store folder's folder for outputs on their way to an object store (`job/output.py`)."""
+
 
 @dataclass(frozen=True)
 class StoreLocation:

@@ -21,7 +21,7 @@ from clef_cli.engines.local.batch_slots import BatchSlots, Slot
 from clef_cli.engines.local.committer import BackgroundCommitter
 from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.workers import Planned
-from clef_cli.job import Job
+from clef_cli.job.lifecycle import Job
 from clef_cli.model.backbone import resolve_device
 from clef_cli.model.scoring import BatchRunner, Scorer
 from clef_cli.results import FailedRecord, ScoredRecord

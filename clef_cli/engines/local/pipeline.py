@@ -32,13 +32,14 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.engines.local.workers import Planned
 from clef_cli.errors import ClefError, JobStopped
-from clef_cli.job import Job, open_job
+from clef_cli.job.lifecycle import Job, open_job
+from clef_cli.job.output import passthrough_types
+from clef_cli.job.settings import ScoreSettings
+from clef_cli.job.summary import JobSummary
 from clef_cli.model.scoring import Scorer
-from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
 from clef_cli.release import Release
 from clef_cli.results import FailedRecord
-from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.sizes import human_size
 from clef_cli.stats import record_modality
 from clef_cli.store.keep_policy import selective_share
@@ -238,7 +239,7 @@ def _check_disk(job: Job, window: Window) -> None:
     settings, checkpoint = job.settings, job.checkpoint
     if settings.hidden_states == "drop":
         return
-    share, how = selective_share(settings, checkpoint.results)
+    share, how = selective_share(settings.hidden_states, settings.keep_below, settings.keep_sample, checkpoint.results)
     lengths = [p.length or 0 for p in window.planned]
     remaining = max(len(lengths), job.ledger.counts.run)
     per_token = hidden_bytes_per_token(settings, job.release.hidden_size)

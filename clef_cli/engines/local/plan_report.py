@@ -24,11 +24,11 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.errors import ClefError
 from clef_cli.inputs.readers import count_records
-from clef_cli.job import Preflight, checked_release, job_ledger, key_prompt, with_remote_spool
+from clef_cli.job.lifecycle import Preflight, checked_release, job_ledger, key_prompt, with_remote_spool
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.progress import Progress
 from clef_cli.release import Release
 from clef_cli.results import RunCounts
-from clef_cli.settings import ScoreSettings
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
 from clef_cli.store.key_index import INDEX_FILE, KeyIndex

@@ -19,11 +19,11 @@ from clef_cli.engines.local.workers import EncoderSpec, Planned, within_budget
 from clef_cli.inputs.first_window import FIRST_WINDOW
 from clef_cli.inputs.record_chunks import record_chunks
 from clef_cli.inputs.records import InvalidRecord, Record
-from clef_cli.job import job_records
+from clef_cli.job.lifecycle import job_records
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.model.dtypes import ITEM_SIZES
 from clef_cli.release import Release
 from clef_cli.results import FailedRecord
-from clef_cli.settings import ScoreSettings
 
 __all__ = ["Window", "encode_pool", "hidden_bytes_per_token", "job_records", "planned_windows", "worker_count"]
 

@@ -35,11 +35,11 @@ from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.engines.ray.hidden import tag, write_hidden
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.locations.fence import media_base
 from clef_cli.model.scoring import BatchOutcome, BatchRunner
 from clef_cli.release import resolve_release
 from clef_cli.results import FailedRecord, results_table
-from clef_cli.settings import ScoreSettings
 from clef_cli.store.hidden_store import HIDDEN_DTYPES
 from clef_cli.store.keep_policy import DROP, KeepPolicy, split_outcome
 

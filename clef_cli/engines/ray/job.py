@@ -41,12 +41,13 @@ from clef_cli.inputs.parquet_rows import RECORD_COLUMNS
 from clef_cli.inputs.readers import load_questions_file, read_limits
 from clef_cli.inputs.seen_ids import SeenIds
 from clef_cli.inputs.sources import expand_inputs
-from clef_cli.job import open_job
+from clef_cli.job.lifecycle import open_job
+from clef_cli.job.output import passthrough_types
+from clef_cli.job.settings import ScoreSettings
+from clef_cli.job.summary import JobSummary
 from clef_cli.model.backbone import resolve_dtype
-from clef_cli.output import passthrough_types
 from clef_cli.progress import Progress
 from clef_cli.results import RESULT_SCHEMA
-from clef_cli.settings import JobSummary, ScoreSettings
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.keep_policy import DROP, KeepPolicy
 from clef_cli.store.ledger import ToRun

@@ -9,10 +9,11 @@ from clef_cli.engines.local.pipeline import ScoreJob, compute_dtype
 from clef_cli.engines.local.plan_report import DryRunReport
 from clef_cli.engines.vllm.client import VllmWorker
 from clef_cli.engines.vllm.limits import engine_refusal, prompt_limit
-from clef_cli.job import Job
+from clef_cli.job.lifecycle import Job
+from clef_cli.job.settings import ScoreSettings
+from clef_cli.job.summary import JobSummary
 from clef_cli.model.scoring import Scorer
 from clef_cli.release import Release
-from clef_cli.settings import JobSummary, ScoreSettings
 
 VLLM_LOG = "vllm.log"
 """vLLM's own output, in the checkpoint folder (a Ray actor's, appended with its pid in a header)."""

@@ -6,8 +6,8 @@ versions, audio in video, are retried the same way and now score.)"""
 
 from __future__ import annotations
 
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.release import Release
-from clef_cli.settings import ScoreSettings
 
 
 def prompt_limit(settings: ScoreSettings, release: Release) -> int | None:

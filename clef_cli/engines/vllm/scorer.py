@@ -24,10 +24,10 @@ from clef_cli.engines.vllm.limits import EngineRefusal, too_long
 from clef_cli.engines.vllm.mm_requests import vllm_request
 from clef_cli.engines.vllm.transport import Slot, StateSlots, padded_bytes
 from clef_cli.errors import UsageError
+from clef_cli.job.settings import ScoreSettings
 from clef_cli.model.backbone import Backbone, resolve_device
 from clef_cli.model.scoring import Scorer
 from clef_cli.release import Release
-from clef_cli.settings import ScoreSettings
 
 MODEL_TYPES = {"qwen3_omni_moe": "Clef-Omni", "qwen3_5": "Clef / Clef-Flash (dense Qwen3.5)"}
 """The releases this engine serves, by config.json model_type: each proven exact against the HF

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clef_cli.store import durable
-from clef_cli.store.location import MAX_SLOTS, StoreLocation
+from clef_cli.store.location import MAX_SLOTS, UPLOADS, StoreLocation
 from clef_cli.store.locks import SUFFIX, JobLock, LockedError
 from clef_cli.store.remote.layout import cache_folder
-from clef_cli.store.remote_output import UPLOADS
 
 
 @dataclass
