@@ -312,8 +312,9 @@ def test_a_missing_object_is_named_by_its_uri(client):
         with pytest.raises(MissingObject) as raised:
             read()
         assert str(raised.value) == f"object not found: {ROOT}/a/none"
-    with pytest.raises(MissingObject):
+    with pytest.raises(MissingObject) as raised:
         found.get_ranges("a/none", [(0, 1)])
+    assert str(raised.value) == f"object not found: {ROOT}/a/none"
 
 
 def test_a_conditional_put_never_overwrites_and_a_plain_one_does(client):
