@@ -169,3 +169,23 @@ class Skewed:
         import time
 
         return getattr(time, name)
+
+
+MEMORY_ROOT = "s3://clef-memory"
+
+
+def served_memory(monkeypatch, root: str = MEMORY_ROOT) -> Iterator:
+    """A `memory` fixture's body: an empty obstore MemoryStore served as the bucket `root` (no
+    retries), what this process read of stores forgotten either side; yields the MemoryStore."""
+    from obstore.store import MemoryStore
+
+    from clef_cli.locations import buckets, object_store
+    from clef_cli.store.remote import manifests
+
+    store = MemoryStore()
+    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
+    buckets.serve_from(root, store)
+    manifests.forget()
+    yield store
+    buckets.serve_from(root, None)
+    manifests.forget()
