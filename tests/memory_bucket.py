@@ -207,6 +207,8 @@ class Refusals:
 
     def __init__(self, monkeypatch) -> None:
         self.calls: list[tuple[str, str, dict]] = []
+        self.stores: list = []
+        """The client of each call."""
         self.rules: dict[str, tuple[Callable[[str], BaseException], Callable[[str], bool]]] = {}
         for kind in ("put", "delete", "list"):
             monkeypatch.setattr(obstore, kind, self._wrapped(kind, getattr(obstore, kind)))
@@ -221,6 +223,7 @@ class Refusals:
     def _wrapped(self, kind: str, real: Callable) -> Callable:
         def call(store, key=None, *args, **kwargs):
             self.calls.append((kind, key or "", kwargs))
+            self.stores.append(store)
             if kind in self.rules:
                 error, when = self.rules[kind]
                 if when(key or ""):

@@ -437,3 +437,26 @@ def test_a_refused_preflight_after_a_read_from_the_bucket_is_still_access_denied
     with pytest.raises(ObjectStoreError) as raised:
         check_writable(OUTPUT, "-o")
     assert str(raised.value) == f"-o {OUTPUT}: {words_of(DENIED, NAME)}"
+
+
+def test_the_output_is_put_by_the_patient_client_and_probed_by_the_quick_one(monkeypatch, tmp_path):
+    """The preflight is a job's first request (ATTEMPTS tries, then the job ends); the upload at
+    its end retries for longer, through the client without the read timeout."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "clef-test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "clef-test-secret")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: every put is refused here
+    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
+    buckets.forget()
+    refusals = Refusals(monkeypatch)
+    refusals.refuse("put", denied)
+    try:
+        with pytest.raises(ObjectStoreError):
+            upload_whole(local_file(tmp_path, b"rows"), "s3://clef-env/out/o.parquet")
+        with pytest.raises(WriteRefused):
+            probe_writes("s3://clef-env/out/.o.parquet.clef-probe-0", "s3://clef-env/out/o.parquet")
+    finally:
+        buckets.forget()
+        object_store.forget()
+    upload, probed = refusals.stores
+    assert upload.retry_config["max_retries"] == 10 and "read_timeout" not in upload.client_options
+    assert probed.retry_config["max_retries"] == 2 and probed.client_options["read_timeout"] == "3s"
