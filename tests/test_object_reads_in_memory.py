@@ -480,3 +480,13 @@ def test_access_denied_by_its_http_status_too(bucket):
     with pytest.raises(ObjectStoreError) as raised:
         read_object(MEDIA, 10, io.BytesIO())
     assert str(raised.value) == f"media {MEDIA}: {words_of(DENIED, NAME)}"
+
+
+def test_a_failure_met_reading_an_object_is_sorted_as_a_read_not_a_listing(bucket):
+    """inputs/sources.py sorts a stream's failure itself: denied after a read of the bucket is
+    that object's, as a read's is (a listing's would be the job's)."""
+    store, _ = bucket
+    put_object(store, "in/ok.png", b"ok")
+    read_object(f"{ROOT}/in/ok.png", 10, io.BytesIO())
+    found = object_store._classify(OSError(ACCESS_DENIED), MEDIA)
+    assert type(found) is LocationProblem and str(found) == f"access denied: {MEDIA}"
