@@ -101,6 +101,8 @@ class MemoryFS(pafs.FileSystemHandler):
         if self.fail is not None:
             raise self.fail
         key = self._key(selector.base_dir) or ""
+        if selector.recursive:  # every object under the folder, at any depth
+            return [self._info(f"{self.name}/{item['path']}", item) for page in _list(self.store, key) for item in page]
         listed = _list_with_delimiter(self.store, key or None)
         folders = [pafs.FileInfo(f"{self.name}/{name}", pafs.FileType.Directory) for name in listed["common_prefixes"]]
         return folders + [self._info(f"{self.name}/{item['path']}", item) for item in listed["objects"]]

@@ -227,7 +227,16 @@ def test_a_stamp_comes_from_its_folders_one_listing(bucket):
     assert str(raised.value) == f"object not found: {ROOT}/in/sub"
     with pytest.raises(LocationProblem, match="object not found"):
         stamp(f"{ROOT}/in/new.png")  # written after the listing: the process keeps its listing
+    with pytest.raises(LocationProblem, match="object not found"):
+        stamp(f"{ROOT}/in/c.png")  # in/sub/c.png is not in in/
     assert handler.listings == 1
+
+
+def test_a_folder_whose_name_ends_in_any_letter_is_the_one_listed(bucket):
+    store, _ = bucket
+    put_object(store, "in/a.png", b"outer")
+    put_object(store, "in/BOX/a.png", b"in the box")
+    assert stamp(f"{ROOT}/in/BOX/a.png").size == len(b"in the box")
 
 
 def test_an_empty_or_missing_folder_has_no_objects(bucket):
@@ -351,9 +360,11 @@ SAME = "2026-12-07T15:28:18+00:00"
         ({"Last-Modified": b"not a date", "x-amz-version-id": b"v1", "VersionId": b"v7"}, (0, "v7")),
         ({"Last-Modified": b"Tue, 99 Foo 2026", "ETag": b'""', "versionid": b"v2"}, (0, "v2")),
         ({"ETag": b'"a"b"'}, (0, 'a"b')),
+        ({"ETag": b'"X0aX"'}, (0, "X0aX")),
         ({}, (0, "")),
     ],
-    ids=["s3-iso", "rfc-1123", "offset-fraction", "bad-date-version", "bad-rfc-empty-etag", "quoted-etag", "none"],
+    ids=["s3-iso", "rfc-1123", "offset-fraction", "bad-date-version", "bad-rfc-empty-etag", "quoted-etag",
+         "opaque-etag", "none"],
 )  # fmt: skip
 def test_an_objects_stamp_is_read_from_its_headers(headers, expected):
     """Header names in any case, values bytes or text; ISO or HTTP dates to the second; the
