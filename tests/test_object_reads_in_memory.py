@@ -501,3 +501,9 @@ def test_a_failure_met_reading_an_object_is_sorted_as_a_read_not_a_listing(bucke
     read_object(f"{ROOT}/in/ok.png", 10, io.BytesIO())
     found = object_store._classify(OSError(ACCESS_DENIED), MEDIA)
     assert type(found) is LocationProblem and str(found) == f"access denied: {MEDIA}"
+
+
+def test_an_empty_objects_stamp_is_zero_bytes(bucket):
+    store, _ = bucket
+    put_object(store, "in/empty.png", b"")
+    assert stamp(f"{ROOT}/in/empty.png").size == 0
