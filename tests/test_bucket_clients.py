@@ -220,6 +220,19 @@ def test_a_client_obstore_cannot_configure_is_one_line_naming_the_bucket(s3_env)
     assert raised.value.detail.startswith(text) and raised.value.__cause__ is None
 
 
+def test_a_long_configuration_error_is_cut_to_300_characters_its_whole_kept(s3_env):
+    import obstore.store
+
+    def refuse(*args, **kwargs):
+        raise ValueError("bad\n  " + "x" * 400)
+
+    s3_env.setattr(obstore.store, "S3Store", refuse)
+    with pytest.raises(ObjectStoreError) as raised:
+        _make_store("s3://night", False)
+    assert str(raised.value) == f"s3://night: cannot open it (its configuration: {('bad ' + 'x' * 400)[:300]})"
+    assert raised.value.detail == "bad " + "x" * 400
+
+
 def test_a_bucket_built_from_the_environment_uploads_without_the_read_timeout(s3_env):
     client = Bucket("s3://night")
     assert client.store.client_options["read_timeout"] == "3s"
@@ -417,8 +430,9 @@ def test_the_names_directly_under_a_folder_folders_with_a_slash(client):
         ),
         ({"path": "a/c", "size": None, "e_tag": None}, ObjectInfo("a/c", 0, 0.0, "")),
         ({"path": "a/d"}, ObjectInfo("a/d", 0, 0.0, "")),
+        ({"path": "a/e", "e_tag": "X0aX"}, ObjectInfo("a/e", 0, 0.0, "X0aX")),
     ],
-    ids=["whole", "nones", "bare"],
+    ids=["whole", "nones", "bare", "opaque-etag"],
 )  # fmt: skip
 def test_an_objects_info_from_what_obstore_says(meta, expected):
     found = _info(meta)
