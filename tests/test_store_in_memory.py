@@ -19,7 +19,7 @@ from clef_cli.store.ledger import Ledger
 from clef_cli.store.remote import compaction, damage, manifests, pruning, segments
 from clef_cli.store.remote.layout import LATEST, MANIFESTS, SEGMENTS, manifest_name
 
-from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows
+from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows, served_memory
 
 ROOT = "s3://clef-memory"
 PREFIX = "nightly/"
@@ -30,15 +30,7 @@ DAY = 86400.0
 @pytest.fixture
 def memory(monkeypatch):
     """The bucket, empty, in memory; what this process read of stores forgotten either side."""
-    from obstore.store import MemoryStore
-
-    store = MemoryStore()
-    monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
-    buckets.serve_from(ROOT, store)
-    manifests.forget()
-    yield store
-    buckets.serve_from(ROOT, None)
-    manifests.forget()
+    yield from served_memory(monkeypatch, ROOT)
 
 
 def objects(store, under: str = "") -> list[str]:
