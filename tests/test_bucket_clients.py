@@ -6,19 +6,20 @@ planted bug quickly (test_buckets.py covers the same client against moto)."""
 
 from __future__ import annotations
 
+import io
 from datetime import datetime, timedelta, timezone
 
 import obstore
 import pytest
 from obstore.store import MemoryStore
 
-from clef_cli.locations import buckets
+from clef_cli.locations import buckets, object_store
 from clef_cli.locations.buckets import Bucket, ObjectInfo, WriteConflict, _info, _make_store, aws_config
-from clef_cli.locations.failures import ObjectStoreError
+from clef_cli.locations.failures import DENIED, ObjectStoreError, words_of
 from clef_cli.locations.object_store import MissingObject
 from clef_cli.locations.uris import LocationProblem
 
-from .memory_bucket import ROOT, forget_served, keys_in, put_object, slow_down
+from .memory_bucket import NAME, ROOT, Refusals, denied, forget_served, keys_in, put_object, served, slow_down
 
 NO_METADATA = {"AWS_EC2_METADATA_DISABLED": "true"}
 
@@ -86,6 +87,13 @@ def test_half_the_environments_keys_is_none_the_profiles_are_read(files):
     assert found["secret_access_key"] == "s-night"
 
 
+def test_a_key_without_its_secret_is_no_key(tmp_path):
+    half = tmp_path / "credentials"
+    half.write_text("[default]\naws_access_key_id = AKHALF\n")
+    found = aws_config({"AWS_SHARED_CREDENTIALS_FILE": str(half), "AWS_CONFIG_FILE": str(half)} | NO_METADATA)
+    assert found == {"skip_signature": True, "region": "us-east-1"}
+
+
 def test_the_default_files_are_in_the_home_folder(tmp_path, monkeypatch):
     (tmp_path / ".aws").mkdir()
     (tmp_path / ".aws" / "credentials").write_text("[default]\naws_access_key_id = AKHOME\naws_secret_access_key = s\n")
@@ -122,10 +130,11 @@ def test_the_region_in_order_and_us_east_1_without_one(files, env, region):
     [
         ({"AWS_ENDPOINT_URL_S3": "http://s3.local/", "AWS_ENDPOINT_URL": "http://any.local"}, "http://s3.local"),
         ({"AWS_ENDPOINT_URL": "http://any.local//"}, "http://any.local"),
+        ({"AWS_ENDPOINT_URL": "http://proxy.local/X/"}, "http://proxy.local/X"),
         ({"AWS_PROFILE": "night"}, "http://minio.local:9000"),
         ({}, None),
     ],
-    ids=["s3-endpoint", "endpoint", "profile", "none"],
+    ids=["s3-endpoint", "endpoint", "path", "profile", "none"],
 )
 def test_the_endpoint_in_order_without_its_trailing_slash(files, env, endpoint):
     assert aws_config(files | env).get("endpoint") == endpoint
@@ -236,6 +245,7 @@ def test_a_long_configuration_error_is_cut_to_300_characters_its_whole_kept(s3_e
 def test_a_bucket_built_from_the_environment_uploads_without_the_read_timeout(s3_env):
     client = Bucket("s3://night")
     assert client.store.client_options["read_timeout"] == "3s"
+    assert client.store.retry_config["max_retries"] == client.uploads.retry_config["max_retries"] == 10
     assert "read_timeout" not in client.uploads.client_options
     assert client.store.config["bucket"] == client.uploads.config["bucket"] == "night"
     quick = Bucket("s3://night", quick=True)
@@ -437,3 +447,33 @@ def test_the_names_directly_under_a_folder_folders_with_a_slash(client):
 def test_an_objects_info_from_what_obstore_says(meta, expected):
     found = _info(meta)
     assert found == expected and type(found.size) is int and type(found.key) is str
+
+
+@pytest.fixture
+def watched(monkeypatch):
+    """The bucket in memory seen by both clients, obstore's calls refusable (tests/memory_bucket.py)."""
+    store, _ = served(monkeypatch)
+    yield buckets.bucket(ROOT), store, Refusals(monkeypatch)
+    forget_served(ROOT)
+
+
+def test_a_refused_request_is_the_jobs_even_after_a_read(watched):
+    """The store's requests are the store's own (its manifests, segments): access denied there is
+    the job's credentials, however many media objects of the bucket were read."""
+    found, store, refusals = watched
+    put_object(store, "in/a.png", b"png")
+    object_store.read_object(f"{ROOT}/in/a.png", 10, io.BytesIO())
+    refusals.refuse("put", denied)
+    with pytest.raises(ObjectStoreError) as raised:
+        found.put("m/1.json", b"x")
+    assert str(raised.value) == f"{ROOT}/m/1.json: {words_of(DENIED, NAME)}"
+
+
+def test_a_delete_a_store_answers_404_is_gone_already_and_a_refused_one_names_its_object(watched):
+    found, _, refusals = watched
+    refusals.refuse("delete", lambda key: FileNotFoundError(f"Object at location {key} not found"))
+    found.delete("m/1.json")
+    refusals.refuse("delete", denied)
+    with pytest.raises(ObjectStoreError) as raised:
+        found.delete("m/1.json")
+    assert str(raised.value) == f"{ROOT}/m/1.json: {words_of(DENIED, NAME)}"

@@ -76,6 +76,8 @@ def test_the_endpoint_named_is_the_s3_one_first_without_its_slash(monkeypatch):
     )
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://s3.local/")
     assert words_of(SILENT, "b").startswith("the endpoint http://s3.local did not answer in 10 s")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://proxy.local/X/")
+    assert words_of(SILENT, "b").startswith("the endpoint http://proxy.local/X did not answer")
 
 
 def test_a_job_error_keeps_its_cause_and_masks_what_it_shows():

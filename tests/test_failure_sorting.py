@@ -227,3 +227,31 @@ def test_the_servers_answer_is_kept_up_to_two_thousand_characters(keys):
     text = "AccessDenied " + "x" * 3000 + "\nDebug source: tree"
     found = sort(text, readable=False)
     assert found.detail == ("AccessDenied " + "x" * 3000)[:2000]
+
+
+def test_an_unreachable_endpoint_that_answered_and_now_throttles_is_the_moments(keys):
+    """A retry's text carries the connection error and the server's 503: once the store has
+    answered this process, the throttling is what counts (retried, then transient)."""
+    found = sort("Generic S3 error: error sending request after 10 retries: <Code>SlowDown</Code>", answered=True)
+    assert type(found) is LocationProblem and found.transient
+
+
+def test_a_transient_failures_text_is_cut_to_200_characters(keys):
+    text = "SlowDown " + "y" * 400
+    found = sort(text)
+    assert str(found) == f"the store kept failing for {URI}: {text[:200]}"
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ("refused\nDebug source:\n  Tree { AccessDenied }", "refused"),
+        ("AccessDenied a Debug source: b Debug source: c", "AccessDenied a"),
+        ("AccessDenied, debug source: and DEBUG SOURCE: kept", "AccessDenied, debug source: and DEBUG SOURCE: kept"),
+    ],
+    ids=["tree", "two-trees", "other-case"],
+)
+def test_the_servers_answer_stops_at_obstores_debug_tree(keys, text, detail):
+    """obstore appends its error's whole tree after `Debug source:`; the answer shown is before it
+    (a mark inside the tree still sorts the failure)."""
+    assert sort(text, readable=False).detail == detail
