@@ -398,8 +398,9 @@ def test_a_download_streams_into_the_file_and_says_its_size(client, tmp_path):
     target.write_bytes(b"older and longer" * 100_000)
     assert found.download("seg/1", target) == len(data)
     assert target.read_bytes() == data
-    with pytest.raises(MissingObject):
+    with pytest.raises(MissingObject) as raised:
         found.download("seg/none", tmp_path / "none")
+    assert str(raised.value) == f"object not found: {ROOT}/seg/none"
 
 
 def test_a_delete_removes_and_a_missing_object_is_gone_already(client):
@@ -428,6 +429,9 @@ def test_the_names_directly_under_a_folder_folders_with_a_slash(client):
     assert sorted(found.top_level("s/")) == ["a", "b/", "c/"]
     assert sorted(found.top_level("")) == ["root", "s/", "t/"]
     assert found.top_level("none/") == []
+    put_object(store, "s/BOX/in", b"x")
+    put_object(store, "s/BOX/X/deep", b"x")
+    assert sorted(found.top_level("s/BOX/")) == ["X/", "in"]
 
 
 @pytest.mark.parametrize(
@@ -477,3 +481,11 @@ def test_a_delete_a_store_answers_404_is_gone_already_and_a_refused_one_names_it
     with pytest.raises(ObjectStoreError) as raised:
         found.delete("m/1.json")
     assert str(raised.value) == f"{ROOT}/m/1.json: {words_of(DENIED, NAME)}"
+
+
+def test_a_refused_listing_names_the_prefix_listed(watched):
+    found, _, refusals = watched
+    refusals.refuse("list", denied, when=lambda key: True)
+    with pytest.raises(ObjectStoreError) as raised:
+        list(found.list("m/"))
+    assert str(raised.value) == f"{ROOT}/m/: {words_of(DENIED, NAME)}"

@@ -345,6 +345,17 @@ def test_the_bucket_itself_is_asked(bucket):
     assert asked == [NAME]
 
 
+def test_a_bucket_refused_after_a_read_is_still_the_jobs_error(bucket):
+    """Asking for the bucket is a listing's question: denied there is the job's, read or not."""
+    store, handler = bucket
+    put_object(store, "in/ok.png", b"ok")
+    read_object(f"{ROOT}/in/ok.png", 10, io.BytesIO())
+    handler.fail = OSError("AWS Error ACCESS_DENIED during HeadBucket operation: No response body.")
+    with pytest.raises(ObjectStoreError) as raised:
+        check_bucket(MEDIA, "input")
+    assert str(raised.value) == f"input {MEDIA}: {words_of(DENIED, NAME)}"
+
+
 # --------------------------------------------------------------------------- _head_stamp
 
 
@@ -412,6 +423,8 @@ def test_one_filesystem_per_bucket_and_the_key_joined_to_its_base(monkeypatch):
         assert again is fs and root == "/base/"
         assert filesystem("gs://others/x")[1] == "/base/x"
         assert opened.roots == ["gs://pictures", "gs://others"]
+        opened.base = "BOX"  # a base without its slash (the bucket's name), whatever letter ends it
+        assert filesystem("gs://boxes")[1] == "BOX" and filesystem("gs://boxes/in/a.png")[1] == "BOX/in/a.png"
     finally:
         object_store.forget()
 
