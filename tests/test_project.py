@@ -65,6 +65,31 @@ def test_the_mutation_command_runs_a_modules_importers_against_only_that_module(
     assert 'source_paths = ["clef_cli"]' in section
 
 
+def test_a_resumed_mutation_run_keeps_only_the_caught_mutants(tmp_path):
+    """tools/mutate.py --resume: killed (1) and timed-out (-24) mutants keep their result in the
+    fresh copy; survived (0), no tests (33) and untried (None) run again against today's tests."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "tools" / "mutate.py")
+    mutate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutate)
+    codes = {"m.x_f__mutmut_1": 1, "m.x_f__mutmut_2": 0, "m.x_f__mutmut_3": 33, "m.x_f__mutmut_4": -24}
+    meta = tmp_path / "old" / "mutants" / "clef_cli" / "m.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"exit_code_by_key": {**codes, "m.x_f__mutmut_5": None}, "hash_by_function_name": {}}))
+    mutate.carry_results(tmp_path / "new", mutate.earlier_results(tmp_path / "old"))
+    carried = json.loads((tmp_path / "new" / "mutants" / "clef_cli" / "m.py.meta").read_text())
+    assert carried["exit_code_by_key"] == {
+        "m.x_f__mutmut_1": 1,
+        "m.x_f__mutmut_2": None,
+        "m.x_f__mutmut_3": None,
+        "m.x_f__mutmut_4": -24,
+        "m.x_f__mutmut_5": None,
+    }
+    assert carried["hash_by_function_name"] == {}  # the rest of the record as it was
+
+
 def test_the_max_length_defaults_read_as_each_family_has_them():
     """`--max-length`'s default is the family's (issue 56: docs/scoring.md gave 64000 for every
     family); the help and the docs name each family's own figure, read from the code."""

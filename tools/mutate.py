@@ -4,6 +4,7 @@
     python tools/mutate.py --changed main              # every clef_cli module changed since main
     python tools/mutate.py clef_cli/store/x.py --tests tests/test_store.py
     python tools/mutate.py clef_cli/store/remote/segments.py --tests tests/test_store_in_memory.py --only
+    python tools/mutate.py clef_cli/locations/*.py --tests ... --only --resume   # after new tests
 
 A module's tests are the test files that import it (by its dotted name), plus any `--tests`
 (`--only`: the `--tests` alone, e.g. store/remote/'s in-process tests without the moto ones).
@@ -12,7 +13,9 @@ code), the static settings from pyproject.toml's [tool.mutmut] and the modules a
 here, under `nice`, one mutant at a time by default (`--max-children`); a test's subprocesses
 run the unmutated copy (only in-process tests kill mutants). It prints killed / survived / timed
 out / no tests per module and the survivors' names; `mutmut show NAME` run in the scratch folder
-shows one's diff.
+shows one's diff. `--resume` carries the scratch folder's earlier results into the fresh copy:
+mutants killed (or timed out) stay so where their function is unchanged, and only the others
+(survived, no tests, not yet tried) run again, against the tests as they are now.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ LEFT_OUT = shutil.ignore_patterns(
 SOURCE_READERS = ("tests/test_architecture.py",)
 """Test files that read the modules' text (sizes, imports) rather than run them: mutmut's copy of a
 module, every mutant beside the original, fails them before any mutant is tried."""
+CAUGHT = (1, -24)
+"""mutmut's exit codes kept by `--resume`: a test failed (killed), the tests ran past their time."""
 STATUSES = ("killed", "survived", "timeout", "no tests", "suspicious", "skipped", "not checked")
 
 
@@ -87,6 +92,24 @@ def scratch_copy(scratch: Path, modules: list[Path], tests: list[str]) -> None:
     pyproject.write_text(with_selection(pyproject.read_text(encoding="utf-8"), modules, tests), encoding="utf-8")
 
 
+def earlier_results(scratch: Path) -> dict[Path, dict]:
+    """The scratch folder's mutmut records (`mutants/**/*.meta`), each cut to its caught mutants."""
+    found = {}
+    for meta in (scratch / "mutants").rglob("*.meta"):
+        record = json.loads(meta.read_text(encoding="utf-8"))
+        codes = record.get("exit_code_by_key", {})
+        record["exit_code_by_key"] = {name: (code if code in CAUGHT else None) for name, code in codes.items()}
+        found[meta.relative_to(scratch)] = record
+    return found
+
+
+def carry_results(scratch: Path, records: dict[Path, dict]) -> None:
+    for relative, record in records.items():
+        target = scratch / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(record, indent=4), encoding="utf-8")
+
+
 def results(scratch: Path) -> dict[str, str]:
     """Mutant name -> status, as `mutmut results --all true` prints them."""
     done = subprocess.run(
@@ -122,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="store_true", help="run only the --tests, not the files importing the modules")
     parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "clef-mutate")
+    parser.add_argument("--resume", action="store_true", help="keep the killed mutants of --scratch; try the rest")
     args = parser.parse_args(argv)
     modules = [*args.modules, *(changed_modules(args.changed) if args.changed else [])]
     modules = sorted({Path(module).resolve().relative_to(ROOT) for module in modules})
@@ -132,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if not tests:
         parser.error("no test file imports these modules: name them with --tests")
     print(f"mutating {len(modules)} module(s) against {len(tests)} test file(s): {' '.join(tests)}", flush=True)
+    earlier = earlier_results(args.scratch) if args.resume else {}
     scratch_copy(args.scratch, modules, tests)
+    carry_results(args.scratch, earlier)
     run = ["nice", "-n", "19", "mutmut", "run", "--max-children", str(args.max_children)]
     # a test's own `python -m clef_cli` or `python -c` imports the scratch copy's clef, unmutated
     # (mutmut's trampolines fail outside its folder), never another checkout or an installed clef
