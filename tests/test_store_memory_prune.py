@@ -82,9 +82,9 @@ def newest_manifest(store) -> dict:
 def two_nights(memory, monkeypatch, tmp_path):
     """Run `old` (3 days ago) computes 0..9, 10..19, 50..59, 60..69 (four segments); run `new`
     computes 20..29, 30..39, 40..49 and its records also have 5..9 and 15..19. Keys objects are
-    written 4 rows a batch and looked up 3 at a time, so batches and lookups are many."""
+    written 4 rows a batch and looked up 2 at a time, so batches and lookups are many."""
     monkeypatch.setattr(segments, "BATCH_ROWS", 4)
-    monkeypatch.setattr(pruning, "LOOKUP_CHUNK", 3)
+    monkeypatch.setattr(pruning, "LOOKUP_CHUNK", 2)
     old_numbers = [*range(0, 20), *range(50, 70)]
     old = run(tmp_path, "a", old_numbers, [range(0, 10), range(10, 20), range(50, 60), range(60, 70)], 3)
     new_used = [*range(5, 10), *range(15, 20), *range(20, 50)]
