@@ -162,3 +162,12 @@ def scorer(release):
 
     torch.manual_seed(0)
     return load_scorer(release, device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    """The bucket `s3://clef-memory`, empty, in memory (an obstore MemoryStore served in process:
+    tests/remote_stores.py `served_memory`); what this process read of stores forgotten either side."""
+    from .remote_stores import served_memory
+
+    yield from served_memory(monkeypatch)

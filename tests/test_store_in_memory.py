@@ -19,18 +19,12 @@ from clef_cli.store.ledger import Ledger
 from clef_cli.store.remote import compaction, damage, manifests, pruning, segments
 from clef_cli.store.remote.layout import LATEST, MANIFESTS, SEGMENTS, manifest_name
 
-from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows, served_memory
+from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows
 
 ROOT = "s3://clef-memory"
 PREFIX = "nightly/"
 STORE = f"{ROOT}/{PREFIX}"
 DAY = 86400.0
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    """The bucket, empty, in memory; what this process read of stores forgotten either side."""
-    yield from served_memory(monkeypatch, ROOT)
 
 
 def objects(store, under: str = "") -> list[str]:

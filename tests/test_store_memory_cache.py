@@ -21,17 +21,12 @@ from clef_cli.store.remote.cache import MARK, Cache
 from clef_cli.store.remote.layout import manifest_name
 from clef_cli.store.remote.segments import DamagedObject
 
-from .remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows, served_memory
+from .remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
 SIZE = 8
 """Records per segment (two parts of 4, with states)."""
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 def three_segments(tmp_path) -> list:

@@ -10,22 +10,15 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 
-import pytest
-
 from clef_cli.store.locks import SUFFIX, JobLock
 from clef_cli.store.remote import manifests
 from clef_cli.store.remote.cache_prune import CachePruned, prune_caches
 from clef_cli.store.remote.layout import cache_folder
 
-from .remote_stores import commit, key_of, open_machine, served_memory
+from .remote_stores import commit, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 def on_disk(folder) -> dict[str, int]:

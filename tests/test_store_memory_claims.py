@@ -14,15 +14,10 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote.claims import claim_said, unclaim
 from clef_cli.store.remote.last_users import in_use_order, last_users
 
-from .remote_stores import commit, fresh_machine, night, open_machine, served_memory
+from .remote_stores import commit, fresh_machine, night, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 # ---------------------------------------------------------------- claim_said, unclaim

@@ -31,18 +31,12 @@ from .remote_stores import (
     night,
     open_machine,
     results,
-    served_memory,
 )
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
 FAILED = {1, 7}
 """Records committed failed for good among 0..9 (their rows have no states)."""
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 def names(store, under: str = "") -> list[str]:

@@ -19,16 +19,11 @@ from clef_cli.store.remote import pruning, segments
 from clef_cli.store.remote.layout import MANIFESTS, SEGMENTS
 from clef_cli.store.remote.manifests import Manifest
 
-from .remote_stores import Skewed, commit, fresh_machine, key_of, open_machine, served_memory
+from .remote_stores import Skewed, commit, fresh_machine, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
 DAY = 86400.0
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 def objects(store, under: str = "") -> dict[str, int]:

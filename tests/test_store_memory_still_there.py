@@ -5,19 +5,13 @@ missing ones are put again, before the manifest names them; in process against a
 from __future__ import annotations
 
 import obstore
-import pytest
 
 from clef_cli.store.ledger import Ledger
 
-from .remote_stores import commit, key_of, open_machine, served_memory
+from .remote_stores import commit, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 def objects(store) -> set[str]:

@@ -17,16 +17,11 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote import store as remote_store
 from clef_cli.store.remote.sync import REPEAT_EVERY, Claimed, Syncer
 
-from .remote_stores import FINGERPRINT, OTHER_MODEL, commit, fresh_machine, key_of, open_machine, served_memory
+from .remote_stores import FINGERPRINT, OTHER_MODEL, commit, fresh_machine, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"
 RESTARTED = f"the store {STORE} was restarted by another job with another model meanwhile"
-
-
-@pytest.fixture
-def memory(monkeypatch):
-    yield from served_memory(monkeypatch)
 
 
 class Clock:
