@@ -25,6 +25,42 @@ def pytest_sessionfinish(session):
     background.stop_all()
 
 
+def pytest_configure(config):
+    """A test server's thread that fails (a client of an earlier test hanging up on moto or the
+    proxy) prints its traceback to sys.stderr as it is then: inside a `CliRunner.invoke`, that is
+    the command's captured stderr, and a one-line error read as many. It goes to the process's."""
+    import socketserver
+    import sys
+    import traceback
+
+    def handle_error(server, request, client_address):
+        print(f"test server {client_address}:", file=sys.__stderr__)
+        traceback.print_exc(file=sys.__stderr__)
+
+    socketserver.BaseServer.handle_error = handle_error
+
+
+def pytest_runtest_setup(item):
+    """Ray's log handler writes to sys.stderr as it is at each line (`PlainRayHandler`), and
+    Ray's threads log after its shutdown: aimed at the process's stderr, a late line cannot land
+    in a later test's captured command output (the likely second line of a one-line error in CI,
+    2026-12-07, after the Ray tests had run in the same process)."""
+    import logging
+    import sys
+
+    if "ray" not in sys.modules:
+        return
+    for name in ["ray", *(name for name in logging.root.manager.loggerDict if name.startswith("ray."))]:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler).__name__ == "PlainRayHandler":
+                logger.removeHandler(handler)
+                stream = logging.StreamHandler(sys.__stderr__)
+                stream.setFormatter(logging.Formatter("ray: %(message)s"))
+                stream.setLevel(handler.level)
+                logger.addHandler(stream)
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """An S3 endpoint (moto's server) on a free local port, shared by the session's S3 tests; its

@@ -10,6 +10,7 @@ skipping it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -88,7 +89,8 @@ def label_studio(tmp_path_factory):
             time.sleep(3)
         yield url, data / "media_root"
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a server that did not start has exited already
+            os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
         log.close()
 

@@ -39,7 +39,9 @@ def refused(args: list[str], tmp_path, code: int) -> str:
     lock (a media-side failure left OUTPUT.ckpt/: issue 51.4) and nothing outside `in/`."""
     result = runner.invoke(app, ["score", *args, *COMMON])
     assert result.exit_code == code, result.output
-    (line,) = result.stderr.strip().splitlines()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    (line,) = lines
     assert sorted(path.name for path in tmp_path.iterdir()) == ["in"], "a refused job leaves no folder"
     made = [path.name for path in (tmp_path / "in").iterdir() if not path.name.endswith(".jsonl")]
     assert made == [], f"a refused or failed job leaves nothing it made: {made}"
