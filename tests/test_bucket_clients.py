@@ -403,6 +403,23 @@ def test_a_download_streams_into_the_file_and_says_its_size(client, tmp_path):
     assert str(raised.value) == f"object not found: {ROOT}/seg/none"
 
 
+def test_a_download_in_several_parts_says_its_whole_size(monkeypatch, tmp_path):
+    """An object the store streams in parts (a folder store's 8 MiB pieces; a memory store's is
+    one): the size said is every part's."""
+    from obstore.store import LocalStore
+
+    (tmp_path / "store").mkdir()
+    store = LocalStore(str(tmp_path / "store"))
+    data = bytes(range(256)) * (17 << 12)  # 17 MiB: three parts
+    put_object(store, "seg/big", data)
+    buckets.serve_from(ROOT, store)
+    try:
+        assert buckets.bucket(ROOT).download("seg/big", tmp_path / "big") == len(data)
+    finally:
+        forget_served(ROOT)
+    assert (tmp_path / "big").read_bytes() == data
+
+
 def test_a_delete_removes_and_a_missing_object_is_gone_already(client):
     found, store = client
     put_object(store, "a/1", b"x")
@@ -481,6 +498,18 @@ def test_a_delete_a_store_answers_404_is_gone_already_and_a_refused_one_names_it
     with pytest.raises(ObjectStoreError) as raised:
         found.delete("m/1.json")
     assert str(raised.value) == f"{ROOT}/m/1.json: {words_of(DENIED, NAME)}"
+
+
+def test_a_refused_folder_listing_names_the_folder(watched, monkeypatch):
+    found, _, _ = watched
+
+    def refused(store, prefix=None):
+        raise denied(prefix or "")
+
+    monkeypatch.setattr(obstore, "list_with_delimiter", refused)
+    with pytest.raises(ObjectStoreError) as raised:
+        found.top_level("m/")
+    assert str(raised.value) == f"{ROOT}/m/: {words_of(DENIED, NAME)}"
 
 
 def test_a_refused_listing_names_the_prefix_listed(watched):

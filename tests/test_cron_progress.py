@@ -81,6 +81,27 @@ def test_a_line_comes_from_the_timer_while_no_record_finishes():
     assert len(lines) == count  # stop() ends the timer
 
 
+def test_the_lines_go_to_the_commands_stderr_even_after_it_changed(monkeypatch):
+    """A timer left running (a job hanging in a thread) wrote to whatever sys.stderr was at each
+    line: in a test process, into a later command's captured output (CI: `starting: 17 min 00 s
+    so far` before a one-line error). It writes to the stderr of the command that made it."""
+    import io
+
+    own, later = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", own)
+    progress = LineProgress(every=0.05)
+    monkeypatch.setattr(sys, "stderr", later)
+    try:
+        progress.warn("kept")
+        deadline = time.monotonic() + 5
+        while "so far" not in own.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        progress.stop()
+    assert own.getvalue().startswith("warning: kept\n") and "starting: " in own.getvalue()
+    assert later.getvalue() == ""
+
+
 def wait_for(lines: list[str], text: str, seconds: float = 5.0) -> str:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

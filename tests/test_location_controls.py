@@ -166,6 +166,22 @@ def test_a_local_media_root_inside_a_local_store_is_refused(tmp_path):
     refuse_inside_store("--media-root", [tmp_path / "media"], store)
 
 
+def test_the_refusal_says_whether_the_location_is_the_store_or_lies_inside_it(tmp_path, monkeypatch):
+    """The whole line, naming the option, the location as given and the store; and an empty
+    --checkpoint (none given) fences nothing, not the working folder."""
+    with pytest.raises(UsageError) as same:
+        refuse_inside_store("--stats-json", ["s3://store/ovs"], STORE)
+    assert str(same.value) == (
+        "--stats-json s3://store/ovs is the store --checkpoint s3://store/ovs/: the store's folder is its own "
+        "(a prune deletes what it does not name); give --stats-json a location outside it"
+    )
+    with pytest.raises(UsageError, match=r"^--media-root s3://store/ovs/media/ lies inside the store --checkpoint "):
+        refuse_inside_store("--media-root", ["s3://store/ovs/media/"], STORE)
+    monkeypatch.chdir(tmp_path)
+    refuse_inside_store("--media-root", [tmp_path / "media", tmp_path], "")
+    refuse_inside_store("--media-root", [tmp_path / "media"], "  ")
+
+
 # ----------------------------------------------------------------------------- the command line
 
 

@@ -267,6 +267,22 @@ def test_a_data_url_is_its_own_bytes_whatever_the_records_origin(tmp_path):
         assert place(url, base, Roots(objects=(f"s3://{BUCKET}/media/",))) == Place("data", url, "a data: URL")
 
 
+def test_each_kind_of_entry_is_placed_whole_with_the_text_the_record_wrote(tmp_path):
+    """`place`'s answer, every field: an http(s) URL goes to the one checked fetcher as written,
+    whatever the record's origin or roots (the fetcher fences its address); an object carries its
+    normalised URI and a local file its path, each with the entry as written for messages."""
+    roots = Roots(local=(tmp_path,), objects=(f"s3://{BUCKET}/media/",))
+    for url in ("http://media.example/a.png", "https://media.example/a.png?x=1"):
+        for base in (f"s3://{BUCKET}/records/", tmp_path, None):
+            assert place(url, base, roots) == Place("url", url, url), (url, base)
+    uri = f"s3://{BUCKET}/media/a.png"
+    assert place(uri, tmp_path, roots) == Place("object", uri, uri)
+    assert place("a.png", f"s3://{BUCKET}/media/", roots) == Place("object", uri, "a.png")
+    inside = tmp_path / "a.png"
+    assert place(str(inside), tmp_path, roots) == Place("file", inside, str(inside))
+    assert place("a.png", tmp_path, roots) == Place("file", inside, "a.png")
+
+
 def test_an_input_uri_with_a_query_string_is_still_a_remote_origin(tmp_path):
     """Its folder is unusable (media must be absolute URIs), but its records name no local file."""
     secret = tmp_path / "clef-secret-9d8e.png"

@@ -141,6 +141,21 @@ def test_local_folders_globs_and_links_into_them(tmp_path):
     assert relation(tmp_path / "scores.parquet", data) is None
 
 
+def test_one_form_for_every_spelling_and_no_two_places_taken_for_one(tmp_path):
+    """A key holding `://` is split at the scheme's, not its own; two trees whose paths differ only
+    in their first folder are apart; a glob at the root is still a glob; a file written is never
+    taken for a folder that holds what a glob reads (only a store is: `folder`)."""
+    assert relation("s3://b/k://x", "s3://b/k:/x") == "is"
+    assert relation("/tmp/clef-x/o.parquet", "/var/clef-x/o.parquet") is None
+    assert relation("/o.jsonl", "/*.jsonl") == "matches"
+    data = tmp_path / "d"
+    assert relation(data, f"{data}/*.jsonl") is None
+    assert relation(data, f"{data}/*.jsonl", folder=True) == "holds"
+    assert relation(data / "x", f"{data}/*/a.jsonl") is None
+    assert relation(data / "x", f"{data}/*/a.jsonl", folder=True) == "holds files matched by"
+    refuse_overlap("-o", data, [f"{data}/*.jsonl"])  # a file is not a folder unless the caller says so
+
+
 STORES = [
     ("s3://b/in/", "s3://b/in/r.jsonl", "holds"),  # the store's prefix holds the input
     ("s3://b/", "s3://b/in/r.jsonl", "holds"),

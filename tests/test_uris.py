@@ -12,6 +12,7 @@ from clef_cli.cli import app
 from clef_cli.errors import UsageError
 from clef_cli.locations.uris import (
     CREDENTIALS,
+    LocationProblem,
     bucket_root,
     is_object_uri,
     is_under,
@@ -19,6 +20,7 @@ from clef_cli.locations.uris import (
     local_path,
     location_problem,
     masked,
+    normalized,
     object_uri,
     opened,
     option_location,
@@ -38,6 +40,24 @@ def test_outside_the_credential_schemes_only_a_password_is_a_credential():
     assert masked("abfs://container:se:cret@account/a.png") == "abfs://container:***@account/a.png"
     quoted = "copy s3://KEY:SECRET@b/x.png to abfs://box:pass@acct/y.png"
     assert masked(quoted) == "copy s3://***@b/x.png to abfs://box:***@acct/y.png"
+
+
+def test_every_uri_of_a_message_is_masked_past_one_that_holds_none_or_one_inside_another():
+    """A URI without credentials, or one met inside another's user info (`a://` in a secret), is
+    passed over and the URIs after it are still read; a secret may hold a space only in a text
+    that is one location."""
+    assert masked("http://host/x s3://K:S@b/y") == "http://host/x s3://***@b/y"
+    assert masked("see s3://K:a://b@bucket/k and gs://u:p@c/z") == "see s3://***@bucket/k and gs://***@c/z"
+    assert location_problem("s3://KEY:se cret@bucket/a.png") == CREDENTIALS
+    assert location_problem("a\udc80.png") == "a lone surrogate (text that is not Unicode) in a location is refused"
+
+
+def test_a_normalised_folder_is_its_bucket_with_one_slash_and_a_climb_is_named():
+    assert normalized("s3://b", folder=True) == "s3://b/"
+    assert normalized("S3://b//x/.", folder=True) == "s3://b/x/"
+    with pytest.raises(LocationProblem) as climbed:
+        normalized("s3://b/../x")
+    assert str(climbed.value) == "'s3://b/../x' climbs above its bucket"
 
 
 def test_shown_escapes_what_could_hide_or_forge_a_line():

@@ -79,12 +79,19 @@ def progress_line(counts: Counts, elapsed: float, scoring: float, idle: float | 
     return f"progress after {duration(elapsed)}: " + ", ".join(parts)
 
 
-def _stderr_line(line: str) -> None:
-    try:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):  # a closed pipe or file: the job goes on without its log
-        pass
+def stderr_lines() -> Callable[[str], None]:
+    """A writer of lines to stderr as it is now, the command's: a timer that outlived its command
+    (a job left hanging in a thread of a test's process) never writes into another's."""
+    stream = sys.stderr
+
+    def write(line: str) -> None:
+        try:
+            stream.write(line + "\n")
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: the job goes on without its log
+            pass
+
+    return write
 
 
 class LineProgress(Progress):
@@ -95,11 +102,11 @@ class LineProgress(Progress):
     def __init__(
         self,
         every: float = DEFAULT_LOG_EVERY,
-        write: Callable[[str], None] = _stderr_line,
+        write: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.every = every
-        self.write = write
+        self.write = write or stderr_lines()
         self.clock = clock
         self.counts = Counts()
         self.began = self.last_record = clock()
