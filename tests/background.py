@@ -8,6 +8,7 @@ asserted before.
 - `crash`: the pipeline job whose encoding process dies on a record (three worker-process
   starts, each importing torch and transformers; tests/background_jobs.py).
 - `planted`: the train-head module's planted task, scored and trained once (tests/background_jobs.py).
+- `planted-TASK`: the whole-suite's full-size case of each planted task (scored, trained, reheaded).
 
 A job that nothing started (no session hook saw its tests) starts when a test asks for it. The
 session's end kills whatever is still running and removes the jobs' folders.
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests import planted
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -124,6 +127,12 @@ def _python_job(name: str) -> list[str]:
 
 GPU_CHECK_TEST = "tests/test_benchmarks.py::test_gpu_check_cpu_smoke_runs_every_step"
 CRASH_TEST = "tests/test_pipeline.py::test_a_record_that_kills_its_encoding_process_fails_alone"
+
+
+def _full_size(task: str) -> str:
+    return f"tests/test_train_head.py::test_planted_tasks_reach_the_probe_at_full_size[{task}]"
+
+
 JOBS = {
     "gpu-check": Job(
         ["bash", str(BENCHMARKS / "gpu" / "gpu_check.sh"), "--cpu-smoke"],
@@ -136,6 +145,10 @@ JOBS = {
         _python_job("planted"),
         lambda item: item.nodeid.startswith("tests/test_train_head.py::") and "planted" in item.fixturenames,
     ),
+    **{
+        f"planted-{task}": Job(_python_job(f"planted-{task}"), lambda item, task=task: item.nodeid == _full_size(task))
+        for task in planted.TASKS
+    },
 }
 
 _runs: dict[str, Run] = {}

@@ -59,7 +59,33 @@ def planted(folder: Path) -> dict:
     }
 
 
+def planted_at_full_size(folder: Path, task: str) -> dict:
+    """test_train_head's full-size case of one planted task: 440 records scored, a head trained
+    with default settings on the first 240, the rest reheaded; the accuracies its test compares.
+    One thread, as the queue promises the tests the other core."""
+    import torch
+
+    from tests.planted import write_jsonl
+    from tests.test_train_head import rehead, score_planted, sklearn_probe_accuracy, train, unseen_accuracy
+
+    torch.set_num_threads(1)
+    records = score_planted(task, 440, folder)
+    gold = write_jsonl(folder / "gold.jsonl", records["answers"][:240])
+    trained = train(records["checkpoint"], gold, folder / "head", "--device", "cpu")
+    reheaded = rehead(records, folder / "head", folder / "re.parquet") if trained.exit_code == 0 else None
+    return {
+        "train": {"exit_code": trained.exit_code, "output": trained.output},
+        "rehead": {"exit_code": reheaded.exit_code, "output": reheaded.output} if reheaded else None,
+        "before": unseen_accuracy(records["output"], records["answers"], 240),
+        "after": unseen_accuracy(folder / "re.parquet", records["answers"], 240) if reheaded else None,
+        "probe": sklearn_probe_accuracy(records["checkpoint"], records["answers"][:240], records["answers"][240:]),
+    }
+
+
 if __name__ == "__main__":
     name, where = sys.argv[1], Path(sys.argv[2])
-    outcome = {"crash": crash, "planted": planted}[name](where)
+    if name.startswith("planted-"):
+        outcome = planted_at_full_size(where, name.removeprefix("planted-"))
+    else:
+        outcome = {"crash": crash, "planted": planted}[name](where)
     (where / "result.json").write_text(json.dumps(outcome))

@@ -161,19 +161,15 @@ PLANTED_SIZES = {"keyword": 0.9, "long": 0.9, "image": 0.9, "count": 0.9}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(PLANTED_SIZES))
-def test_planted_tasks_reach_the_probe_at_full_size(task, tmp_path):
+def test_planted_tasks_reach_the_probe_at_full_size(task):
     """240 labelled records, 200 unseen, default settings: the trained head's accuracy on the
-    unseen records reaches 0.9x a scikit-learn probe fitted on the same 240 records."""
-    records = score_planted(task, 440, tmp_path)
-    gold = write_jsonl(tmp_path / "gold.jsonl", records["answers"][:240])
-    result = train(records["checkpoint"], gold, tmp_path / "head", "--device", "cpu")
-    assert result.exit_code == 0, result.output
-    assert rehead(records, tmp_path / "head", tmp_path / "re.parquet").exit_code == 0
-    before = unseen_accuracy(records["output"], records["answers"], 240)
-    after = unseen_accuracy(tmp_path / "re.parquet", records["answers"], 240)
-    probe = sklearn_probe_accuracy(records["checkpoint"], records["answers"][:240], records["answers"][240:])
-    print(f"{task}: release head {before:.3f}, trained {after:.3f}, probe {probe:.3f}")
-    assert after >= PLANTED_SIZES[task] * probe
+    unseen records reaches 0.9x a scikit-learn probe fitted on the same 240 records. Run in a
+    subprocess started with the session (tests/background_jobs.py: planted_at_full_size)."""
+    outcome = background.run(f"planted-{task}").result()
+    assert outcome["train"]["exit_code"] == 0, outcome["train"]["output"]
+    assert outcome["rehead"]["exit_code"] == 0, outcome["rehead"]["output"]
+    print(f"{task}: release head {outcome['before']:.3f}, trained {outcome['after']:.3f}, probe {outcome['probe']:.3f}")
+    assert outcome["after"] >= PLANTED_SIZES[task] * outcome["probe"]
 
 
 @pytest.mark.slow  # the quick loop's budget (issue 36.12): CI's whole run has it
