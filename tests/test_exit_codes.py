@@ -361,19 +361,20 @@ def test_a_refusal_that_needs_the_open_store_removes_the_store_it_made(tmp_path)
     there before."""
     from clef_cli.errors import UsageError
     from clef_cli.job.lifecycle import open_job
+    from clef_cli.job.plan import plan_job
     from clef_cli.progress import Progress
     from tests.helpers import settings_for
 
-    settings = settings_for(tmp_path, limit=2, hidden_states="drop")
-    with pytest.raises(UsageError), open_job(settings, Progress(), "float32"):
+    plan = plan_job(settings_for(tmp_path, limit=2, hidden_states="drop"))
+    with pytest.raises(UsageError), open_job(plan, Progress(), "float32"):
         raise UsageError("the cluster cannot place this plan")
     assert sorted(path.name for path in tmp_path.iterdir()) == []
-    settings.checkpoint_path.mkdir()  # a store from before (empty: it is made on open)
-    with open_job(settings, Progress(), "float32"):
+    plan.store.folder.mkdir()  # a store from before (empty: it is made on open)
+    with open_job(plan, Progress(), "float32"):
         pass
-    with pytest.raises(UsageError), open_job(settings, Progress(), "float32"):
+    with pytest.raises(UsageError), open_job(plan, Progress(), "float32"):
         raise UsageError("the cluster cannot place this plan")
-    assert settings.checkpoint_path.is_dir()
+    assert plan.store.folder.is_dir()
 
 
 # ----------------------------------------------------------------------------- mistakes of the whole job

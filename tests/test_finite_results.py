@@ -70,7 +70,7 @@ def test_a_non_finite_result_is_the_records_error_and_keeps_no_hidden_states(tmp
             assert row["prompt_tokens"] > 0
         else:
             assert row["error"] is None and row["answers"][0]["labels"][0]["probability"] > 0
-    checkpoint = Checkpoint.open_existing(settings.checkpoint_path)
+    checkpoint = Checkpoint.open_existing(settings.output.with_name(settings.output.name + ".ckpt"))
     stored = [record.encoded.record.id for _, shard in checkpoint.hidden_reader().by_shard() for record in shard]
     assert sorted(stored) == ["r0", "r2", "r4"]
 

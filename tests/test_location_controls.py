@@ -293,8 +293,10 @@ def test_a_record_path_with_c1_or_a_slashed_secret_is_that_records_error_escaped
 
 
 def test_a_library_caller_gets_the_media_root_refusal_too(tmp_path):
-    """The media root inside the store is refused by `ScoreSettings.validate`, not only by the CLI."""
+    """The media root inside the store is refused by the run's plan (`job/plan.refuse_overlaps`),
+    not only by the CLI."""
     from clef_cli.encoding.media import MediaLimits
+    from clef_cli.job.plan import refuse_overlaps
     from clef_cli.job.settings import ScoreSettings
 
     store = tmp_path / "store"
@@ -305,6 +307,6 @@ def test_a_library_caller_gets_the_media_root_refusal_too(tmp_path):
         [records], tmp_path / "o.parquet", checkpoint=store, limits=MediaLimits(media_roots=(store / "m",))
     )
     with pytest.raises(UsageError, match=r"--media-root .* lies inside the store --checkpoint"):
-        inside.validate()
+        refuse_overlaps(inside)
     beside = MediaLimits(media_roots=(tmp_path / "media",))
-    ScoreSettings([records], tmp_path / "o.parquet", checkpoint=store, limits=beside)._validate_overlaps()
+    refuse_overlaps(ScoreSettings([records], tmp_path / "o.parquet", checkpoint=store, limits=beside))

@@ -187,9 +187,12 @@ def test_the_refusal_is_one_line_naming_the_option_and_both_locations():
 
 
 def test_a_library_caller_is_refused_too_and_a_stream_or_a_neighbour_is_not(tmp_path):
-    """ScoreSettings.validate (what a library caller runs) refuses an output over an input, a
-    --questions file or a store holding the input; an output beside a glob's matches, /dev/null
-    or an input through stdin is no overlap."""
+    """The plan of a run (`job/plan.refuse_overlaps`, what `ScoreJob(...).run()` plans for a
+    library caller too) refuses an output over an input, a --questions file or a store holding
+    the input; an output beside a glob's matches, /dev/null or an input through stdin is no
+    overlap."""
+    from clef_cli.job.plan import refuse_overlaps
+
     records = tmp_path / "in" / "records.jsonl"
     records.parent.mkdir()
     records.write_text(json.dumps({"id": "a", "state": "x", "questions": QUESTIONS}) + "\n")
@@ -204,10 +207,10 @@ def test_a_library_caller_is_refused_too_and_a_stream_or_a_neighbour_is_not(tmp_
         (tmp_path / "out.parquet", [records], {"checkpoint": tmp_path}),
     ]:
         with pytest.raises(UsageError, match=r"^(-o|--checkpoint) "):
-            settings(refused, inputs, **more).validate()
-    settings(tmp_path / "in" / "scores.parquet", [f"{records.parent}/*.jsonl"]).validate()
-    settings(os.devnull, [records], checkpoint=tmp_path / "store").validate()
-    settings(tmp_path / "out.parquet", ["-"]).validate()
+            refuse_overlaps(settings(refused, inputs, **more))
+    refuse_overlaps(settings(tmp_path / "in" / "scores.parquet", [f"{records.parent}/*.jsonl"]))
+    refuse_overlaps(settings(os.devnull, [records], checkpoint=tmp_path / "store"))
+    refuse_overlaps(settings(tmp_path / "out.parquet", ["-"]))
 
 
 # ----------------------------------------------------------------------------- clef score, in a bucket

@@ -182,20 +182,22 @@ def test_jobs_that_chose_the_same_cache_folder_each_lock_their_own(store_bucket,
     assert not list((cache / "stores").glob("*.lock"))
 
 
-def test_a_job_settings_cache_folder_is_locked_when_chosen_and_its_stage_moves_with_it(store_bucket, tmp_path):
+def test_a_job_plans_cache_folder_is_locked_when_chosen_and_its_stage_moves_with_it(store_bucket, tmp_path):
+    from clef_cli.job.lifecycle import locked_slot
+    from clef_cli.job.plan import plan_job
     from clef_cli.job.settings import ScoreSettings
 
     cache = tmp_path / "cache"
     inputs = records(tmp_path / "in.jsonl", 1)
-    named = {"inputs": [inputs], "output": Path("out.parquet"), "checkpoint": STORE, "cache_dir": cache}
-    settings = [ScoreSettings(**named, upload=f"s3://{BUCKET}/out/{n}.parquet") for n in range(3)]
-    for each in settings:
-        each.validate()
-    assert len({each.store_folder for each in settings}) == 1  # validation only looks
-    chosen = [each.with_locked_slot() for each in settings]
-    folders = [moved.store_folder for moved, _ in chosen]
+    named = {"inputs": [inputs], "checkpoint": STORE, "cache_dir": cache, "model": str(TINY_MODEL)}
+    plans = [plan_job(ScoreSettings(**named, output=f"s3://{BUCKET}/out/{n}.parquet")) for n in range(3)]
+    assert len({plan.store.folder for plan in plans}) == 1  # planning only looks
+    chosen = [locked_slot(plan) for plan in plans]
+    folders = [moved.store.folder for moved, _ in chosen]
     assert len(set(folders)) == 3
-    assert all(moved.output.parent == moved.store_folder / "upload" for moved, _ in chosen)
+    staged = [moved.store.folder / "upload" / f"{n}.parquet" for n, (moved, _) in enumerate(chosen)]
+    assert [moved.output.path for moved, _ in chosen] == staged
+    assert [moved.output.upload for moved, _ in chosen] == [f"s3://{BUCKET}/out/{n}.parquet" for n in range(3)]
     for _, lock in reversed(chosen):  # the first made the folders: they go with it when they end empty
         lock.release()
     assert not cache.exists()

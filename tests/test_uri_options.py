@@ -285,3 +285,27 @@ def test_review_reads_its_records_from_a_bucket_prefix_as_from_the_local_file(s3
             assert review(scored, prefix, tmp_path / name) == local, (name, scored)
     states = {task["data"]["id"]: task["data"]["state"] for task in json.loads(local)}
     assert states == {f"r{n}": state(n) for n in range(6)}
+
+
+# ----------------------------------------------------------------------------- read once
+
+
+def test_a_run_lists_each_input_once_and_reads_its_questions_and_calibration_once(s3, proxy, made, tmp_path):
+    """A run is planned once (job/plan.py): the bucket prefix it scores is listed once, into the
+    list every stage reads (the first window, the columns, the records, the output's schema), and
+    its --questions and --calibration objects are fetched and read once."""
+    questions, calibration = f"s3://{BUCKET}/in/questions.json", f"s3://{BUCKET}/in/cal.json"
+    output = tmp_path / "scored.parquet"
+    argv = ["score", f"s3://{BUCKET}/tickets/", "--questions", questions, "--calibration", calibration]
+    argv += ["-o", str(output)]
+    refused = runner.invoke(app, [*argv, "--checkpoint", str(tmp_path / "ckpt"), "--keep-columns", "id", *COMMON])
+    assert refused.exit_code == 2, refused.output  # id is clef's own column: refused before a request
+    assert proxy.requests == [], proxy.requests
+    result = runner.invoke(app, [*argv, "--checkpoint", str(tmp_path / "ckpt"), *COMMON])
+    assert result.exit_code == 0, result.output
+    listings = [path for method, path in proxy.requests if method == "GET" and "prefix=tickets/" in path]
+    assert len([path for path in listings if "max-keys=1&" not in path]) == 1, proxy.requests  # 3 before
+    probes = [path for method, path in proxy.requests if method == "HEAD" and path == f"/{BUCKET}/tickets"]
+    assert len(listings) == 2 and len(probes) == 1, proxy.requests  # with what tells a folder: once
+    assert proxy.count("GET", "/in/questions.json") == 1, proxy.requests
+    assert proxy.count("GET", "/in/cal.json") == 1, proxy.requests

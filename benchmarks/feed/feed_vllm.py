@@ -134,6 +134,7 @@ def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str
     """One `clef score --engine vllm` run through the stand-in: busy, CPU per token, disk rates."""
     from benchmarks.score.bench_score import MODEL
     from clef_cli.engines.vllm.job import VllmScoreJob
+    from clef_cli.job.plan import store_of
     from clef_cli.job.settings import ScoreSettings
 
     out = folder / f"out-vllm-{workers}-{hidden_states}.parquet"
@@ -158,7 +159,7 @@ def _run(path: Path, folder: Path, workers: int, window: int, hidden_states: str
     steady = stats.scoring_seconds - stats.first_forward_seconds
     head = stats.stages["head"]
     tokens = max(1, summary.tokens)
-    written = hidden_bytes(settings.checkpoint_path)
+    written = hidden_bytes(store_of(settings).folder)
     return {
         "main_thread_cpu_s": main_cpu,
         "main_thread_cpu_s_per_1k_tokens": 1000 * main_cpu / tokens,

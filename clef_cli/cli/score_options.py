@@ -4,7 +4,6 @@ library's settings. The command itself only lists the aliases and calls the engi
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -26,9 +25,7 @@ from clef_cli.cli.options import (
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
-from clef_cli.job.output import staged_output
 from clef_cli.job.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
-from clef_cli.locations.uris import is_object_uri, object_uri
 from clef_cli.sizes import parse_size
 
 # What to read and write
@@ -338,19 +335,11 @@ def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> Score
     same += ("verify_media", "cache_dir", "sync_every", "confirm_restart", "allow_empty", "max_record_bytes")
     same += ("keep_staged_output",)
     same += ("sync_failure_limit",)
-    output, upload = options["output"], None
-    if isinstance(output, str):  # an object URI (`writable_location`)
-        checkpoint = options["checkpoint"]  # the option's text (`ScoreSettings` checks what it names)
-        if checkpoint and is_object_uri(checkpoint):  # staged in the bucket store's cache (`ScoreSettings`)
-            output, upload = Path(object_uri(output, "-o").rsplit("/", 1)[1]), output
-        else:
-            output, upload = staged_output(output, Path(checkpoint) if checkpoint else None), output
     if isinstance(options["max_record_bytes"], str):  # the default as written in the signature
         options["max_record_bytes"] = parse_size(options["max_record_bytes"])
     return ScoreSettings(
         **{name: options[name] for name in same},
-        output=output,
-        upload=upload,
+        output=options["output"],  # a path, or an object's URI (`writable_location`)
         overflow=options["on_overflow"],
         limits=limits,
         dtype=None if options["dtype"] is Dtype.auto else options["dtype"].value,

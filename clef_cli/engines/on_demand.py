@@ -22,6 +22,7 @@ from pathlib import Path
 from clef_cli.choices import DEFAULT_MAX_BATCH_SIZE
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.job.lifecycle import open_job
+from clef_cli.job.plan import plan_job, store_of
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.model.scoring import Scorer
 from clef_cli.progress import Progress
@@ -62,9 +63,10 @@ def states_settings(settings: ScoreSettings) -> ScoreSettings:
     """The settings of the run that fills the states in: the store's model, engine and dtype (so
     its manifest matches: a vLLM store gets its states from vLLM), states kept, nothing else of
     the caller's run (head, calibration)."""
-    manifest = stored_manifest(settings.store)
+    store = store_of(settings)
+    manifest = stored_manifest(store)
     if manifest is None:
-        raise UsageError(f"no checkpoint at {settings.store} to compute hidden states for")
+        raise UsageError(f"no checkpoint at {store} to compute hidden states for")
     dtype = (manifest.get("settings") or {}).get("dtype")
     return replace(
         settings,
@@ -72,7 +74,7 @@ def states_settings(settings: ScoreSettings) -> ScoreSettings:
         engine=stored_engine(manifest),
         dtype=dtype,
         hidden_states=KEEP,
-        hidden_dtype=stored_hidden_dtype(settings.store) or settings.hidden_dtype,
+        hidden_dtype=stored_hidden_dtype(store) or settings.hidden_dtype,
         rehead=None,
         restart=False,
         calibration=None,
@@ -96,7 +98,8 @@ def compute_missing_states(
     settings = states_settings(settings)
     started = time.monotonic()
     engine = local_engine(settings, progress, stop=stop, scorer=scorer)
-    with open_job(settings, progress, compute_dtype(settings), preflight=engine.preflight, stop=stop) as job:
+    plan = plan_job(settings, engine.preflight, progress=progress)
+    with open_job(plan, progress, compute_dtype(settings), stop=stop) as job:
         counts = job.ledger.counts
         if ids is None:
             missing = counts.run - counts.unhidden - counts.retried  # a retried key has its stored row

@@ -19,6 +19,7 @@ from clef_cli.engines.on_demand import OnDemandCost, compute_missing_states
 from clef_cli.errors import ClefError, ModelLoadError, UsageError
 from clef_cli.families import family_of
 from clef_cli.job.lifecycle import Job, open_job
+from clef_cli.job.plan import plan_job, store_of
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.job.summary import JobSummary
 from clef_cli.model.backbone import resolve_device
@@ -106,17 +107,17 @@ def rehead(
     progress = progress or Progress()
     head_dir = Path(settings.rehead)
     check_head_folder(head_dir)
-    manifest = stored_manifest(settings.store)
+    store = store_of(settings)
+    manifest = stored_manifest(store)
     if manifest is None:
-        raise UsageError(
-            f"no checkpoint at {settings.store}; --rehead re-scores a finished job's checkpoint (see --checkpoint)"
-        )
+        raise UsageError(f"no checkpoint at {store}; --rehead re-scores a finished job's checkpoint (see --checkpoint)")
     settings = replace(settings, model=scored_model(manifest, settings.model) or DEFAULT_MODEL)
     settings = replace(settings, engine=stored_engine(manifest))  # the store's own: its states, its metadata
     head = load_joint_head(head_dir)
     computed: OnDemandCost | None = None
+    plan = plan_job(settings, progress=progress)
     while True:
-        with open_job(settings, progress, "float32", head_dir=head_dir, existing=True, stop=stop) as job:
+        with open_job(plan, progress, "float32", head_dir=head_dir, existing=True, stop=stop) as job:
             if not job.ledger.counts.unhidden or computed is not None:
                 return _rehead_job(job, head, head_dir, computed or OnDemandCost(0, 0, 0.0))
         # states missing (a store kept under `selective` or `drop`): the thinker runs on those
@@ -136,7 +137,7 @@ def _rehead_job(job: Job, head: JointSchemaHead, head_dir: Path, computed: OnDem
     _check_complete(job)
     progress.start(job.ledger.counts.records, 0)
     device = resolve_device(job.settings.device)
-    workdir = job.settings.output.with_name(f".{job.settings.output.name}.rehead")
+    workdir = job.plan.output.path.with_name(f".{job.plan.output.path.name}.rehead")
     durable.rmtree(workdir, ignore_errors=True)
     target = Checkpoint.open(workdir, job.manifest)
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import RecordError, UsageError
@@ -25,7 +24,7 @@ from clef_cli.inputs.formats import Cells
 from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, AmbiguousNulls, StructNulls
 from clef_cli.inputs.readers import parquet_schema, raw_rows
 from clef_cli.inputs.records import own_questions
-from clef_cli.inputs.sources import InputFile, expand_inputs
+from clef_cli.inputs.sources import InputFile, InputLike, expand_inputs, given_name
 
 NO_RECORDS = "no records in"
 EMPTY_WAY_OUT = (
@@ -38,7 +37,7 @@ planning encodes before the model starts (engines/local/planning.py)."""
 
 
 def check_first_window(
-    inputs: Sequence[str | Path],
+    inputs: Sequence[InputLike],
     questions_given: bool,
     claimed: Collection[str] = (),
     struct_nulls: StructNulls = StructNulls.refuse,
@@ -74,7 +73,7 @@ def check_first_window(
             check_table(source, list(read[0][0]), found, claimed, _state_column(columns))  # its header
         rows.extend(found)
     if records == 0 and not allow_empty:
-        raise UsageError(f"{NO_RECORDS} {', '.join(str(item) for item in inputs)}: {EMPTY_WAY_OUT}")
+        raise UsageError(f"{NO_RECORDS} {', '.join(given_name(item) for item in inputs)}: {EMPTY_WAY_OUT}")
     return unmet_columns(documents, columns) + questions_warnings(rows, questions_given, claimed)
 
 

@@ -20,7 +20,7 @@ from clef_cli.inputs.parquet_pages import oversize_cells, refused_columns
 from clef_cli.inputs.parquet_rows import RECORD_COLUMNS, StructNulls, parquet_rows
 from clef_cli.inputs.record_size import MAX_RECORD_BYTES, Oversize, ReadLimits, bounded_lines, oversize_line
 from clef_cli.inputs.records import InvalidRecord, Record, RecordBuilder, parse_questions
-from clef_cli.inputs.sources import InputFile, expand_inputs
+from clef_cli.inputs.sources import InputFile, InputLike, expand_inputs
 
 TEXT_ENCODING = "utf-8-sig"
 """UTF-8, with a byte order mark (as Windows tools write one) read past, as gold files are read."""
@@ -192,7 +192,7 @@ def with_partitions(
 
 
 def read_records(
-    paths: Iterable[str | Path],
+    paths: Iterable[InputLike],
     questions: Mapping[str, Any] | None = None,
     limit: int | None = None,
     struct_nulls: StructNulls = StructNulls.refuse,
@@ -230,7 +230,7 @@ def read_limits(limits: ReadLimits, columns: ColumnMapping | None) -> ReadLimits
     return replace(limits, media_columns=tuple(dict.fromkeys(limits.media_columns + mapped)))
 
 
-def count_records(paths: Iterable[str | Path], limit: int | None = None) -> int | None:
+def count_records(paths: Iterable[InputLike], limit: int | None = None) -> int | None:
     """How many records the inputs hold (for progress and estimates), without parsing them.
 
     JSONL counts non-blank lines (a line too long to read is a record, read past); Parquet
@@ -254,7 +254,7 @@ def count_records(paths: Iterable[str | Path], limit: int | None = None) -> int 
 
 
 def iter_column_values(
-    paths: Iterable[str | Path], columns: Sequence[str], limit: int | None = None, present: set[str] | None = None
+    paths: Iterable[InputLike], columns: Sequence[str], limit: int | None = None, present: set[str] | None = None
 ) -> Iterator[dict[str, Any]]:
     """The raw values of some input columns, one dict per record, in record order; the names
     found in at least one record are added to `present`."""
@@ -270,7 +270,7 @@ def iter_column_values(
             index += 1
 
 
-def parquet_only(paths: Iterable[str | Path]) -> bool:
+def parquet_only(paths: Iterable[InputLike]) -> bool:
     return all(source.is_parquet for source in expand_inputs(paths))
 
 

@@ -128,6 +128,15 @@ class InputFile:
 T = TypeVar("T")
 
 
+InputLike = str | Path | InputFile
+"""An input as given (a path, a URI, a folder, a glob, `-`) or one already listed (`expand_inputs`)."""
+
+
+def given_name(item: InputLike) -> str:
+    """What a refusal of the whole job names an input by: as the user gave it."""
+    return (item.given or item.path_given) if isinstance(item, InputFile) else str(item)
+
+
 def in_store(uri: str, call: Callable[[Any, str], T], listing: bool = False) -> T:
     """`call(filesystem, path)` for an input in an object store, through the one object client
     (`locations/object_store`: its timeouts, its sorting of failures): what no record causes
@@ -239,7 +248,7 @@ def _files(parts: list[Part], given: str | None = None) -> list[InputFile]:
 def _expand_local(path: Path, given: str | Path) -> list[InputFile]:
     if stream_input(given):
         spool = spooled_stream(str(given))
-        return [InputFile(spool.path, spool.size, base=spool.base, shown=spool.shown)]
+        return [InputFile(spool.path, spool.size, base=spool.base, shown=spool.shown, given=str(given))]
     if path.is_dir():
         return _files(folder_parts(str(path), None))
     if path.is_file():
@@ -281,12 +290,16 @@ def unfound_local(location: str | Path) -> bool:
     return not GLOB_CHARACTERS.search(str(path)) or next(glob.iglob(str(path)), None) is None
 
 
-def expand_inputs(paths: Iterable[str | Path]) -> list[InputFile]:
+def expand_inputs(paths: Iterable[InputLike]) -> list[InputFile]:
     """Input files in a stable order, checked to exist and to be of a readable type. Local files
     (given as paths or as local-filesystem URIs) are named by their absolute path; a folder or a
-    glob stands for its parts in name order; stdin and pipes are read once, into a spool."""
+    glob stands for its parts in name order; stdin and pipes are read once, into a spool. An
+    `InputFile` is one already listed (a job's plan lists its inputs once): kept as it is."""
     files: list[InputFile] = []
     for raw in paths:
+        if isinstance(raw, InputFile):
+            files.append(raw)
+            continue
         path = local_path(raw)
         files.extend(_expand_local(path, raw) if path is not None else _expand_uri(str(raw)))
     if not files:

@@ -14,7 +14,6 @@ import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from clef_cli.errors import UsageError
@@ -23,7 +22,7 @@ from clef_cli.inputs.fields import RECORD_FIELDS
 from clef_cli.inputs.first_window import FIRST_WINDOW
 from clef_cli.inputs.formats import Cells
 from clef_cli.inputs.readers import parquet_schema, raw_rows
-from clef_cli.inputs.sources import InputFile, expand_inputs
+from clef_cli.inputs.sources import InputFile, InputLike, expand_inputs
 
 MEDIA_FEATURES = {"Image": "images", "Audio": "audio", "Video": "videos"}
 """A `datasets` media feature's `_type`, and the record field it belongs in."""
@@ -101,7 +100,7 @@ def _json_kind(value: Any) -> str:
     return {dict: "object", list: "array", str: "text"}.get(type(value), "value")
 
 
-def check_columns(mapping: ColumnMapping, inputs: Iterable[str | Path]) -> list[TableShape]:
+def check_columns(mapping: ColumnMapping, inputs: Iterable[InputLike]) -> list[TableShape]:
     """Refuse (exit 2) a mapping that names a column an input lacks, or maps a `datasets` media
     column to another field; the inputs' shapes. A table's columns (a Parquet schema, a CSV
     header) are every row's, so each table must have the column. A JSON record may lack a key

@@ -1,7 +1,7 @@
-"""The lifecycle every engine shares (local, Ray, rehead): settings checked and completed for the
-release, the manifest, locks, the checkpoint (a store keyed by record key), the job's ledger (what
-to run), progress notes, and at the end provenance, the output and the summary. An engine opens
-a job, runs the records its ledger marks, and finishes.
+"""The lifecycle every engine shares (local, Ray, rehead): a job's plan (job/plan.py), the
+manifest, locks, the checkpoint (a store keyed by record key), the job's ledger (what to run),
+progress notes, and at the end provenance, the output and the summary. An engine plans a job,
+opens it, runs the records its ledger marks, and finishes.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,53 +20,43 @@ import pyarrow as pa
 from clef_cli import __version__
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.errors import JobStopped, UsageError
-from clef_cli.inputs.first_window import check_first_window
-from clef_cli.inputs.readers import load_questions_file, read_records
+from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.job.output import OutputSpec, upload_staged, write_output
+from clef_cli.job.plan import JobPlan
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.job.summary import JobSummary
-from clef_cli.locations.buckets import forget as forget_buckets
 from clef_cli.locations.object_store import forget as forget_objects
 from clef_cli.locations.uris import is_object_uri
 from clef_cli.progress import Progress
-from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, resolve_release, weights_fingerprint
+from clef_cli.release import HEAD_CONFIG, HEAD_WEIGHTS, Release, file_sha256, weights_fingerprint
 from clef_cli.results import OutputCounts
 from clef_cli.sizes import plural
 from clef_cli.store.atomic import remove_stale_temporaries
 from clef_cli.store.checkpoint import Checkpoint, discard
 from clef_cli.store.keep_policy import SELECTIVE, KeepPolicy
 from clef_cli.store.ledger import Ledger
-from clef_cli.store.locks import job_locks
+from clef_cli.store.location import lock_slot
+from clef_cli.store.locks import JobLock, job_locks
 from clef_cli.store.media_stats import MediaStats
-from clef_cli.store.opening import check_store, open_existing_store, open_store
+from clef_cli.store.opening import open_existing_store, open_store
 from clef_cli.store.record_key import KEY_VERSION, MediaHasher, PromptShape, prompt_digest
 
 REMOTE_SPOOL = "remote-media"
 
 
-def job_records(settings: ScoreSettings) -> Iterator[Record | InvalidRecord]:
+def job_records(plan: JobPlan) -> Iterator[Record | InvalidRecord]:
     """The job's records in input order (with the `--questions` schema for those without one)."""
-    schema = load_questions_file(settings.questions) if settings.questions else None
+    settings = plan.settings
     return read_records(
-        settings.inputs,
-        questions=schema,
+        plan.sources,
+        questions=plan.questions,
         limit=settings.limit,
         struct_nulls=settings.struct_nulls,
         columns=settings.columns,
         claimed=settings.keep_columns,
         limits=settings.read_limits,
     )
-
-
-def check_job_records(settings: ScoreSettings, progress: Progress) -> None:
-    """The job's first records, for the mistakes of the whole job (inputs/first_window.py):
-    refused here, before the store is opened, they leave nothing behind."""
-    given = settings.questions is not None
-    claimed, nulls = settings.keep_columns, settings.struct_nulls
-    empty = settings.allow_empty
-    for warning in check_first_window(settings.inputs, given, claimed, nulls, settings.limit, settings.columns, empty):
-        progress.warn(warning)
 
 
 def job_manifest(settings: ScoreSettings, release: Release, dtype: str, head_dir: Path) -> dict[str, Any]:
@@ -95,18 +85,17 @@ def engine_setting(settings: ScoreSettings) -> dict[str, str]:
     return {} if settings.engine == "hf" else {"engine": settings.engine}
 
 
-def job_ledger(
-    settings: ScoreSettings, release: Release, checkpoint: Checkpoint, needs_hidden: bool, dry_run: bool = False
-) -> Ledger:
+def job_ledger(plan: JobPlan, checkpoint: Checkpoint, needs_hidden: bool, dry_run: bool = False) -> Ledger:
     """Key every record of the job (no media decoded) and mark what this run computes. Unchanged
     local media are keyed from the store's stat cache (all hashed again with --verify-media); a
     dry run reads the cache and writes nothing to it."""
     assert checkpoint.index is not None
+    settings = plan.settings
     forget_objects()  # list object folders afresh: this night's stamps, this environment's credentials
     ledger = Ledger(checkpoint.index, checkpoint.run_seq)
     stats = MediaStats(checkpoint.index, writable=not dry_run, trusted=not settings.verify_media)
     media = MediaHasher(settings.limits, stats=stats)
-    ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
+    ledger.build(job_records(plan), key_prompt(settings, plan.release), media, needs_hidden)
     if not dry_run and checkpoint.set_aside_damaged():  # a bucket object found damaged: its records run again
         ledger._decide(len(ledger.to_run), needs_hidden)
     checkpoint.ledger = ledger
@@ -129,24 +118,25 @@ def key_metadata(settings: ScoreSettings, release: Release) -> dict[str, str]:
     }
 
 
-def with_remote_spool(settings: ScoreSettings, checkpoint_path: Path) -> tuple[ScoreSettings, RemoteSpool | None]:
+def with_remote_spool(plan: JobPlan, checkpoint_path: Path) -> tuple[JobPlan, RemoteSpool | None]:
     """With --allow-remote-media, an input in an object store or a --media-root URI, a fresh
     folder in the checkpoint for the media the job fetches while keying its records, named in the
     settings' limits: every encoding worker (and a Ray actor that can read the folder) decodes
     those bytes instead of fetching them again."""
+    settings = plan.settings
     objects = settings.limits.object_roots or any(is_object_uri(str(item)) for item in settings.inputs)
     if not (settings.limits.allow_remote or objects):
-        return settings, None
+        return plan, None
     spool = RemoteSpool.fresh(checkpoint_path / REMOTE_SPOOL)
-    return replace(settings, limits=replace(settings.limits, remote_spool=spool.folder)), spool
+    return plan.with_settings(replace(settings, limits=replace(settings.limits, remote_spool=spool.folder))), spool
 
 
-def questions_metadata(settings: ScoreSettings) -> dict[str, str]:
+def questions_metadata(plan: JobPlan) -> dict[str, str]:
     """`clef.questions`: the `--questions` schema as JSON, so `clef review` can show reviewers each
     question's instructions and each option's description."""
-    if not settings.questions:
+    if not plan.questions:
         return {}
-    return {"clef.questions": json.dumps(load_questions_file(settings.questions), ensure_ascii=False)}
+    return {"clef.questions": json.dumps(plan.questions, ensure_ascii=False)}
 
 
 def hidden_policy_metadata(settings: ScoreSettings) -> dict[str, str]:
@@ -158,8 +148,9 @@ def hidden_policy_metadata(settings: ScoreSettings) -> dict[str, str]:
     return policy
 
 
-def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, Any]) -> dict[str, str]:
+def provenance(plan: JobPlan, manifest: dict[str, Any]) -> dict[str, str]:
     """Key-value metadata of the output: what produced it, so a result can be traced."""
+    settings, release = plan.settings, plan.release
     model = manifest.get("model", {})
     return {
         "clef.version": __version__,
@@ -179,42 +170,40 @@ def provenance(settings: ScoreSettings, release: Release, manifest: dict[str, An
         **hidden_policy_metadata(settings),
         "clef.key_version": str(KEY_VERSION),
         "clef.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **questions_metadata(settings),
+        **questions_metadata(plan),
         **key_metadata(settings, release),
         **({"clef.columns": settings.columns.as_metadata()} if settings.columns else {}),
     }
 
 
 def write_job_output(
-    settings: ScoreSettings, results: Iterable[pa.Table], metadata: dict[str, str], passthrough: Any = None
+    plan: JobPlan, results: Iterable[pa.Table], metadata: dict[str, str], passthrough: Any = None
 ) -> OutputCounts:
     """The job's Parquet output from its committed results (any engine), in input order. With
     --limit, the ledger holds only the first records, so the rest of the store stays out of it."""
-    from clef_cli.quality.calibrate.temperature import load_calibration
-
-    if settings.upload is not None:
-        settings.output.parent.mkdir(exist_ok=True)  # the checkpoint's upload folder
-    remove_stale_temporaries(settings.output)
+    settings, output = plan.settings, plan.output
+    if output.upload is not None:
+        output.path.parent.mkdir(exist_ok=True)  # the checkpoint's upload folder
+    remove_stale_temporaries(output.path)
     spec = OutputSpec(
-        path=settings.output,
+        path=output.path,
         layout=settings.layout,
         keep_columns=settings.keep_columns,
         row_group_size=settings.row_group_size,
         metadata=metadata,
-        calibration=load_calibration(settings.calibration) if settings.calibration else None,
+        calibration=plan.calibration,
     )
-    counts = write_output(spec, results, settings.inputs, settings.limit, passthrough)
-    if settings.upload is not None:
-        upload_staged(settings.output, settings.upload, keep=settings.keep_staged_output)
+    counts = write_output(spec, results, plan.sources, settings.limit, passthrough)
+    if output.upload is not None:
+        upload_staged(output.path, output.upload, keep=output.keep_staged)
     return counts
 
 
 @dataclass
 class Job:
-    """An open job: its completed settings, release, manifest and checkpoint, under its locks."""
+    """An open job: its plan, manifest and checkpoint, under its locks."""
 
-    settings: ScoreSettings
-    release: Release
+    plan: JobPlan
     manifest: dict[str, Any]
     checkpoint: Checkpoint
     ledger: Ledger
@@ -223,6 +212,14 @@ class Job:
     started: float
     stop: threading.Event
     """Set by a stop request (Ctrl-C, SIGTERM): checked by the engine's loops and by `finish`."""
+
+    @property
+    def settings(self) -> ScoreSettings:
+        return self.plan.settings
+
+    @property
+    def release(self) -> Release:
+        return self.plan.release
 
     def keep_policy(self) -> KeepPolicy:
         """Whose hidden states this run stores (`--hidden-states`; the sample drawn from the ledger)."""
@@ -250,11 +247,11 @@ class Job:
         if self.stop.is_set():
             return self.interrupted()
         self.progress.phase("writing the output")
-        described = provenance(self.settings, self.release, manifest or self.checkpoint.manifest)
+        described = provenance(self.plan, manifest or self.checkpoint.manifest)
         described |= {f"clef.records_{name}": str(value) for name, value in self.summary.run_counts().items()}
         try:
             rows = self._until_stopped(results)
-            counts = write_job_output(self.settings, rows, described | (metadata or {}), passthrough)
+            counts = write_job_output(self.plan, rows, described | (metadata or {}), passthrough)
         except JobStopped:
             return self.interrupted()
         self.summary.count(counts)
@@ -290,60 +287,43 @@ def record_interrupted(checkpoint: Checkpoint, summary: JobSummary | None) -> No
         checkpoint.index.interrupt_run(checkpoint.run_id, counts)
 
 
-Preflight = Callable[[ScoreSettings, Release], None]
-"""An engine's own start-up checks (vLLM: its Python, the family), run before anything is written."""
-
-
-def checked_release(
-    settings: ScoreSettings,
-    preflight: Preflight | None = None,
-    with_weights: bool = True,
-    progress: Progress | None = None,
-) -> tuple[ScoreSettings, Release]:
-    """Everything a run can check before it touches the disk: the settings, the job's first
-    records, the release and the engine's own checks (`preflight`). A run refused here leaves the
-    filesystem as it was; the dry run calls the same, so it refuses what the run would."""
-    forget_objects()  # the clients and listings of this job's environment (credentials, endpoint)
-    forget_buckets()
-    settings.validate()
-    check_store(settings.store)  # a bucket store answers (exit 1) and is one (exit 2) before any record is read
-    check_job_records(settings, progress or Progress())
-    release = resolve_release(settings.model, revision=settings.revision, with_weights=with_weights)
-    settings = settings.for_release(release)
-    if preflight is not None:
-        preflight(settings, release)
-    return settings, release
+def locked_slot(plan: JobPlan) -> tuple[JobPlan, JobLock | None]:
+    """A bucket store's cache folder chosen and locked in one step (one another job on this
+    machine holds is skipped: `lock_slot`), the plan moved into it (a remote -o's stage too); the
+    lock is the caller's. A folder store: no lock (`job_locks` takes it)."""
+    if not plan.store.remote:
+        return plan, None
+    chosen, lock = lock_slot(plan.store)
+    return plan.in_store(chosen), lock
 
 
 @contextmanager
 def open_job(
-    settings: ScoreSettings,
+    plan: JobPlan,
     progress: Progress,
     dtype: str,
     head_dir: Path | None = None,
     existing: bool = False,
-    preflight: Preflight | None = None,
     stop: threading.Event | None = None,
 ) -> Iterator[Job]:
-    """Check everything (`checked_release`), then build the manifest, take the locks, open the
-    checkpoint (`existing`: one that must exist, to read; else made or reused) and key the
-    job's records against it. `stop`: the job's stop requests (cli/stopping.py)."""
+    """The planned job (`plan_job`): its manifest built, the locks taken, the checkpoint open
+    (`existing`: one that must exist, to read; else made or reused) and the job's records keyed
+    against it. `stop`: the job's stop requests (cli/stopping.py)."""
     started = time.monotonic()
-    settings, release = checked_release(settings, preflight, progress=progress)
-    manifest = job_manifest(settings, release, dtype, head_dir or release.path)
-    settings, slot = settings.with_locked_slot()  # a bucket store's cache folder: chosen and locked at once
-    path = settings.checkpoint_path
+    manifest = job_manifest(plan.settings, plan.release, dtype, head_dir or plan.release.path)
+    plan, slot = locked_slot(plan)  # a bucket store's cache folder: chosen and locked at once
+    settings, path = plan.settings, plan.store.folder
     made_here = not existing and not path.exists()  # before the locks: a remote -o's is made inside it
     stop = stop or threading.Event()
-    with job_locks(settings.output, path, slot) as lock:
+    with job_locks(plan.output.path, path, slot) as lock:
         if lock.took_over:
             progress.note(f"took over a lock left by a stopped job (pid {lock.took_over.get('pid')})")
         opening = time.perf_counter()
         if existing:
-            checkpoint = open_existing_store(settings.store)
+            checkpoint = open_existing_store(plan.store)
         else:
             syncs = (settings.sync_every, progress.warn, settings.sync_failure_limit, stop, progress.syncs)
-            checkpoint = open_store(settings.store, manifest, settings.restart, *syncs)  # failing syncs stop the job
+            checkpoint = open_store(plan.store, manifest, settings.restart, *syncs)  # failing syncs stop the job
         opening = time.perf_counter() - opening  # the summary's `opening the store` (stats.STAGES)
         spool: RemoteSpool | None = None
         summary: JobSummary | None = None
@@ -354,17 +334,17 @@ def open_job(
                 shards = len(checkpoint.dropped)
                 what = f"{plural(shards, 'damaged checkpoint shard')}: their {plural(damaged, 'record')}"
                 progress.note(f"{what} will be computed again")
-            checkpoint.begin_run(settings.inputs, settings.destination)  # a remote -o: its URI, not its stage
-            settings, spool = with_remote_spool(settings, checkpoint.path)
+            checkpoint.begin_run(settings.inputs, plan.output.shown)  # a remote -o: its URI, not its stage
+            plan, spool = with_remote_spool(plan, checkpoint.path)
             progress.phase("keying the records")
             needs_hidden = existing or settings.hidden_states == "keep"
             keying = time.perf_counter()
-            ledger = job_ledger(settings, release, checkpoint, needs_hidden)
-            summary = JobSummary(output=settings.destination, damaged=damaged)
+            ledger = job_ledger(plan, checkpoint, needs_hidden)
+            summary = JobSummary(output=plan.output.shown, damaged=damaged)
             summary.stats.stages |= {"open_store": opening, "keying": time.perf_counter() - keying}
             summary.stats.special_tokens = settings.special_tokens.value
             summary.take_counts(ledger.counts)
-            yield Job(settings, release, manifest, checkpoint, ledger, progress, summary, started, stop)
+            yield Job(plan, manifest, checkpoint, ledger, progress, summary, started, stop)
         except KeyboardInterrupt:  # a stop that ended the job inside a step (`JobStopped`) or at once
             failed = True
             record_interrupted(checkpoint, summary)

@@ -33,7 +33,7 @@ from clef_cli.inputs.json_values import without_lone_surrogates
 from clef_cli.inputs.readers import iter_column_values, parquet_only, parquet_schema
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.locations.object_store import ObjectStoreError
-from clef_cli.locations.uploads import checked_uri, upload_whole
+from clef_cli.locations.uploads import upload_whole
 from clef_cli.results import (
     FIRST_ERRORS,
     LONG_SCHEMA,
@@ -46,7 +46,6 @@ from clef_cli.results import (
 )
 from clef_cli.store import durable
 from clef_cli.store.atomic import is_stdout, write_file
-from clef_cli.store.location import UPLOADS
 
 if TYPE_CHECKING:
     from clef_cli.quality.calibrate.temperature import Calibration
@@ -342,18 +341,6 @@ def _shape(
     for name, values in columns.items():
         table = table.append_column(name, values)
     return table.cast(schema)
-
-
-def staged_output(uri: str, checkpoint: Path | None, option: str = "-o") -> Path:
-    """Where an output bound for `uri` is written first: its name in the checkpoint's upload
-    folder. A remote output needs --checkpoint (a usage error naming it otherwise)."""
-    name = checked_uri(uri, option).rsplit("/", 1)[1]  # an object's URI: no query string, no folder
-    if checkpoint is None:
-        raise UsageError(
-            f"{option} {uri}: an output in an object store needs --checkpoint (a local folder, or a store in a "
-            "bucket: s3://bucket/store/)"
-        )
-    return checkpoint / UPLOADS / name
 
 
 def upload_staged(staged: Path, uri: str, keep: bool = False) -> None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 @dataclass
 class JobSummary:
     output: Path | str | None
-    """Where the output went (`ScoreSettings.destination`: a remote `-o`'s URI, not its local stage)."""
+    """Where the output went (`OutputTarget.shown`: a remote `-o`'s URI, not its local stage)."""
     records: int = 0
     scored: int = 0
     failed: int = 0

@@ -34,6 +34,7 @@ from clef_cli.engines.local.workers import Planned
 from clef_cli.errors import ClefError, JobStopped
 from clef_cli.job.lifecycle import Job, open_job
 from clef_cli.job.output import passthrough_types
+from clef_cli.job.plan import plan_job
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.job.summary import JobSummary
 from clef_cli.model.scoring import Scorer
@@ -71,7 +72,6 @@ class ScoreJob:
         stop: threading.Event | None = None,
         scorer: Scorer | None = None,
     ) -> None:
-        settings.validate()
         self.settings = settings
         self.progress = progress or Progress()
         self.stop = stop or threading.Event()
@@ -126,10 +126,11 @@ class ScoreJob:
 
     def run(self) -> JobSummary:
         dtype = compute_dtype(self.settings)
-        with open_job(self.settings, self.progress, dtype, preflight=self.preflight, stop=self.stop) as job:
+        plan = plan_job(self.settings, self.preflight, progress=self.progress)
+        with open_job(plan, self.progress, dtype, stop=self.stop) as job:
             settings = job.settings
             passthrough = (
-                passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
+                passthrough_types(job.plan.sources, settings.keep_columns, settings.limit)
                 if settings.keep_columns
                 else None
             )
@@ -212,7 +213,7 @@ class ScoreJob:
         self, job: Job, executor: BatchExecutor, spool_budget: int, by_index: dict[int, Planned]
     ) -> Iterator[Window | PlannedBatch]:
         """Each planned window, then its batches (on the executor's feeder thread)."""
-        records = job_records(job.settings)
+        records = job_records(job.plan)
         skip = job.ledger.to_run.skip
         for window in planned_windows(executor.pool, records, job.settings.window, skip, spool_budget):
             window = self.refuse_for_engine(window)

@@ -24,10 +24,10 @@ from clef_cli.engines.local.planning import (
 )
 from clef_cli.errors import ClefError
 from clef_cli.inputs.readers import count_records
-from clef_cli.job.lifecycle import Preflight, checked_release, job_ledger, key_prompt, with_remote_spool
+from clef_cli.job.lifecycle import job_ledger, key_prompt, with_remote_spool
+from clef_cli.job.plan import JobPlan, Preflight, plan_job
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.progress import Progress
-from clef_cli.release import Release
 from clef_cli.results import RunCounts
 from clef_cli.store.checkpoint import MANIFEST, Checkpoint
 from clef_cli.store.keep_policy import DROP, KEEP, SELECTIVE, measured_below, stored_fraction
@@ -100,27 +100,29 @@ def plan_report(
     """Every record encoded (media decoded, prompt built) and planned into batches, as a run
     would, after the same checks as the run (`preflight`: the engine's own)."""
     progress = progress or Progress()
-    settings, release = checked_release(settings, preflight, with_weights=False, progress=progress)
-    report = DryRunReport(field_sources=input_fields(settings))
-    progress.start(count_records(settings.inputs, settings.limit), 0)
+    plan = plan_job(settings, preflight, with_weights=False, progress=progress)
+    report = DryRunReport(field_sources=input_fields(plan))
+    progress.start(count_records(plan.sources, plan.settings.limit), 0)
     with tempfile.TemporaryDirectory(prefix="clef-dry-run-") as scratch:
         # remote media fetched once, to key them, then planned from the spool, as a run does
-        settings, _ = with_remote_spool(settings, Path(scratch))
-        to_run, counts = _to_run(settings, release, Path(scratch))
+        plan, _ = with_remote_spool(plan, Path(scratch))
+        to_run, counts = _to_run(plan, Path(scratch))
         report.already_done, report.duplicates = counts.reused, counts.duplicates
-        _plan(report, settings, release, to_run, progress)
+        _plan(report, plan, to_run, progress)
     report.valid += report.already_done + report.duplicates
     report.records = report.valid + sum(report.failed_by_kind.values())
-    unhidden = _from_store(settings, lambda checkpoint: _unhidden_tokens(settings, release, checkpoint)) or 0
+    unhidden = _from_store(plan, lambda checkpoint: _unhidden_tokens(plan, checkpoint)) or 0
+    settings = plan.settings
     new = sum(report.lengths) - (unhidden if settings.hidden_states == KEEP else 0)
-    _hidden_sizes(report, settings, new, unhidden, hidden_bytes_per_token(settings, release.hidden_size))
+    _hidden_sizes(report, plan, new, unhidden, hidden_bytes_per_token(settings, plan.release.hidden_size))
     return report
 
 
-def _plan(report: DryRunReport, settings: ScoreSettings, release: Release, to_run: ToRun, progress: Progress) -> None:
+def _plan(report: DryRunReport, plan: JobPlan, to_run: ToRun, progress: Progress) -> None:
     """Encode and plan the records a run would compute into `report`."""
-    with encode_pool(settings, release, worker_count(settings)) as pool:
-        records = job_records(settings)
+    settings = plan.settings
+    with encode_pool(settings, plan.release, worker_count(settings)) as pool:
+        records = job_records(plan)
         for window in planned_windows(pool, records, settings.window, skip=to_run.stored):
             for failure in window.failures:
                 report.failed_by_kind[failure.kind] = report.failed_by_kind.get(failure.kind, 0) + 1
@@ -137,18 +139,18 @@ def _plan(report: DryRunReport, settings: ScoreSettings, release: Release, to_ru
             progress.advance(len(window.planned) + len(window.failures), sum(e.length for e in entries), 0)
 
 
-def input_fields(settings: ScoreSettings) -> list[str]:
+def input_fields(plan: JobPlan) -> list[str]:
     """How each record field is read, per input (the same lines once for inputs alike). A media
     field the input lacks and no --columns maps is left out: text-only input gets no media lines
     (a record further on that has the field is read as any other)."""
     from clef_cli.inputs.fields import MEDIA_FIELDS, RECORD_FIELDS
-    from clef_cli.inputs.sources import expand_inputs
     from clef_cli.inputs.table_shape import field_sources, table_shape
 
+    settings = plan.settings
     mapped = dict(settings.columns.fields) if settings.columns else {}
     lines: list[str] = []
     previous: list[str] | None = None
-    for source in expand_inputs(settings.inputs):
+    for source in plan.sources:
         shape = table_shape(source)
         described = zip(RECORD_FIELDS, field_sources(settings.columns, shape), strict=True)
         absent = {name for name in MEDIA_FIELDS if name not in mapped and name not in shape.columns}
@@ -159,22 +161,23 @@ def input_fields(settings: ScoreSettings) -> list[str]:
     return lines
 
 
-def _unhidden_tokens(settings: ScoreSettings, release: Release, checkpoint: Checkpoint) -> int:
+def _unhidden_tokens(plan: JobPlan, checkpoint: Checkpoint) -> int:
     """Prompt tokens of the job's stored results without hidden states (a `keep` run computes
     their states again: they are among its planned prompts, and no other policy's)."""
-    ledger = job_ledger(settings, release, checkpoint, needs_hidden=True, dry_run=True)
+    ledger = job_ledger(plan, checkpoint, needs_hidden=True, dry_run=True)
     tokens = 0
     for shard, row in ledger.unhidden_rows():
         tokens += int(checkpoint.shard_table(shard).column("prompt_tokens")[row].as_py() or 0)
     return tokens
 
 
-def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, new: int, unhidden: int, per_token: float) -> None:
+def _hidden_sizes(report: DryRunReport, plan: JobPlan, new: int, unhidden: int, per_token: float) -> None:
     """The states each policy's run would write: `keep` those of the new prompts and of the
     stored results without states (it computes them again), `selective` its share of the new
     prompts alone (from the share of the store's results under the threshold, the sample's share
     of the rest added; a range without results), `drop` none."""
-    stored = _stored_results(settings)
+    settings = plan.settings
+    stored = _stored_results(plan)
     below = None if stored is None else measured_below(stored, settings.keep_below)
     report.selective_measured = below
     for policy in (KEEP, SELECTIVE, DROP):
@@ -184,11 +187,11 @@ def _hidden_sizes(report: DryRunReport, settings: ScoreSettings, new: int, unhid
     report.hidden_state_bytes = report.hidden_state_bytes_by_policy[settings.hidden_states][0]
 
 
-def _from_store(settings: ScoreSettings, read: Callable[[Checkpoint], T]) -> T | None:
+def _from_store(plan: JobPlan, read: Callable[[Checkpoint], T]) -> T | None:
     """`read(checkpoint)` on the job's existing checkpoint; None without one, with --restart, or
     when it cannot be opened (a dry run changes nothing and refuses nothing)."""
-    location = settings.store
-    if settings.restart or not (location.remote or (location.folder / MANIFEST).exists()):
+    location = plan.store
+    if plan.settings.restart or not (location.remote or (location.folder / MANIFEST).exists()):
         return None
     with contextlib.suppress(ClefError):  # a bucket store: its cache brought up to date, the bucket only read
         checkpoint = open_existing_store(location, locked=False)
@@ -199,28 +202,29 @@ def _from_store(settings: ScoreSettings, read: Callable[[Checkpoint], T]) -> T |
     return None
 
 
-def _stored_results(settings: ScoreSettings) -> pa.Table | None:
-    return _from_store(settings, lambda checkpoint: checkpoint.results())
+def _stored_results(plan: JobPlan) -> pa.Table | None:
+    return _from_store(plan, lambda checkpoint: checkpoint.results())
 
 
-def _to_run(settings: ScoreSettings, release: Release, scratch: Path) -> tuple[ToRun, RunCounts]:
+def _to_run(plan: JobPlan, scratch: Path) -> tuple[ToRun, RunCounts]:
     """What a run would compute and why the rest is not planned, keyed as the run keys: against
     the job's checkpoint (its results stay as they are), or without one against an empty index in
     `scratch`, so the job's own duplicates are planned once either way."""
+    settings = plan.settings
     needs_hidden = settings.hidden_states == KEEP
 
     def keyed(checkpoint: Checkpoint) -> tuple[ToRun, RunCounts]:
-        ledger = job_ledger(settings, release, checkpoint, needs_hidden, dry_run=True)
+        ledger = job_ledger(plan, checkpoint, needs_hidden, dry_run=True)
         return ledger.to_run, ledger.counts
 
-    stored = _from_store(settings, keyed)
+    stored = _from_store(plan, keyed)
     if stored is not None:
         return stored
     index = KeyIndex(scratch / INDEX_FILE)
     try:
         ledger = Ledger(index, run_seq=0)
         media = MediaHasher(settings.limits)
-        ledger.build(job_records(settings), key_prompt(settings, release), media, needs_hidden)
+        ledger.build(job_records(plan), key_prompt(settings, plan.release), media, needs_hidden)
         return ledger.to_run, ledger.counts
     finally:
         index.close()

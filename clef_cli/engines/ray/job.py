@@ -38,11 +38,11 @@ from clef_cli.engines.ray.resources import (
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT, Stalled, Watched, waiting_for
 from clef_cli.errors import ClefError, RecordError
 from clef_cli.inputs.parquet_rows import RECORD_COLUMNS
-from clef_cli.inputs.readers import load_questions_file, read_limits
+from clef_cli.inputs.readers import read_limits
 from clef_cli.inputs.seen_ids import SeenIds
-from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job.lifecycle import open_job
 from clef_cli.job.output import passthrough_types
+from clef_cli.job.plan import JobPlan, plan_job
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.job.summary import JobSummary
 from clef_cli.model.backbone import resolve_dtype
@@ -167,12 +167,11 @@ class RayScoreJob:
         progress: Progress | None = None,
         stop: threading.Event | None = None,
     ) -> None:
-        settings.validate()
         self.settings = settings
         self.ray_settings = ray_settings
         self.progress = progress or Progress()
         self.stop = stop or threading.Event()
-        self.summary = JobSummary(output=settings.destination)
+        self.summary = JobSummary(output=settings.output)
         self.keep = KeepPolicy(settings.hidden_states)
         check_engine_gpus(ray_settings.gpus_per_worker, settings.vllm.tensor_parallel_size if settings.vllm else None)
         self.engine = local_engine(settings)
@@ -183,18 +182,18 @@ class RayScoreJob:
     def run(self) -> JobSummary:
         device = torch.device("cuda" if self.ray_settings.gpus_per_worker else "cpu")
         dtype = str(resolve_dtype(self.settings.dtype, device)).removeprefix("torch.")
-        with open_job(self.settings, self.progress, dtype, preflight=self.engine.preflight, stop=self.stop) as job:
+        plan = plan_job(self.settings, self.engine.preflight, progress=self.progress)
+        with open_job(plan, self.progress, dtype, stop=self.stop) as job:
             settings = self.settings = job.settings
             self.summary = job.summary
             passthrough = (
-                passthrough_types(settings.inputs, settings.keep_columns, settings.limit)
+                passthrough_types(job.plan.sources, settings.keep_columns, settings.limit)
                 if settings.keep_columns
                 else None
             )
-            questions = load_questions_file(settings.questions) if settings.questions else None
             if job.ledger.counts.run:
                 self.keep = job.keep_policy()
-                self._on_cluster(job.checkpoint, job.ledger.to_run, questions)
+                self._on_cluster(job.checkpoint, job.ledger.to_run, job.plan)
             # a stop request, before or while it writes: interrupted instead
             return job.finish(mark_duplicates(job.results()), self._engine_metadata(), passthrough)
 
@@ -206,7 +205,7 @@ class RayScoreJob:
             return {"clef.engine": "ray"}
         return {"clef.engine": f"ray+{engine}", f"clef.{engine}_version": self.engine_version}
 
-    def _on_cluster(self, checkpoint: Checkpoint, to_run: ToRun, questions: Any) -> None:
+    def _on_cluster(self, checkpoint: Checkpoint, to_run: ToRun, plan: JobPlan) -> None:
         """Connect, fit the plan to the cluster, score; Ray's output in ray.log when quiet."""
         import ray
 
@@ -220,9 +219,9 @@ class RayScoreJob:
                 )
                 if settings.hidden_states != DROP and checkpoint.needs_shared_disk:
                     check_every_node_sees(checkpoint.shards_path)
-                slices = plan_slices(expand_inputs(settings.inputs), settings.limit)
+                slices = plan_slices(list(plan.sources), settings.limit)
                 self.progress.start(len(to_run), len(to_run) - to_run.count)
-                self._stream(ray, slices, checkpoint, to_run, questions, actors)
+                self._stream(ray, slices, checkpoint, to_run, plan.questions, actors)
             except (ray.exceptions.ActorDiedError, ray.exceptions.RayTaskError) as error:  # its start, a dead worker
                 died = isinstance(error, ray.exceptions.ActorDiedError)
                 what = "a scoring actor died" if died else "a Ray task failed"
