@@ -43,13 +43,14 @@ def test_validate_still_refuses_values(tmp_path):
         ({"checkpoint": "s3://b/store/", "restart": True}, "--confirm-restart"),
         ({"checkpoint": "  "}, "names no folder"),
         ({"keep_sample": 2.0}, "--keep-sample must be between 0 and 1"),
-        ({"engine": "tgi"}, "--engine must be one of hf, vllm"),
     ]:
         settings = settings_for(tmp_path, **changed)
         with pytest.raises(UsageError, match=words):
             settings.validate()
     with pytest.raises(UsageError, match="--struct-nulls must be refuse, absent or null, not 'maybe'"):
         settings_for(tmp_path, struct_nulls="maybe")
+    with pytest.raises(UsageError, match="--engine must be hf or vllm, not 'tgi'"):
+        settings_for(tmp_path, engine="tgi")
     assert settings_for(tmp_path, struct_nulls="absent").struct_nulls.value == "absent"  # enums stay enums
 
 

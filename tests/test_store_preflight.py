@@ -25,12 +25,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from clef_cli.choices import DEFAULT_SYNC_FAILURE_LIMIT
 from clef_cli.cli import app
 from clef_cli.errors import ClefError
 from clef_cli.store.location import remote_location
 from clef_cli.store.opening import check_store
 from clef_cli.store.remote import manifests
-from clef_cli.store.remote.sync import DEFAULT_FAILURE_LIMIT, REPEAT_EVERY
+from clef_cli.store.remote.sync import REPEAT_EVERY
 
 from .helpers import TINY_MODEL, write_jsonl
 from .remote_stores import commit, fresh_machine, key_of, open_machine
@@ -233,7 +234,7 @@ def test_syncs_failing_past_the_limit_stop_the_job_and_its_work_stays_for_a_reru
     with watched_writer(tmp_path) as (writer, syncer, now, said, _):
         commit(writer, range(0, 10))
         assert _eventually(lambda: syncer.failures >= 2)
-        now[0] += DEFAULT_FAILURE_LIMIT - 1
+        now[0] += DEFAULT_SYNC_FAILURE_LIMIT - 1
         assert _eventually(lambda: syncer.failures >= 4) and not syncer.job_stop.is_set()
         now[0] += 1
         assert _eventually(lambda: syncer.job_stop.is_set()) and syncer.gave_up

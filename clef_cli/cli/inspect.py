@@ -30,8 +30,8 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import ClefError, RecordError, UsageError
 from clef_cli.inputs.columns import ColumnMapping
 from clef_cli.inputs.parquet_rows import StructNulls
-from clef_cli.inputs.record_size import ReadLimits
-from clef_cli.sizes import parse_size
+from clef_cli.inputs.record_size import MAX_RECORD_BYTES, ReadLimits
+from clef_cli.release import DEFAULT_MODEL
 
 QUESTION_STYLES = ("bold magenta", "bold cyan", "bold yellow", "bold blue")
 SPECIAL_TOKEN_MODES = {"text": "read as text", "parse": "read as control tokens"}
@@ -47,12 +47,12 @@ def inspect_spans(
             "parts, a glob): a local path or a URI.",
         ),
     ],
-    model: ModelOption = "Cloudflare/clef-omni",
+    model: ModelOption = DEFAULT_MODEL,
     revision: RevisionOption = None,
     index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
     record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
     max_length: MaxLengthOption = None,
-    max_record_bytes: MaxRecordBytesOption = "64M",  # type: ignore[assignment]  # parsed by `size`
+    max_record_bytes: MaxRecordBytesOption = MAX_RECORD_BYTES,
     on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
     special_tokens: SpecialTokensOption = SpecialTokens.text,
@@ -82,8 +82,7 @@ def inspect_spans(
     mapping = parse_columns(columns, state_columns)
     if mapping is not None:
         check_columns(mapping, [record_file])  # a column the input lacks: refused as `clef score` refuses it
-    record_bytes = parse_size(max_record_bytes) if isinstance(max_record_bytes, str) else max_record_bytes
-    read_limits = ReadLimits(record_bytes, (limits or MediaLimits()).max_file_bytes)
+    read_limits = ReadLimits(max_record_bytes, (limits or MediaLimits()).max_file_bytes)
     record = select_record(record_file, schema, index, record_id, struct_nulls, mapping, read_limits)
     if isinstance(record, InvalidRecord):
         raise ClefError(record.error)

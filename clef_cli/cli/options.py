@@ -52,6 +52,13 @@ class CalibrationMethod(str, Enum):
     question = "question"
 
 
+def parameter_source(ctx: typer.Context, name: str) -> str:
+    """Where an option's value came from: COMMANDLINE, ENVIRONMENT, DEFAULT (click's
+    `ParameterSource`, read by its name: Typer vendors click in a private module)."""
+    source = ctx.get_parameter_source(name)
+    return "DEFAULT" if source is None else source.name
+
+
 def size(value: Any) -> int:
     """Typer parser of a byte count: `268435456`, `256M`, `1.5G`, `64KiB`; a bad one exits 2.
     (Typer vendors its own click, with no `click.ParamType`; a parser is its way to add a type.)"""

@@ -8,11 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from typer._click.core import ParameterSource  # Typer's vendored click
 
 from clef_cli.choices import (
+    DEFAULT_BLOCK_RECORDS,
+    DEFAULT_KEEP_BELOW,
+    DEFAULT_KEEP_SAMPLE,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_SYNC_EVERY,
+    DEFAULT_SYNC_FAILURE_LIMIT,
+    DEFAULT_WINDOW,
     Engine,
     HiddenDtype,
     HiddenStates,
@@ -22,9 +27,11 @@ from clef_cli.choices import (
 )
 from clef_cli.cli.console import stderr
 from clef_cli.cli.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_RECORDS_FAILED
-from clef_cli.cli.line_progress import LogEveryOption
+from clef_cli.cli.line_progress import DEFAULT_LOG_EVERY, LogEveryOption
 from clef_cli.cli.media_options import with_media_limits
 from clef_cli.cli.options import (
+    PANEL_ENGINE,
+    PANEL_RAY,
     ColumnsOption,
     DeviceOption,
     Dtype,
@@ -36,11 +43,10 @@ from clef_cli.cli.options import (
     SpecialTokensOption,
     StateColumnsOption,
     StructNullsOption,
+    parameter_source,
 )
 from clef_cli.cli.progress import job_progress, print_dry_run, print_summary
 from clef_cli.cli.score_options import (
-    RAY_ONLY,
-    VLLM_ONLY,
     AllowEmptyOption,
     BlockRecordsOption,
     CalibrationOption,
@@ -93,9 +99,11 @@ from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.ray.watchdog import DEFAULT_STALL_TIMEOUT
 from clef_cli.errors import UsageError
 from clef_cli.inputs.parquet_rows import StructNulls
+from clef_cli.inputs.record_size import MAX_RECORD_BYTES
 from clef_cli.job.settings import ScoreSettings
 from clef_cli.locations.overlap import refuse_inside_store, refuse_overlap
 from clef_cli.progress import Progress
+from clef_cli.release import DEFAULT_MODEL
 
 
 def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine: Engine = Engine.hf) -> None:
@@ -107,13 +115,15 @@ def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine
     lacks, so --engine vllm there only says what the store holds; with --ray each actor runs vLLM."""
     from clef_cli.cli.score_options import NOT_WITH_REHEAD, SELECTIVE_ONLY
 
-    option = {param.name: param.opts[0] for param in ctx.command.params}
+    params = {param.name: param for param in ctx.command.params}
+    option = {name: param.opts[0] for name, param in params.items()}
     for name in ctx.params:
-        if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+        if parameter_source(ctx, name) != "COMMANDLINE":
             continue
-        if name in RAY_ONLY and not ray:
+        panel = getattr(params[name], "rich_help_panel", None)
+        if panel == PANEL_RAY and name != "ray" and not ray:
             raise UsageError(f"{option[name]} applies to Ray runs only: add --ray")
-        if name in VLLM_ONLY and engine is not Engine.vllm:
+        if panel == PANEL_ENGINE and name != "engine" and engine is not Engine.vllm:
             raise UsageError(f"{option[name]} applies to the vLLM engine only: add --engine vllm")
         if name in NOT_WITH_REHEAD and rehead is not None:
             raise UsageError(
@@ -130,13 +140,13 @@ def score(
     ctx: typer.Context,
     inputs: InputsArgument,
     output: OutputOption,
-    model: ModelOption = "Cloudflare/clef-omni",
+    model: ModelOption = DEFAULT_MODEL,
     revision: RevisionOption = None,
     questions: QuestionsOption = None,
     columns: ColumnsOption = None,
     state_columns: StateColumnsOption = None,
     max_length: MaxLengthOption = None,
-    max_record_bytes: MaxRecordBytesOption = "64M",  # type: ignore[assignment]  # parsed by `size`
+    max_record_bytes: MaxRecordBytesOption = MAX_RECORD_BYTES,
     on_overflow: OverflowOption = OverflowPolicy.truncate,
     struct_nulls: StructNullsOption = StructNulls.refuse,
     special_tokens: SpecialTokensOption = SpecialTokens.text,
@@ -149,15 +159,15 @@ def score(
     limit: LimitOption = None,
     allow_empty: AllowEmptyOption = False,
     workers: WorkersOption = None,
-    window: WindowOption = 8192,
+    window: WindowOption = DEFAULT_WINDOW,
     checkpoint: CheckpointOption = None,
     cache_dir: CacheDirOption = None,
-    sync_every: SyncEveryOption = 30.0,
-    sync_failure_limit: SyncFailureLimitOption = 300.0,
+    sync_every: SyncEveryOption = DEFAULT_SYNC_EVERY,
+    sync_failure_limit: SyncFailureLimitOption = DEFAULT_SYNC_FAILURE_LIMIT,
     keep_staged_output: KeepStagedOutputOption = False,
     hidden_states: HiddenStatesOption = HiddenStates.keep,
-    keep_below: KeepBelowOption = 0.6,
-    keep_sample: KeepSampleOption = 0.02,
+    keep_below: KeepBelowOption = DEFAULT_KEEP_BELOW,
+    keep_sample: KeepSampleOption = DEFAULT_KEEP_SAMPLE,
     hidden_dtype: HiddenDtypeOption = HiddenDtype.bfloat16,
     restart: RestartOption = False,
     confirm_restart: ConfirmRestartOption = False,
@@ -166,14 +176,14 @@ def score(
     calibration: CalibrationOption = None,
     dry_run: DryRunOption = False,
     quiet: ScoreQuietOption = False,
-    log_every: LogEveryOption = 60.0,
+    log_every: LogEveryOption = DEFAULT_LOG_EVERY,
     stats_json: StatsJsonOption = None,
     ray: RayOption = False,
     ray_address: RayAddressOption = None,
     ray_actors: RayActorsOption = 1,
     gpus_per_worker: GpusPerWorkerOption = None,
     cpus_per_worker: CpusPerWorkerOption = None,
-    block_records: BlockRecordsOption = 256,
+    block_records: BlockRecordsOption = DEFAULT_BLOCK_RECORDS,
     stall_timeout: StallTimeoutOption = DEFAULT_STALL_TIMEOUT,
     engine: EngineOption = Engine.hf,
     max_model_len: MaxModelLenOption = None,
@@ -194,7 +204,7 @@ def score(
     progress = job_progress(quiet, log_every, dry_run)
     if dry_run:
         return show_plan(settings, progress)
-    if rehead is not None and ctx.get_parameter_source("model") is ParameterSource.DEFAULT:
+    if rehead is not None and parameter_source(ctx, "model") == "DEFAULT":
         settings.model = None  # the model the checkpoint names, as train-head takes it
     summary = run_engine(settings, ctx.params, progress, quiet=quiet or not stderr.is_terminal)
     if stats_json is not None:  # first: a reader that stops reading the summary must not cost the file

@@ -4,7 +4,9 @@ library's settings. The command itself only lists the aliases and calls the engi
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import dataclasses
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -25,8 +27,10 @@ from clef_cli.cli.options import (
 )
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.errors import UsageError
+from clef_cli.inputs.record_size import MAX_RECORD_BYTES
 from clef_cli.job.settings import MIN_CPU_KV_CACHE_GIB, ScoreSettings, VllmOptions
-from clef_cli.sizes import parse_size
+
+T = TypeVar("T")
 
 # What to read and write
 InputsArgument = Annotated[
@@ -191,7 +195,7 @@ VerifyMediaOption = Annotated[
     ),
 ]
 
-# Ray (each needs --ray: RAY_ONLY)
+# Ray (each needs --ray: its section, PANEL_RAY)
 RayOption = Annotated[
     bool,
     typer.Option(
@@ -250,7 +254,7 @@ StallTimeoutOption = Annotated[
         help="--ray: stop (exit 1, everything committed kept) when no block comes back for this many seconds.",
     ),
 ]
-# The engine (each vLLM option needs --engine vllm: VLLM_ONLY)
+# The engine (each vLLM option needs --engine vllm: its section, PANEL_ENGINE)
 EngineOption = Annotated[
     Engine,
     typer.Option(
@@ -303,7 +307,6 @@ EnforceEagerOption = Annotated[
         help="--engine vllm on a GPU: no compiled mode or CUDA graphs (the CPU build always runs eager).",
     ),
 ]
-VLLM_ONLY = ("max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "cpu_kv_cache_gib", "enforce_eager")
 
 MaxRecordBytesOption = Annotated[
     int,
@@ -311,6 +314,7 @@ MaxRecordBytesOption = Annotated[
         "--max-record-bytes",
         parser=size,
         metavar="SIZE",
+        show_default=f"{MAX_RECORD_BYTES >> 20}M",
         rich_help_panel=PANEL_INPUTS,
         help="Largest record read (bytes, or with K/M/G suffix): a bigger JSONL line, table cell or state is "
         "that record's error, read past without being held (so a .gz that inflates far costs nothing); a CSV "
@@ -321,37 +325,28 @@ SELECTIVE_ONLY = ("keep_below", "keep_sample")
 NOT_WITH_REHEAD = ("hidden_states", *SELECTIVE_ONLY)
 """A rehead keeps every state it computes (`on_demand.states_settings`): no keep policy applies."""
 
-RAY_ONLY = ("ray_address", "ray_actors", "gpus_per_worker", "cpus_per_worker", "block_records", "stall_timeout")
+def folded(kind: type[T], options: Mapping[str, Any], **converted: Any) -> T:
+    """`kind` (a settings dataclass) from the parsed options named as its fields, the values the
+    CLI converts (`converted`) in their place: an option reaches the library by its name, with no
+    list of names kept beside it, and a field no option names keeps the settings' own default."""
+    names = {item.name for item in dataclasses.fields(kind) if item.init} - converted.keys()  # type: ignore[arg-type]
+    return kind(**{name: options[name] for name in names & options.keys()}, **converted)
 
 
 def score_settings(options: dict[str, Any], limits: MediaLimits | None) -> ScoreSettings:
     """The library's settings from the parsed options (Typer's `ctx.params`)."""
     from clef_cli.inputs.columns import parse_columns
 
-    columns = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
-    same = ("inputs", "model", "revision", "questions", "max_length", "struct_nulls", "special_tokens")
-    same += ("max_batch_tokens",)
-    same += ("max_batch_size", "device", "limit", "workers", "window", "checkpoint", "restart", "rehead", "calibration")
-    same += ("verify_media", "cache_dir", "sync_every", "confirm_restart", "allow_empty", "max_record_bytes")
-    same += ("keep_staged_output",)
-    same += ("sync_failure_limit",)
-    if isinstance(options["max_record_bytes"], str):  # the default as written in the signature
-        options["max_record_bytes"] = parse_size(options["max_record_bytes"])
-    return ScoreSettings(
-        **{name: options[name] for name in same},
-        output=options["output"],  # a path, or an object's URI (`writable_location`)
+    keep = tuple(name.strip() for name in (options["keep_columns"] or "").split(",") if name.strip())
+    return folded(
+        ScoreSettings,
+        options,  # -o: a path, or an object's URI (`writable_location`)
         overflow=options["on_overflow"],
         limits=limits,
         dtype=None if options["dtype"] is Dtype.auto else options["dtype"].value,
-        layout=options["layout"].value,
-        keep_columns=columns,
+        keep_columns=keep,
         columns=parse_columns(options["columns"], options["state_columns"]),
-        hidden_states=options["hidden_states"].value,
-        keep_below=options["keep_below"],
-        keep_sample=options["keep_sample"],
-        hidden_dtype=options["hidden_dtype"].value,
-        engine=options["engine"].value,
-        vllm=VllmOptions(**{name: options[name] for name in VLLM_ONLY}),
+        vllm=folded(VllmOptions, options),
     )
 
 
@@ -370,12 +365,11 @@ def ray_settings(options: dict[str, Any], device: str, quiet: bool) -> object:
         per_model = (options["tensor_parallel_size"] or 1) if options["engine"] is Engine.vllm else 1
         gpus_per_worker = float(per_model) if device != "cpu" and torch.cuda.is_available() else 0.0
     address = options["ray_address"]
-    return RaySettings(
+    return folded(
+        RaySettings,
+        options,
         address=None if address in (None, "local") else address,
         num_workers=options["ray_actors"],
         gpus_per_worker=gpus_per_worker,
-        cpus_per_worker=options["cpus_per_worker"],
-        block_records=options["block_records"],
-        stall_timeout=options["stall_timeout"],
         quiet=quiet,
     )

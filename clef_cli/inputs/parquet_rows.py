@@ -16,10 +16,10 @@ question object (`type`, `instructions`, `criteria`: null and missing mean the s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from clef_cli.choices import Choice
 from clef_cli.errors import RecordError
 
 if TYPE_CHECKING:  # pyarrow loads only where Parquet is read (not for `clef --help`)
@@ -31,7 +31,7 @@ QUESTION_LEVELS = 2
 """Levels of `questions` where a null means the same as a missing key (question ids, question fields)."""
 
 
-class StructNulls(str, Enum):
+class StructNulls(Choice):
     """What a null inside a Parquet struct column of `state` or `questions` means."""
 
     refuse = "refuse"

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 from typing import TypeVar
 
 from clef_cli.choices import (
+    DEFAULT_KEEP_BELOW,
+    DEFAULT_KEEP_SAMPLE,
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_SYNC_EVERY,
+    DEFAULT_SYNC_FAILURE_LIMIT,
+    DEFAULT_WINDOW,
+    Choice,
+    Engine,
     HiddenDtype,
     HiddenStates,
     Layout,
@@ -29,9 +35,8 @@ from clef_cli.locations.uploads import checked_uri
 from clef_cli.locations.uris import local_path, option_location
 from clef_cli.release import DEFAULT_MODEL, Release
 
-Choice = TypeVar("Choice", bound=Enum)
+C = TypeVar("C", bound=Choice)
 
-ENGINES = ("hf", "vllm")
 MIN_CPU_KV_CACHE_GIB = 1
 """The least `--cpu-kv-cache-gib`: vLLM reads VLLM_CPU_KVCACHE_SPACE as a whole number of GiB."""
 
@@ -94,7 +99,7 @@ class ScoreSettings:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     device: str = "auto"
     dtype: str | None = None
-    layout: str = "wide"
+    layout: Layout = Layout.wide
     keep_columns: tuple[str, ...] = ()
     columns: ColumnMapping | None = None
     """`--columns` / `--state-columns`: the input columns the record fields come from."""
@@ -104,24 +109,24 @@ class ScoreSettings:
     workers: int | None = None
     """Background encoding processes; None: none on the CPU (the model already uses every core);
     beside a GPU every usable core but one, bounded by memory (`pool_size.default_workers`)."""
-    window: int = 8192
+    window: int = DEFAULT_WINDOW
     checkpoint: Path | str | None = None
     """A local folder (a path or a file: URI) or a bucket's prefix
     (`s3://bucket/prefix/`: a store in the bucket, with a local cache folder; store/remote/)."""
     cache_dir: Path | None = None
     """Where a bucket store's cache folders live (default $CLEF_CACHE_DIR, $XDG_CACHE_HOME/clef, ~/.cache/clef)."""
-    sync_every: float = 30.0
+    sync_every: float = DEFAULT_SYNC_EVERY
     """Seconds between two syncs of a bucket store (a kill loses at most that much work)."""
-    sync_failure_limit: float = 300.0
+    sync_failure_limit: float = DEFAULT_SYNC_FAILURE_LIMIT
     """Seconds a bucket store's syncs may keep failing before the job stops (exit 1, its work kept in the cache)."""
     confirm_restart: bool = False
     """--restart on a bucket store discards what every machine shares: refused without this."""
-    hidden_states: str = "keep"
-    keep_below: float = 0.6
+    hidden_states: HiddenStates = HiddenStates.keep
+    keep_below: float = DEFAULT_KEEP_BELOW
     """`selective`: keep the states of records whose confidence (as `clef review` orders) is below this."""
-    keep_sample: float = 0.02
+    keep_sample: float = DEFAULT_KEEP_SAMPLE
     """`selective`: and of this fraction of the rest, chosen by a hash of the record key."""
-    hidden_dtype: str = "bfloat16"
+    hidden_dtype: HiddenDtype = HiddenDtype.bfloat16
     restart: bool = False
     verify_media: bool = False
     """Hash every local media file again instead of trusting the store's stat cache
@@ -131,7 +136,7 @@ class ScoreSettings:
     calibration: Path | str | None = None
     """A `clef calibrate` file applied when the output is written; not part of the checkpoint's
     settings, so a finished job can be recalibrated without running the model."""
-    engine: str = "hf"
+    engine: Engine = Engine.hf
     """hf: transformers in this process; vllm: vLLM as the backbone, in its own process (engines/vllm/)."""
     vllm: VllmOptions | None = None
     keep_staged_output: bool = False
@@ -145,6 +150,10 @@ class ScoreSettings:
         self.struct_nulls = _choice(StructNulls, self.struct_nulls, "--struct-nulls")
         self.special_tokens = _choice(SpecialTokens, self.special_tokens, "--special-tokens")
         self.overflow = _choice(OverflowPolicy, self.overflow, "--on-overflow")
+        self.layout = _choice(Layout, self.layout, "--layout")
+        self.hidden_states = _choice(HiddenStates, self.hidden_states, "--hidden-states")
+        self.hidden_dtype = _choice(HiddenDtype, self.hidden_dtype, "--hidden-dtype")
+        self.engine = _choice(Engine, self.engine, "--engine")
 
     def for_release(self, release: Release) -> ScoreSettings:
         """These settings with the defaults that depend on the model family filled in."""
@@ -176,18 +185,11 @@ class ScoreSettings:
         self._validate_locations()
         if self.model is None and self.rehead is None:
             raise UsageError("give --model: only --rehead takes the model from the checkpoint")
-        for name, choice in (("layout", Layout), ("hidden_states", HiddenStates), ("hidden_dtype", HiddenDtype)):
-            value = getattr(self, name)
-            if value not in {member.value for member in choice}:
-                allowed = ", ".join(member.value for member in choice)
-                raise UsageError(f"--{name.replace('_', '-')} must be one of {allowed}, not {value!r}")
         if self.max_record_bytes < 1:
             raise UsageError(f"--max-record-bytes must be 1 byte or more, not {self.max_record_bytes}")
         for name in ("keep_below", "keep_sample"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise UsageError(f"--{name.replace('_', '-')} must be between 0 and 1, not {getattr(self, name)}")
-        if self.engine not in ENGINES:
-            raise UsageError(f"--engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
         if self.vllm is not None:
             self.vllm.validate()
         self._validate_output()
@@ -238,7 +240,7 @@ class ScoreSettings:
             )
 
 
-def _choice(kind: type[Choice], value: Choice | str, option: str) -> Choice:
+def _choice(kind: type[C], value: C | str, option: str) -> C:
     try:
         return kind(value)
     except ValueError:

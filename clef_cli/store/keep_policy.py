@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from clef_cli.choices import DEFAULT_KEEP_BELOW, DEFAULT_KEEP_SAMPLE
 from clef_cli.results import ScoredRecord, least_confidence
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
     from clef_cli.store.hidden_store import HiddenPayload
 
 KEEP, SELECTIVE, DROP = "keep", "selective", "drop"
-DEFAULT_KEEP_BELOW = 0.6
-DEFAULT_KEEP_SAMPLE = 0.02
 SAMPLE_SALT = b"clef.keep-sample.v1:"
 
 

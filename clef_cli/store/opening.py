@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_cli.choices import DEFAULT_SYNC_EVERY, DEFAULT_SYNC_FAILURE_LIMIT
 from clef_cli.errors import UsageError
 from clef_cli.store.checkpoint import SHARDS, Checkpoint
 from clef_cli.store.location import StoreLocation
@@ -22,9 +23,9 @@ def open_store(
     location: StoreLocation,
     manifest: dict[str, Any],
     restart: bool = False,
-    sync_every: float = 30.0,
+    sync_every: float = DEFAULT_SYNC_EVERY,
     say: Callable[[str], None] | None = None,
-    failure_limit: float = 300.0,
+    failure_limit: float = DEFAULT_SYNC_FAILURE_LIMIT,
     stop: threading.Event | None = None,
     report: Callable[[int, int], None] | None = None,
 ) -> Checkpoint:

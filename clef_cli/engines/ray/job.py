@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 
 from clef_cli import faults
+from clef_cli.choices import DEFAULT_BLOCK_RECORDS
 from clef_cli.engines.choice import local_engine
 from clef_cli.engines.ray.actor import ENGINE_VERSION, ScoreActor
 from clef_cli.engines.ray.hidden import check_every_node_sees, commit_block
@@ -61,7 +62,7 @@ class RaySettings:
     gpus_per_worker: float = 0.0
     cpus_per_worker: float | None = None
     """None: share the CPUs that Ray Data's read tasks leave (at most one per actor)."""
-    block_records: int = 256
+    block_records: int = DEFAULT_BLOCK_RECORDS
     """Records handed to an actor at a time (each block is length-sorted into batches)."""
     stall_timeout: float = DEFAULT_STALL_TIMEOUT
     """Seconds without a block back from the actors before the job stops itself (exit 1)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from clef_cli.choices import DEFAULT_SYNC_EVERY, DEFAULT_SYNC_FAILURE_LIMIT
 from clef_cli.errors import ClefError, UsageError
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.checkpoint import Checkpoint, ShardEntry, discard
@@ -29,7 +30,7 @@ from clef_cli.store.remote.last_users import last_users
 from clef_cli.store.remote.layout import FOLDERS, PROBE, own_name
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
 from clef_cli.store.remote.segments import DamagedObject
-from clef_cli.store.remote.sync import DEFAULT_EVERY, DEFAULT_FAILURE_LIMIT, Syncer
+from clef_cli.store.remote.sync import Syncer
 
 SHOWN_STRANGERS = 3
 
@@ -51,10 +52,10 @@ class RemoteCheckpoint(Checkpoint):
         location: StoreLocation,
         manifest: dict[str, Any] | None,
         restart: bool = False,
-        sync_every: float | None = DEFAULT_EVERY,
+        sync_every: float | None = DEFAULT_SYNC_EVERY,
         hold_lock: bool = False,
         say: Callable[[str], None] | None = None,
-        failure_limit: float = DEFAULT_FAILURE_LIMIT,
+        failure_limit: float = DEFAULT_SYNC_FAILURE_LIMIT,
         stop: threading.Event | None = None,
     ) -> RemoteCheckpoint:
         """Open the store for a job with this fingerprint (`manifest`), or only to read it

@@ -7,7 +7,7 @@ as it always does, and the sync reads them after their journal line is written. 
 machine therefore loses at most the last `--sync-every` seconds of work; a failing bucket never
 stops the scoring at once: a failed sync is said on stderr when it happens (then once every
 `REPEAT_EVERY` seconds while the syncs keep failing) and tried again at the next turn; once they
-have failed for `--sync-failure-limit` seconds (`DEFAULT_FAILURE_LIMIT`) the syncer sets the job's
+have failed for `--sync-failure-limit` seconds (`DEFAULT_SYNC_FAILURE_LIMIT`) the syncer sets the job's
 stop event, and the job ends with exit 1 naming this machine and its cache folder, where what it
 committed stays for a rerun there to upload. While a prune or a compaction holds the store, syncs
 wait for its claim to end (bounded by its lease, by the bucket's clock): no failure. A commit that
@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from clef_cli import faults
+from clef_cli.choices import DEFAULT_SYNC_EVERY, DEFAULT_SYNC_FAILURE_LIMIT
 from clef_cli.errors import ClefError, JobStopped
 from clef_cli.locations.object_store import MissingObject
 from clef_cli.locations.uris import LocationProblem
@@ -40,9 +41,6 @@ from clef_cli.store.remote.layout import RUNS
 from clef_cli.store.remote.manifests import Chain, Manifest, claim_line
 from clef_cli.store.remote.segments import Packed, pack
 
-DEFAULT_EVERY = 30.0
-DEFAULT_FAILURE_LIMIT = 300.0
-"""Seconds the syncs may keep failing before the job stops (`--sync-failure-limit`)."""
 REPEAT_EVERY = 180.0
 """Seconds between two lines saying the syncs still fail (the first failure is said at once)."""
 CLAIM_POLL = 2.0
@@ -66,9 +64,9 @@ class Syncer:
         checkpoint: Checkpoint,
         chain: Chain,
         mark: Mark,
-        every: float | None = DEFAULT_EVERY,
+        every: float | None = DEFAULT_SYNC_EVERY,
         say: Callable[[str], None] | None = None,
-        failure_limit: float = DEFAULT_FAILURE_LIMIT,
+        failure_limit: float = DEFAULT_SYNC_FAILURE_LIMIT,
         job_stop: threading.Event | None = None,
     ) -> None:
         self.checkpoint = checkpoint
