@@ -102,3 +102,16 @@ def test_the_plan_stages_a_remote_output_in_the_store_and_pickles(tmp_path, monk
     assert settings.max_length is None  # the settings stay as given
     again = pickle.loads(pickle.dumps(plan))
     assert isinstance(again, JobPlan) and again.output == plan.output and again.sources == plan.sources
+
+
+def test_options_reach_the_settings_by_name_and_choices_read_as_their_values(tmp_path):
+    from clef_cli.choices import Engine, Layout
+    from clef_cli.cli.score_options import folded
+    from clef_cli.job.settings import VllmOptions
+
+    options = {"max_model_len": 512, "enforce_eager": True, "ray_actors": 3, "inputs": ["x"]}
+    assert folded(VllmOptions, options) == VllmOptions(max_model_len=512, enforce_eager=True)
+    assert folded(VllmOptions, options, max_model_len=7).max_model_len == 7  # a converted value wins
+    settings = settings_for(tmp_path, layout="flat", engine=Engine.vllm)
+    assert settings.layout is Layout.flat and settings.engine is Engine.vllm
+    assert (str(settings.layout), f"{settings.engine}", f"{settings.layout:>5}") == ("flat", "vllm", " flat")
