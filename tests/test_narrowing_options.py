@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.cli.media_options import MEDIA_LIMIT_OPTIONS, media_limits
 from clef_cli.encoding.media_limits import KEY_FIELDS, MediaLimits, key_limits
-from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy, checked_hop
 from clef_cli.errors import UsageError
+from clef_cli.locations.remote_fetch import FetchError, FetchPolicy, checked_hop
 
 from .helpers import MEDIA, SAMPLE_DATA, TINY_MODEL, write_jsonl
 from .media_server import body, media_server

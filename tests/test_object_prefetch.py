@@ -13,9 +13,9 @@ import pytest
 
 from clef_cli.encoding.media_limits import MediaLimits
 from clef_cli.encoding.object_prefetch import ObjectPrefetch, PrefetchStopped
-from clef_cli.encoding.remote_fetch import FetchError
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.records import Record
+from clef_cli.locations.remote_fetch import FetchError
 
 from .helpers import MEDIA, settings_for
 from .test_s3_media import BUCKET, QUESTIONS, s3  # noqa: F401 (its bucket fixture)

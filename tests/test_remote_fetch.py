@@ -9,9 +9,9 @@ import ipaddress
 
 import pytest
 
-from clef_cli.encoding import remote_fetch
-from clef_cli.encoding.public_address import address_problem, domain_allowed, ipv4_spelling, spelling_problem
-from clef_cli.encoding.remote_fetch import MAX_REDIRECTS, FetchError, FetchPolicy, fetch, resolve
+from clef_cli.locations import remote_fetch
+from clef_cli.locations.public_address import address_problem, domain_allowed, ipv4_spelling, spelling_problem
+from clef_cli.locations.remote_fetch import MAX_REDIRECTS, FetchError, FetchPolicy, fetch, resolve
 
 from .helpers import MEDIA, require
 from .media_server import body, endless, media_server, redirect

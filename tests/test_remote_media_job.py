@@ -132,7 +132,7 @@ def test_a_fresh_spool_drops_what_a_killed_job_left_and_fetches_again(tmp_path):
     """A job killed mid-way leaves its spool (bytes, a stored failure). The next job's fresh spool
     must hold none of it: a URL whose server is now down fails now (it is not served yesterday's
     bytes without a request), and a URL that failed yesterday is asked again."""
-    from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy
+    from clef_cli.locations.remote_fetch import FetchError, FetchPolicy
 
     policy = FetchPolicy(max_bytes=1 << 20, allow_private=True)
     yesterday, today = (MEDIA / "image_a.png").read_bytes(), (MEDIA / "image_b.png").read_bytes()

@@ -31,11 +31,11 @@ import numpy as np
 
 from clef_cli.encoding.inline_media import inline_samples, not_samples, open_inline
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
-from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_objects import object_bytes
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.media_cells import InlineSamples, MediaEntry
 from clef_cli.locations.fence import MediaBase, open_confined, place
+from clef_cli.locations.remote_fetch import FetchError, fetch
 from clef_cli.locations.uris import LocationProblem, shown
 
 AUDIO_SAMPLE_RATE = 16000

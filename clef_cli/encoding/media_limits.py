@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_cli.encoding.public_address import allow_list_problem
-from clef_cli.encoding.remote_fetch import FetchPolicy
 from clef_cli.errors import UsageError
 from clef_cli.inputs.record_size import MAX_FILE_BYTES
 from clef_cli.locations.fence import Roots
+from clef_cli.locations.public_address import allow_list_problem
+from clef_cli.locations.remote_fetch import FetchPolicy
 from clef_cli.locations.uris import LocationProblem, is_object_uri, masked, normalized, option_location
 
 KEY_FIELDS = ("max_image_pixels", "max_audio_seconds", "max_video_seconds", "max_file_bytes", "allow_remote")

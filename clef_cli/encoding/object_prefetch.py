@@ -28,10 +28,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 from clef_cli.encoding.media_limits import MediaLimits
-from clef_cli.encoding.remote_fetch import FetchError
 from clef_cli.encoding.remote_objects import object_uris, spool_filler
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.records import Record
+from clef_cli.locations.remote_fetch import FetchError
 
 PREFETCH_REQUESTS = 8
 """Objects read at once. A read waits on the network (a HEAD and a GET: 60 ms at 30 ms a

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from clef_cli.encoding.media_limits import MediaError, MediaLimits
-from clef_cli.encoding.remote_fetch import FetchError
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 from clef_cli.locations.fence import place
 from clef_cli.locations.object_store import ObjectStamp, read_object
+from clef_cli.locations.remote_fetch import FetchError
 from clef_cli.locations.uris import LocationProblem
 
 

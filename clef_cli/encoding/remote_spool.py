@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from clef_cli.encoding.remote_fetch import FetchError, FetchPolicy, Resolver, fetch_into, resolve
+from clef_cli.locations.remote_fetch import FetchError, FetchPolicy, Resolver, fetch_into, resolve
 from clef_cli.release import file_sha256
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from clef_cli.encoding.media_limits import MediaLimits
-from clef_cli.encoding.remote_fetch import FetchError
 from clef_cli.encoding.remote_objects import spool_filler
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.locations.object_store import ObjectStamp, read_object, stamp
+from clef_cli.locations.remote_fetch import FetchError
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.media_stats import ObjectStats
 

@@ -62,13 +62,13 @@ from pathlib import Path
 from typing import Any
 
 from clef_cli.encoding.media_limits import MediaLimits
-from clef_cli.encoding.remote_fetch import FetchError, fetch
 from clef_cli.encoding.remote_objects import object_uris
 from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.encoding.render import render, render_instructions, render_option
 from clef_cli.inputs.media_cells import MediaEntry
 from clef_cli.inputs.records import MEDIA_FIELDS, Record
 from clef_cli.locations.fence import MediaBase, Place, open_confined, place
+from clef_cli.locations.remote_fetch import FetchError, fetch
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.release import file_sha256
 from clef_cli.store.media_stats import MediaStats, stamp_of

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import quote, urljoin, urlsplit
 
-from clef_cli.encoding.public_address import (
+from clef_cli.locations.public_address import (
     IPAddress,
     address_problem,
     allow_list_problem,
