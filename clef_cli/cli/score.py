@@ -4,6 +4,7 @@ options choose (local, Ray, or rehead), print the summary."""
 from __future__ import annotations
 
 import threading
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ from clef_cli.cli.score_options import (
     MaxBatchTokensOption,
     MaxModelLenOption,
     MaxRecordBytesOption,
+    Needs,
     OutputOption,
     RayActorsOption,
     RayAddressOption,
@@ -113,9 +115,8 @@ def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine
     keep policy's options with --rehead (it keeps every state it computes) and --rehead with --ray.
     --engine vllm with --rehead is fine: a rehead takes the store's own engine for the states it
     lacks, so --engine vllm there only says what the store holds; with --ray each actor runs vLLM."""
-    from clef_cli.cli.score_options import NOT_WITH_REHEAD, SELECTIVE_ONLY
-
     params = {param.name: param for param in ctx.command.params}
+    needs = option_needs()
     option = {name: param.opts[0] for name, param in params.items()}
     for name in ctx.params:
         if parameter_source(ctx, name) != "COMMANDLINE":
@@ -125,15 +126,21 @@ def refuse_impossible(ctx: typer.Context, ray: bool, rehead: Path | None, engine
             raise UsageError(f"{option[name]} applies to Ray runs only: add --ray")
         if panel == PANEL_ENGINE and name != "engine" and engine is not Engine.vllm:
             raise UsageError(f"{option[name]} applies to the vLLM engine only: add --engine vllm")
-        if name in NOT_WITH_REHEAD and rehead is not None:
+        if Needs.no_rehead in needs.get(name, ()) and rehead is not None:
             raise UsageError(
                 f"{option[name]} does not go with --rehead (a rehead reads the stored hidden states and keeps "
                 f"those it computes): drop {option[name]}"
             )
-        if name in SELECTIVE_ONLY and ctx.params["hidden_states"] is not HiddenStates.selective:
+        if Needs.selective in needs.get(name, ()) and ctx.params["hidden_states"] is not HiddenStates.selective:
             raise UsageError(f"{option[name]} applies to --hidden-states selective only: add --hidden-states selective")
     if ray and rehead is not None:
         raise UsageError("--rehead runs the head alone on stored hidden states: drop --ray")
+
+
+def option_needs() -> dict[str, tuple[Needs, ...]]:
+    """What each of score's options needs, as its `Annotated` alias says (`score_options.Needs`)."""
+    hints = typing.get_type_hints(score, include_extras=True)
+    return {name: tuple(m for m in typing.get_args(hint)[1:] if isinstance(m, Needs)) for name, hint in hints.items()}
 
 
 def score(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from enum import Enum
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -146,6 +147,17 @@ ScoreQuietOption = Annotated[
 ]
 
 # The checkpoint (where it lives: cli/store_options.py)
+class Needs(Enum):
+    """What an option means nothing without, written beside it (`score.refuse_impossible` reads
+    it): given without it, the option is refused before any work. Ray's and vLLM's options need
+    --ray and --engine vllm by their section (PANEL_RAY, PANEL_ENGINE)."""
+
+    selective = "selective"
+    """--hidden-states selective."""
+    no_rehead = "no rehead"
+    """No --rehead: a rehead keeps every state it computes (`on_demand.states_settings`)."""
+
+
 HiddenStatesOption = Annotated[
     HiddenStates,
     typer.Option(
@@ -155,6 +167,7 @@ HiddenStatesOption = Annotated[
         "of records less confident than --keep-below, plus a --keep-sample of the rest; drop: results only. "
         "Missing states are computed again when --rehead or train-head --records needs them.",
     ),
+    Needs.no_rehead,
 ]
 KeepBelowOption = Annotated[
     float,
@@ -166,6 +179,8 @@ KeepBelowOption = Annotated[
         help="--hidden-states selective: keep the states of records whose confidence (as `clef review` orders: "
         "the least confident question's top probability) is below this.",
     ),
+    Needs.selective,
+    Needs.no_rehead,
 ]
 KeepSampleOption = Annotated[
     float,
@@ -177,6 +192,8 @@ KeepSampleOption = Annotated[
         help="--hidden-states selective: and of this fraction of the rest, chosen by a hash of the record key "
         "(reruns choose alike).",
     ),
+    Needs.selective,
+    Needs.no_rehead,
 ]
 HiddenDtypeOption = Annotated[
     HiddenDtype, typer.Option("--hidden-dtype", rich_help_panel=PANEL_STORE, help="Stored hidden-state precision.")
@@ -321,9 +338,6 @@ MaxRecordBytesOption = Annotated[
         "row longer than this cannot be read.",
     ),
 ]
-SELECTIVE_ONLY = ("keep_below", "keep_sample")
-NOT_WITH_REHEAD = ("hidden_states", *SELECTIVE_ONLY)
-"""A rehead keeps every state it computes (`on_demand.states_settings`): no keep policy applies."""
 
 def folded(kind: type[T], options: Mapping[str, Any], **converted: Any) -> T:
     """`kind` (a settings dataclass) from the parsed options named as its fields, the values the
