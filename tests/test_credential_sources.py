@@ -113,3 +113,23 @@ def test_named_says_the_option_and_the_uri_given_and_keeps_the_cause():
     other = ObjectStoreError("something else", failure="other", words="it broke")
     again = named(other, "-o", "s3://bucket/out.parquet")
     assert str(again) == "-o s3://bucket/out.parquet: it broke" and again.failure == "other"
+
+
+def test_a_file_that_cannot_be_parsed_is_passed_over_for_the_next(bare):
+    """A shared file with no section header or in another encoding is skipped, never the end."""
+    broken = write(bare / "broken.ini", "aws_access_key_id = no section above\n")
+    latin = bare / "latin.ini"
+    latin.write_bytes("[dev]\nregion = caf\xe9\n".encode("latin-1"))
+    two = write(bare / "two.ini", "[dev]\naws_access_key_id = AKIA4\n")
+    assert failures._profile_value((broken, str(latin), two), ("dev",), "aws_access_key_id") == "AKIA4"
+
+
+def test_temporary_credentials_reach_the_bucket_client_as_its_session_token(bare, monkeypatch):
+    from clef_cli.locations.buckets import _make_store
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_SESSION_TOKEN": "TOK"}.items():
+        monkeypatch.setenv(name, value)
+    config = _make_store("s3://clef-b", quick=False).config
+    assert (config["access_key_id"], config["session_token"]) == ("AK", "TOK") and "token" not in config
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    assert "session_token" not in _make_store("s3://clef-b", quick=False).config

@@ -130,10 +130,7 @@ def _make_store(root: str, quick: bool, upload: bool = False) -> Any:
         client["read_timeout"] = READ_TIMEOUT
     try:
         if scheme in ("s3", "s3a"):
-            config = aws_config()
-            token = config.pop("token", None)
-            if token:
-                config["session_token"] = token
+            config = aws_config()  # obstore reads its `token` as the session token
             client["allow_http"] = str(config.get("endpoint", "")).startswith("http://")
             return stores.S3Store(bucket, config=config, client_options=client, retry_config=retry)
         return stores.from_url(root, client_options=client, retry_config=retry)
