@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from . import background
-from .helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL, require, require_ray
+from .support import background
+from .support.helpers import GOLDEN, GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, TINY_MODEL, require, require_ray
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` have deselected
@@ -16,7 +16,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Start the background jobs the selected tests wait for (tests/background.py)."""
+    """Start the background jobs the selected tests wait for (tests/support/background.py)."""
     if not session.config.option.collectonly:
         background.start_for(session.items)
 
@@ -82,8 +82,8 @@ def s3_server():
 @pytest.fixture(scope="module")
 def proxy(s3_server):
     """A counting (and failing, delaying, holding) proxy in front of the S3 server, per module
-    (tests/s3_proxy.py); its URL is `proxy.url`."""
-    from .s3_proxy import S3Proxy
+    (tests/support/s3_proxy.py); its URL is `proxy.url`."""
+    from .support.s3_proxy import S3Proxy
 
     found = S3Proxy(s3_server)
     found.url = found.start()
@@ -101,7 +101,7 @@ def store_bucket(request, s3_server, proxy, monkeypatch):
     from clef_cli.locations import buckets, object_store
     from clef_cli.store.remote import manifests
 
-    from .s3_proxy import emptied, point_at
+    from .support.s3_proxy import emptied, point_at
 
     point_at(monkeypatch, proxy.url)
     monkeypatch.setattr(object_store, "RETRY_DELAYS", ())
@@ -124,7 +124,7 @@ def store_env(proxy):
     inherit them, as a real cluster's nodes have their own."""
     import os
 
-    from .s3_proxy import TEST_ENVIRONMENT
+    from .support.s3_proxy import TEST_ENVIRONMENT
 
     values = {"AWS_ENDPOINT_URL": proxy.url, **TEST_ENVIRONMENT}
     before = {name: os.environ.get(name) for name in values}
@@ -203,7 +203,7 @@ def scorer(release):
 @pytest.fixture
 def memory(monkeypatch):
     """The bucket `s3://clef-memory`, empty, in memory (an obstore MemoryStore served in process:
-    tests/remote_stores.py `served_memory`); what this process read of stores forgotten either side."""
-    from .remote_stores import served_memory
+    tests/support/remote_stores.py `served_memory`); what this process read of stores forgotten either side."""
+    from .support.remote_stores import served_memory
 
     yield from served_memory(monkeypatch)

@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from .helpers import GOLDEN_RECORDS, write_jsonl
+from .support.helpers import GOLDEN_RECORDS, write_jsonl
 
 TOLERANCE = 1e-5
 COMPOSITIONS = 36

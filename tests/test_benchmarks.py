@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import background
+from tests.support import background
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -212,7 +212,7 @@ def test_only_wheels_that_fit_the_interpreter_are_unpacked(wheel, python, fits):
 def test_gpu_check_cpu_smoke_runs_every_step():
     """The script's steps at tiny sizes on the CPU: every step ends with exit 0 and the summary
     holds each step's figures (parity within the float32 fixtures' fallback bound). The run is
-    started with the session and this test comes last (tests/background.py): it is six fresh
+    started with the session and this test comes last (tests/support/background.py): it is six fresh
     interpreters, so it runs beside the in-process tests."""
     run = background.run("gpu-check")
     returncode = run.wait(timeout=900)

@@ -19,7 +19,7 @@ from clef_cli.locations.failures import DENIED, ObjectStoreError, words_of
 from clef_cli.locations.object_store import MissingObject
 from clef_cli.locations.uris import LocationProblem
 
-from .memory_bucket import NAME, ROOT, Refusals, denied, forget_served, keys_in, put_object, served, slow_down
+from .support.memory_bucket import NAME, ROOT, Refusals, denied, forget_served, keys_in, put_object, served, slow_down
 
 NO_METADATA = {"AWS_EC2_METADATA_DISABLED": "true"}
 
@@ -472,7 +472,7 @@ def test_an_objects_info_from_what_obstore_says(meta, expected):
 
 @pytest.fixture
 def watched(monkeypatch):
-    """The bucket in memory seen by both clients, obstore's calls refusable (tests/memory_bucket.py)."""
+    """The bucket in memory seen by both clients, obstore's calls refusable (tests/support/memory_bucket.py)."""
     store, _ = served(monkeypatch)
     yield buckets.bucket(ROOT), store, Refusals(monkeypatch)
     forget_served(ROOT)

@@ -3,7 +3,7 @@ same words whichever option named the bucket (an input, a record's media, `-o`, 
 `checkpoint info|prune`'s store), each message names the option and the URI given (never the
 store's `latest.json` or `manifests/`, the output's probe, or the server's XML), the server's
 answer shows only under `clef -v`, and an endpoint that accepts and never answers ends a job in
-about ten seconds. moto's S3 server behind the failing proxy (tests/s3_proxy.py); every run is
+about ten seconds. moto's S3 server behind the failing proxy (tests/support/s3_proxy.py); every run is
 refused before the model loads."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from clef_cli.locations import buckets, object_store
 from clef_cli.locations.failures import DENIED, NO_BUCKET, NO_CREDENTIALS, SILENT, UNREACHABLE, words_of
 from clef_cli.locations.uris import LocationProblem
 
-from .helpers import TINY_MODEL, put_two_records, write_jsonl
+from .support.helpers import TINY_MODEL, put_two_records, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-bucket-errors"

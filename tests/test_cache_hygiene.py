@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-cache-hygiene"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import GOLDEN_RECORDS, TINY_MODEL, write_jsonl
+from .support.helpers import GOLDEN_RECORDS, TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 BASE = ["inspect-spans", str(GOLDEN_RECORDS), "--model", str(TINY_MODEL), "--max-length", "1024"]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.errors import ClefError
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, require_ray
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, require_ray
 
 runner = CliRunner()
 RECORDS = str(SAMPLE_DATA / "records.jsonl")
@@ -277,7 +277,7 @@ def test_python_dash_m_and_the_version_option():
 
 
 def test_checkpoint_info_reads_a_real_checkpoint_without_importing_torch(tmp_path):
-    from .helpers import SAMPLE_DATA, TINY_MODEL
+    from .support.helpers import SAMPLE_DATA, TINY_MODEL
 
     out = tmp_path / "out.parquet"
     scored = runner.invoke(

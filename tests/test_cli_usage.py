@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import SAMPLE_DATA
+from .support.helpers import SAMPLE_DATA
 
 runner = CliRunner()
 

@@ -22,7 +22,7 @@ from clef_cli.inputs.record_size import OversizeCell
 from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.store.record_key import MediaHasher
 
-from .helpers import MEDIA, TINY_MODEL, write_jsonl
+from .support.helpers import MEDIA, TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 QUESTIONS = {"urgent": {"type": "noul", "instructions": "Urgent?"}}

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import require_program
-from .scored_files import SCHEMA, random_probabilities, random_records, write_scored
+from .support.helpers import require_program
+from .support.scored_files import SCHEMA, random_probabilities, random_records, write_scored
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""Every crash state the POSIX/ext4 model allows (tests/crash_model.py), for four workloads: night
+"""Every crash state the POSIX/ext4 model allows (tests/support/crash_model.py), for four workloads: night
 1, night 2 over a grown input, a `checkpoint prune`, and a `--rehead` that writes a new output.
 Each state is opened and the same job rerun to its end; then its output equals the uncrashed
 run's, every record journaled as committed before the crash is reused, nothing is reported as
@@ -24,8 +24,8 @@ from clef_cli.engines.rehead import rehead
 from clef_cli.store import durable
 from clef_cli.store.prune import prune
 
-from . import crash_model
-from .helpers import TINY_MODEL, assert_same_rows, settings_for, write_jsonl
+from .support import crash_model
+from .support.helpers import TINY_MODEL, assert_same_rows, settings_for, write_jsonl
 from .test_prune_index import assert_points_at_its_rows
 
 RECORDS = [

@@ -22,7 +22,7 @@ from clef_cli.store import durable
 from clef_cli.store import prune as prune_module
 from clef_cli.store.key_index import KeyIndex
 
-from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
+from .support.helpers import TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 SUMMARY = re.compile(r"(\d+) run through the model, (\d+) from the checkpoint")

@@ -23,7 +23,7 @@ from clef_cli.cli.line_progress import Counts, LineProgress, duration, progress_
 from clef_cli.cli.progress import rehead_line, score_line
 from clef_cli.job.summary import JobSummary
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 NOUL = {"urgent": {"type": "noul", "instructions": "Urgent?"}}

@@ -22,7 +22,7 @@ from clef_cli.encoding.media_limits import MediaLimits
 from clef_cli.engines.local.pipeline import ScoreJob
 from clef_cli.inputs.columns import ColumnMapping
 
-from .helpers import MEDIA, assert_same_rows, require, settings_for, write_jsonl
+from .support.helpers import MEDIA, assert_same_rows, require, settings_for, write_jsonl
 
 datasets = require("datasets")
 

@@ -20,7 +20,7 @@ from clef_cli.errors import ModelLoadError
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord
 
-from .helpers import FIXTURES, MEDIA, write_jsonl
+from .support.helpers import FIXTURES, MEDIA, write_jsonl
 
 TINY_DENSE = FIXTURES / "tiny-clef-dense"
 GOLDEN_DENSE = FIXTURES / "golden_dense"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 from .test_interrupt_codes import committed
 
 ROOT = Path(__file__).resolve().parent.parent

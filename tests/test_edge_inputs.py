@@ -19,7 +19,7 @@ from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import Record
 from clef_cli.results import RESULT_SCHEMA
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}

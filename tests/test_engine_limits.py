@@ -20,7 +20,7 @@ from clef_cli.job.settings import VllmOptions
 from clef_cli.release import resolve_release
 from clef_cli.store.key_index import KeyIndex
 
-from .helpers import TINY_MODEL, settings_for
+from .support.helpers import TINY_MODEL, settings_for
 
 RECORDS = 6
 LIMIT = 900  # the first six sample records are 651 to 1,086 tokens long

@@ -18,7 +18,7 @@ from clef_cli.cli import app
 from clef_cli.release import file_sha256
 from clef_cli.results import long_rows
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, require_program
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, require_program
 
 runner = CliRunner()
 GOLD = SAMPLE_DATA / "posts_gold.jsonl"

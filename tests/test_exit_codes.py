@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.cli import errors as cli_errors
 
-from .helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, write_jsonl
-from .scored_files import random_records, write_scored
+from .support.helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .support.scored_files import random_records, write_scored
 
 runner = CliRunner()
 README = Path(__file__).parent.parent / "README.md"
@@ -363,7 +363,7 @@ def test_a_refusal_that_needs_the_open_store_removes_the_store_it_made(tmp_path)
     from clef_cli.job.lifecycle import open_job
     from clef_cli.job.plan import plan_job
     from clef_cli.progress import Progress
-    from tests.helpers import settings_for
+    from tests.support.helpers import settings_for
 
     plan = plan_job(settings_for(tmp_path, limit=2, hidden_states="drop"))
     with pytest.raises(UsageError), open_job(plan, Progress(), "float32"):

@@ -17,7 +17,7 @@ from clef_cli.inputs.media_cells import media_entries
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 
-from .helpers import settings_for
+from .support.helpers import settings_for
 
 NOUL = {"q": {"type": "noul", "instructions": "Is it?"}}
 

@@ -10,7 +10,7 @@ from clef_cli.encoding import media
 from clef_cli.encoding.media import MediaLimits
 from clef_cli.engines.local.pool_size import decode_threads_per_worker, default_workers, worker_peak_bytes
 
-from .helpers import FIXTURES
+from .support.helpers import FIXTURES
 
 GIB = 1 << 30
 

@@ -23,7 +23,7 @@ from clef_cli.inputs.records import QUESTION_TYPES
 from clef_cli.model.scoring import Scorer
 from clef_cli.store.checkpoint import Checkpoint
 
-from .helpers import TINY_MODEL, settings_for, write_jsonl
+from .support.helpers import TINY_MODEL, settings_for, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 SCORE = {"level": {"type": "score", "criteria": ["low", "mid", "high"]}, "ok": {"type": "noul"}}

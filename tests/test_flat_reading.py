@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.quality.labels.scored import read_scored
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 GOLD = SAMPLE_DATA / "posts_gold.jsonl"

@@ -12,7 +12,7 @@ from clef_cli.cli import app
 from clef_cli.errors import UsageError
 from clef_cli.quality.labels.gold import read_gold_rows
 
-from .scored_files import random_records, write_scored
+from .support.scored_files import random_records, write_scored
 
 runner = CliRunner()
 

@@ -14,8 +14,8 @@ from clef_cli.encoding.encoded import EncodedQuestion
 from clef_cli.errors import ModelLoadError
 from clef_cli.model.head import HeadConfig, JointSchemaHead, build_layout, load_joint_head
 
-from .head_oracle import oracle_logits
-from .helpers import LOGIT_TOLERANCE, TINY_MODEL
+from .support.head_oracle import oracle_logits
+from .support.helpers import LOGIT_TOLERANCE, TINY_MODEL
 
 VOCAB = 50
 

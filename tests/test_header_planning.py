@@ -21,7 +21,7 @@ from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import RecordBuilder
 
-from .helpers import GOLDEN_MAX_LENGTH
+from .support.helpers import GOLDEN_MAX_LENGTH
 
 ROOMY = 8192
 """Long enough for every record here (the golden length, 1024, refuses the large images)."""
@@ -119,7 +119,7 @@ def test_dense_image_records_plan_from_headers_exactly(images):
     from clef_cli.families import family_of
     from clef_cli.release import load_processor, resolve_release
 
-    from .helpers import FIXTURES
+    from .support.helpers import FIXTURES
 
     dense = resolve_release(str(FIXTURES / "tiny-clef-dense"))
     encoder = PromptEncoder(load_processor(dense), ROOMY, family=family_of(dense))

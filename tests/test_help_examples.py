@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.cli.examples import AT_SCALE, LOADS_A_MODEL, RUNNABLE, TINY, epilog
 
-from .helpers import SAMPLE_DATA, TINY_MODEL
+from .support.helpers import SAMPLE_DATA, TINY_MODEL
 
 runner = CliRunner()
 QUICK = ("inspect-spans",)

@@ -1,4 +1,4 @@
-"""One `clef score` job over a corpus of hostile records (tests/hostile.py: over 60 kinds) among
+"""One `clef score` job over a corpus of hostile records (tests/support/hostile.py: over 60 kinds) among
 good ones: exit 3, one row per record in input order, one named error per bad record, every good
 record scored with finite numbers, and no hang (the job runs under a timeout). Records that write
 special-token strings into their text are among the good ones: they score, their strings read as
@@ -15,8 +15,8 @@ import pytest
 
 from clef_cli.errors import UNEXPECTED
 
-from .helpers import MEDIA, TINY_MODEL
-from .hostile import INJECTIONS, JSONL_CASES, RAW_LINES, build_corpus
+from .support.helpers import MEDIA, TINY_MODEL
+from .support.hostile import INJECTIONS, JSONL_CASES, RAW_LINES, build_corpus
 
 
 def test_the_corpus_has_over_forty_kinds():

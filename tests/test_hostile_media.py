@@ -14,8 +14,8 @@ from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.errors import UNEXPECTED, RecordError
 from clef_cli.inputs.records import Record, RecordBuilder
 
-from .hostile import NOUL
-from .media_makers import SECOND, data_url, png_bytes, video_with_soundtrack, wav_bytes
+from .support.hostile import NOUL
+from .support.media_makers import SECOND, data_url, png_bytes, video_with_soundtrack, wav_bytes
 
 
 def record(tmp_path: Path, **media: list[str]) -> Record:

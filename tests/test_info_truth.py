@@ -17,7 +17,7 @@ from clef_cli.cli import app
 from clef_cli.locations import buckets
 from clef_cli.store.remote import manifests
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-info-truth"
@@ -122,7 +122,7 @@ def test_info_names_its_own_argument_not_an_option_it_does_not_have(store_bucket
 def test_a_model_mismatch_on_a_bucket_store_offers_the_restart_it_would_take(store_bucket, tmp_path):
     from clef_cli.store.manifest import CheckpointMismatch
 
-    from .remote_stores import OTHER_MODEL, commit, open_machine
+    from .support.remote_stores import OTHER_MODEL, commit, open_machine
 
     writer = open_machine(STORE, tmp_path / "a")
     commit(writer, range(0, 3))
@@ -138,7 +138,7 @@ def test_a_fresh_machine_reads_only_the_newest_key_lists_that_name_a_last_user(s
     of many nights is the lists of the nights that were some key's last user, newest first)."""
     from clef_cli.store.remote.last_users import last_users
 
-    from .remote_stores import fresh_machine, night, open_machine
+    from .support.remote_stores import fresh_machine, night, open_machine
 
     ran = []
     for number, (used, computed) in enumerate([(range(0, 10), range(0, 10)), (range(0, 12), range(10, 12))]):

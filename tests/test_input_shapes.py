@@ -25,7 +25,7 @@ from clef_cli.inputs.columns import parse_columns
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 
-from .helpers import MEDIA, TINY_MODEL, require, write_jsonl
+from .support.helpers import MEDIA, TINY_MODEL, require, write_jsonl
 
 runner = CliRunner()
 QUESTIONS = {

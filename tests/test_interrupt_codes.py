@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 NOUL = {"urgent": {"type": "noul", "instructions": "Urgent?"}}

@@ -16,7 +16,7 @@ from clef_cli.errors import UsageError
 from clef_cli.job.plan import JobPlan, plan_job
 from clef_cli.job.settings import ScoreSettings
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, settings_for, write_jsonl
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, settings_for, write_jsonl
 
 
 def test_validate_reads_nothing_and_changes_nothing(tmp_path):

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.store.checkpoint import Checkpoint
 from clef_cli.store.keep_policy import in_sample, sample_flags, sample_point
-from tests.helpers import TINY_MODEL, assert_same_rows, write_jsonl
+from tests.support.helpers import TINY_MODEL, assert_same_rows, write_jsonl
 from tests.test_checkpoint import records, rows, second_head_release
 
 runner = CliRunner()

@@ -30,8 +30,8 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.quality.labels.gold import read_gold_rows
 
-from .helpers import MEDIA, SAMPLE_DATA, TINY_MODEL
-from .scored_files import random_records, write_scored
+from .support.helpers import MEDIA, SAMPLE_DATA, TINY_MODEL
+from .support.scored_files import random_records, write_scored
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()

@@ -19,7 +19,7 @@ from clef_cli.errors import UsageError
 from clef_cli.locations.overlap import refuse_inside_store
 from clef_cli.locations.uris import CREDENTIALS, LocationProblem, location_problem, masked, normalized, shown
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-fences"

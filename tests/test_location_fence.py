@@ -29,8 +29,8 @@ from clef_cli.locations.fence import Place, Roots, local_entry, media_base, plac
 from clef_cli.locations.uris import LocationProblem, normalized, option_location
 from clef_cli.store.record_key import MediaHasher
 
-from .helpers import MEDIA, TINY_MODEL, write_jsonl
-from .s3_proxy import S3Proxy
+from .support.helpers import MEDIA, TINY_MODEL, write_jsonl
+from .support.s3_proxy import S3Proxy
 
 runner = CliRunner()
 BUCKET, OTHER_BUCKET = "fence-bkt", "fence-other"
@@ -477,7 +477,7 @@ def test_a_ray_actor_applies_the_same_fence(store, cluster, outside_file, tmp_pa
     bucket's record naming a local file fails there as it does in a local run."""
     from clef_cli.engines.ray.job import RayScoreJob, RaySettings
 
-    from .helpers import settings_for
+    from .support.helpers import settings_for
 
     records = [
         {"id": "ok", "state": "s", "questions": QUESTIONS, "images": ["ok.png"]},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import GOLDEN_BUILD, golden_build, golden_mismatches, require_program, require_ray
+from .support.helpers import GOLDEN_BUILD, golden_build, golden_mismatches, require_program, require_ray
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])

@@ -15,7 +15,7 @@ from clef_cli.errors import RecordError
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord
 
-from .helpers import MEDIA, write_jsonl
+from .support.helpers import MEDIA, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 

@@ -22,7 +22,7 @@ from clef_cli.locations.fence import open_confined
 from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.record_key import MediaHasher
 
-from .helpers import MEDIA, TINY_MODEL, write_jsonl
+from .support.helpers import MEDIA, TINY_MODEL, write_jsonl
 
 IMAGE = (MEDIA / "image_a.png").read_bytes()
 NOUL = {"q": {"type": "noul", "instructions": "Is it a parcel?"}}

@@ -18,7 +18,7 @@ from clef_cli.store.key_index import KeyIndex
 from clef_cli.store.media_stats import RACY_NS, MediaStats
 from clef_cli.store.record_key import MediaHasher
 
-from .helpers import MEDIA, write_jsonl
+from .support.helpers import MEDIA, write_jsonl
 from .test_store import score, ticket
 
 HOUR_NS = 3600 * 10**9

@@ -24,8 +24,8 @@ from clef_cli.encoding.media_limits import KEY_FIELDS, MediaLimits, key_limits
 from clef_cli.errors import UsageError
 from clef_cli.locations.remote_fetch import FetchError, FetchPolicy, checked_hop
 
-from .helpers import MEDIA, SAMPLE_DATA, TINY_MODEL, write_jsonl
-from .media_server import body, media_server
+from .support.helpers import MEDIA, SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .support.media_server import body, media_server
 
 runner = CliRunner()
 REMOTE = ["--allow-remote-media", "--allow-private-media-hosts"]

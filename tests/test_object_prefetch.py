@@ -17,7 +17,7 @@ from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.records import Record
 from clef_cli.locations.remote_fetch import FetchError
 
-from .helpers import MEDIA, settings_for
+from .support.helpers import MEDIA, settings_for
 from .test_s3_media import BUCKET, QUESTIONS, s3  # noqa: F401 (its bucket fixture)
 
 IMAGES = [MEDIA / "image_a.png", MEDIA / "image_b.png"]

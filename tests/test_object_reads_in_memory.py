@@ -1,5 +1,5 @@
 """locations/object_store.py in the test's own process, against a bucket in memory seen through
-pyarrow's filesystem interface (tests/memory_bucket.py): an object read whole after its size is
+pyarrow's filesystem interface (tests/support/memory_bucket.py): an object read whole after its size is
 checked, its stamp from the headers or from one LIST per folder, the bucket asked after an object
 was not found, the one filesystem per bucket with the module's timeouts, and the sorting and
 retrying of failures by what this process has met of the store (answered, read)."""
@@ -29,7 +29,7 @@ from clef_cli.locations.object_store import (
 )
 from clef_cli.locations.uris import LocationProblem
 
-from .memory_bucket import NAME, ROOT, forget_served, put_object, served
+from .support.memory_bucket import NAME, ROOT, forget_served, put_object, served
 
 MEDIA = f"{ROOT}/in/a.png"
 ACCESS_DENIED = "AWS Error ACCESS_DENIED during GetObject operation: No response body."
@@ -76,7 +76,7 @@ def test_an_object_is_copied_whole_into_the_file_given_over_what_it_held(bucket)
 
 
 def object_store_head(store, key):
-    from .memory_bucket import _head
+    from .support.memory_bucket import _head
 
     return _head(store, key)
 

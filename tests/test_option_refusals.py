@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 SELECTIVE_ONLY = "applies to --hidden-states selective only: add --hidden-states selective"

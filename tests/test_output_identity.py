@@ -1,5 +1,5 @@
 """The streamed output is the output clef wrote before it streamed: byte for byte the files the
-code of commit f9a19f9 wrote from the same store (tests/output_golden.py), in both layouts, with
+code of commit f9a19f9 wrote from the same store (tests/support/output_golden.py), in both layouts, with
 pass-through columns and a calibration, over several row groups and shards."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import TINY_MODEL
-from tests.output_golden import CASES, FOLDER, ROW_GROUP, STORE, prepare, run_case
+from tests.support.helpers import TINY_MODEL
+from tests.support.output_golden import CASES, FOLDER, ROW_GROUP, STORE, prepare, run_case
 
 META = json.loads((FOLDER / "meta.json").read_text())
 SAME_WRITER = pyarrow.__version__ == META["pyarrow"]

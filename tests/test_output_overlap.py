@@ -22,8 +22,8 @@ from clef_cli.job.settings import ScoreSettings
 from clef_cli.locations import object_store
 from clef_cli.locations.overlap import refuse_overlap, relation
 
-from .helpers import TINY_MODEL
-from .scored_files import random_records, write_scored
+from .support.helpers import TINY_MODEL
+from .support.scored_files import random_records, write_scored
 
 runner = CliRunner()
 BUCKET = "clef-overlap"

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import SAMPLE_DATA, TINY_MODEL
+from .support.helpers import SAMPLE_DATA, TINY_MODEL
 
 runner = CliRunner()
 POSTS, QUESTIONS, GOLD = SAMPLE_DATA / "posts.jsonl", SAMPLE_DATA / "questions.json", SAMPLE_DATA / "posts_gold.jsonl"

@@ -9,8 +9,8 @@ import torch
 from clef_cli.encoding.batching import PlanEntry, plan_batches
 from clef_cli.engines.local.pipeline import ScoreJob
 
-from . import background
-from .helpers import assert_same_rows, settings_for
+from .support import background
+from .support.helpers import assert_same_rows, settings_for
 
 
 def test_plan_is_longest_first_within_budget_and_never_mixes_audio_in_video():
@@ -84,7 +84,7 @@ def test_row_groups_are_buffered_not_one_per_batch(tmp_path, scorer):
 
 
 def test_a_record_that_kills_its_encoding_process_fails_alone():
-    """The job (tests/background_jobs.py: crash) runs in a subprocess started with the session:
+    """The job (tests/support/background_jobs.py: crash) runs in a subprocess started with the session:
     its worker process is started three times (first, after the crash, after the record alone
     crashes it again), each importing torch and transformers, so it runs beside the other tests."""
     done = background.run("crash").result()

@@ -16,7 +16,7 @@ from clef_cli.cli import app
 from clef_cli.inputs.readers import read_records
 from clef_cli.model.scoring import load_scorer
 
-from .helpers import MEDIA, SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .support.helpers import MEDIA, SAMPLE_DATA, TINY_MODEL, write_jsonl
 from .test_checkpoint import records as checkpoint_records
 from .test_checkpoint import second_head_release
 

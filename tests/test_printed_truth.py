@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, one_ctrl_c, write_jsonl
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, one_ctrl_c, write_jsonl
 
 POSTS = SAMPLE_DATA / "posts.jsonl"
 QUESTIONS = ("--questions", str(SAMPLE_DATA / "questions.json"))

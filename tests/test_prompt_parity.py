@@ -9,7 +9,7 @@ import torch
 
 from clef_cli.encoding.prompt import render
 
-from .helpers import GOLDEN_MAX_LENGTH
+from .support.helpers import GOLDEN_MAX_LENGTH
 
 
 def test_every_golden_record_encodes_to_the_reference_ids(golden_encoded, expected):

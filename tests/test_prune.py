@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.store.prune import kept_run_seqs
 
-from .helpers import TINY_MODEL, one_ctrl_c, write_jsonl
+from .support.helpers import TINY_MODEL, one_ctrl_c, write_jsonl
 
 runner = CliRunner()
 
@@ -190,7 +190,7 @@ def test_the_journal_switch_comes_before_any_old_shard_is_unlinked(tmp_path, sco
     from clef_cli.engines.local.pipeline import ScoreJob
     from clef_cli.store import durable
 
-    from .helpers import settings_for
+    from .support.helpers import settings_for
 
     store = tmp_path / "st"
     for name, numbers in (("a", range(6)), ("b", [0, 1, 10, 11])):  # night 2 keeps 2 keys of night 1's shards

@@ -11,7 +11,7 @@ import pytest
 from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
 from clef_cli.progress import Progress
 
-from .helpers import SAMPLE_DATA, SMALL_JOB, assert_same_rows, require_ray, settings_for, write_jsonl
+from .support.helpers import SAMPLE_DATA, SMALL_JOB, assert_same_rows, require_ray, settings_for, write_jsonl
 
 ray = require_ray()
 pytestmark = pytest.mark.ray

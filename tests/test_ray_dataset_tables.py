@@ -14,7 +14,7 @@ import pytest
 from clef_cli.engines.local.pipeline import ScoreJob
 from clef_cli.inputs.columns import ColumnMapping
 
-from .helpers import MEDIA, SMALL_JOB, assert_same_rows, require, require_ray, settings_for, write_jsonl
+from .support.helpers import MEDIA, SMALL_JOB, assert_same_rows, require, require_ray, settings_for, write_jsonl
 from .test_ray import ray_job
 
 require_ray()

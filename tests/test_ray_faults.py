@@ -23,7 +23,7 @@ from clef_cli.engines.ray.resources import fit_actors
 from clef_cli.errors import UsageError
 from clef_cli.store.checkpoint import Checkpoint
 
-from .helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, require_ray, settings_for, write_jsonl
+from .support.helpers import SMALL_JOB, TINY_MODEL, assert_same_rows, require_ray, settings_for, write_jsonl
 
 ray = require_ray()
 

@@ -21,7 +21,7 @@ from clef_cli.engines.vllm.transport import shared_folder
 from clef_cli.job.settings import VllmOptions
 from clef_cli.store.checkpoint import Checkpoint
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, require_ray, settings_for
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, require_ray, settings_for
 from .test_ray_faults import QUESTIONS, journaled
 from .test_vllm_engine import (
     AUDIO_IDS,
@@ -105,7 +105,7 @@ def gone(pids: set[int], seconds: float = 60) -> bool:
 def runs(tmp_path_factory, cluster):
     """The HF engine alone, then `--engine vllm --ray` with 2 actors (a subprocess, as cron runs
     it), on the 17 sample records and one over vLLM's limit."""
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     folder = tmp_path_factory.mktemp("ray-vllm")
     release = cached_release()
@@ -207,7 +207,7 @@ def test_more_vllm_actors_than_the_cluster_can_place_fail_fast(cluster, tmp_path
 @pytest.mark.slow
 def test_an_actor_whose_vllm_cannot_load_ends_the_job_with_one_line(cluster, tmp_path):
     """vLLM refuses the engine arguments in every actor: exit 1 with vLLM's reason, no hang."""
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     inputs = write_records(tmp_path, TEXT_IDS[:2])
     command = [sys.executable, "-m", "clef_cli", "score", str(inputs), "-o", str(tmp_path / "o.parquet"), "--model",

@@ -18,7 +18,7 @@ from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.inputs.records import RecordBuilder
 from clef_cli.store.record_key import MediaHasher, PromptShape, prompt_digest, record_key
 
-from .helpers import MEDIA, TINY_MODEL
+from .support.helpers import MEDIA, TINY_MODEL
 
 STATES = ["hello", {"a": 1, "b": [1, 2]}, {"b": [1, 2], "a": 1}, "1", 1, "ünïcode"]
 """Two of these render alike ({"a","b"} in either key order; "1" and 1): equal prompts, equal keys."""

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from clef_cli.engines.local.pipeline import ScoreJob
 from clef_cli.errors import UNEXPECTED
 
-from .helpers import settings_for
+from .support.helpers import settings_for
 
 QUESTIONS = {
     "ok": {"type": "noul", "instructions": "Fine?"},

@@ -14,7 +14,7 @@ from clef_cli.errors import UsageError
 from clef_cli.inputs.readers import load_questions_file, read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 
-from .helpers import GOLDEN_RECORDS, write_jsonl
+from .support.helpers import GOLDEN_RECORDS, write_jsonl
 
 NOUL = {"ok": {"type": "noul", "instructions": "Fine?"}}
 

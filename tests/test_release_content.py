@@ -15,7 +15,7 @@ from clef_cli.engines.local.pipeline import ScoreJob
 from clef_cli.errors import ClefError
 from clef_cli.store.manifest import MANIFEST, comparable, mismatch_hint
 
-from .helpers import TINY_MODEL, settings_for
+from .support.helpers import TINY_MODEL, settings_for
 
 RECORDS = 4
 

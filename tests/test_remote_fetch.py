@@ -13,8 +13,8 @@ from clef_cli.locations import remote_fetch
 from clef_cli.locations.public_address import address_problem, domain_allowed, ipv4_spelling, spelling_problem
 from clef_cli.locations.remote_fetch import MAX_REDIRECTS, FetchError, FetchPolicy, fetch, resolve
 
-from .helpers import MEDIA, require
-from .media_server import body, endless, media_server, redirect
+from .support.helpers import MEDIA, require
+from .support.media_server import body, endless, media_server, redirect
 
 IMAGE = (MEDIA / "image_a.png").read_bytes()
 POLICY = FetchPolicy(max_bytes=1 << 20, timeout_seconds=10)

@@ -18,8 +18,8 @@ from clef_cli.encoding.remote_spool import RemoteSpool
 from clef_cli.inputs.readers import read_records
 from clef_cli.store.record_key import MediaHasher
 
-from .helpers import MEDIA, TINY_MODEL, write_jsonl
-from .media_server import body, media_server
+from .support.helpers import MEDIA, TINY_MODEL, write_jsonl
+from .support.media_server import body, media_server
 
 runner = CliRunner()
 NOUL = {"q": {"type": "noul", "instructions": "Is it a parcel?"}}

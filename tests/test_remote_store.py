@@ -11,7 +11,7 @@ import pytest
 from clef_cli.store.remote import manifests
 from clef_cli.store.remote.layout import MANIFESTS, SEGMENTS, manifest_name
 
-from .remote_stores import commit, fresh_machine, key_of, open_machine
+from .support.remote_stores import commit, fresh_machine, key_of, open_machine
 
 BUCKET = "clef-remote-store"
 STORE = f"s3://{BUCKET}/nightly/"
@@ -227,7 +227,7 @@ def test_a_claim_refuses_new_jobs_with_how_long_and_expires(s3, monkeypatch, tmp
 def test_a_store_made_with_another_model_is_refused_in_one_line(s3, tmp_path):
     from clef_cli.store.manifest import CheckpointMismatch
 
-    from .remote_stores import OTHER_MODEL
+    from .support.remote_stores import OTHER_MODEL
 
     writer = open_machine(STORE, tmp_path / "a")
     commit(writer, range(0, 5))
@@ -242,7 +242,7 @@ def test_a_store_made_with_another_model_is_refused_in_one_line(s3, tmp_path):
 def test_prune_keeps_what_the_kept_runs_used_and_deletes_orphans_after_the_grace_period(s3, monkeypatch, tmp_path):
     from clef_cli.store.remote.pruning import prune_bucket
 
-    from .remote_stores import night
+    from .support.remote_stores import night
 
     first = open_machine(STORE, tmp_path / "a")
     night(first, range(0, 30), range(0, 30))
@@ -304,7 +304,7 @@ def test_a_compaction_killed_anywhere_leaves_every_key_and_its_claim_expires(s3,
 def test_a_prune_killed_anywhere_loses_no_kept_key_and_the_next_one_finishes(s3, monkeypatch, tmp_path, point):
     from clef_cli.store.remote.pruning import prune_bucket
 
-    from .remote_stores import night
+    from .support.remote_stores import night
 
     monkeypatch.setenv("CLEF_CLAIM_LEASE_SECONDS", "3600")  # ended by the test, never by a loaded machine's clock
     first = open_machine(STORE, tmp_path / "a")
@@ -359,7 +359,7 @@ def test_a_manifest_being_written_is_never_half_read_and_a_storm_of_503s_is_wait
 def test_a_confirmed_restart_empties_the_store_for_every_machine(s3, tmp_path):
     from clef_cli.store.remote.store import RemoteCheckpoint
 
-    from .remote_stores import FINGERPRINT, OTHER_MODEL, machine
+    from .support.remote_stores import FINGERPRINT, OTHER_MODEL, machine
 
     writer = open_machine(STORE, tmp_path / "a")
     commit(writer, range(0, 10))
@@ -379,7 +379,7 @@ def test_checkpoint_info_and_prune_take_a_bucket_store(s3, proxy, tmp_path, monk
 
     from clef_cli.cli import app
 
-    from .remote_stores import night
+    from .support.remote_stores import night
 
     first = open_machine(STORE, tmp_path / "a")
     night(first, range(0, 30), range(0, 30))
@@ -419,7 +419,7 @@ def test_a_runs_keys_go_up_once_its_records_are_keyed_even_after_an_earlier_sync
 def test_a_second_job_on_one_machine_takes_the_next_cache_folder(tmp_path):
     from clef_cli.store.locks import JobLock
 
-    from .remote_stores import machine
+    from .support.remote_stores import machine
 
     first = machine(STORE, tmp_path)
     with JobLock(first.folder.with_name(first.folder.name + ".lock"), "cache"):

@@ -29,8 +29,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
-from .s3_proxy import TEST_ENVIRONMENT, Answered, emptied
+from .support.helpers import TINY_MODEL, assert_same_rows, write_jsonl
+from .support.s3_proxy import TEST_ENVIRONMENT, Answered, emptied
 
 pytestmark = pytest.mark.slow
 
@@ -177,7 +177,7 @@ def test_two_jobs_writing_one_store_at_once_both_keep_their_results(bucket, prox
     from clef_cli.store.location import remote_location
     from clef_cli.store.opening import open_existing_store
 
-    from .s3_proxy import point_at
+    from .support.s3_proxy import point_at
 
     proxy.clear()
     jobs = []
@@ -242,7 +242,7 @@ def test_night_two_on_a_fresh_machine_runs_the_new_records_in_requests_that_grow
 
     from clef_cli.cli import app
 
-    from .s3_proxy import point_at
+    from .support.s3_proxy import point_at
 
     summaries, asked = night_two["summaries"], night_two["asked"]
     assert f"1 run through the model, {RECORDS} from the checkpoint" in summaries["clean"], summaries["clean"]
@@ -272,7 +272,7 @@ def test_a_rehead_from_a_fresh_machine_reproduces_the_scores(bucket, proxy, fold
     from clef_cli.store.location import remote_location
     from clef_cli.store.opening import open_existing_store
 
-    from .s3_proxy import point_at
+    from .support.s3_proxy import point_at
 
     proxy.clear()
     output = folder / "rehead.parquet"
@@ -309,7 +309,7 @@ def test_train_head_reads_only_the_gold_records_states_and_trains_the_folder_sto
 
     from clef_cli.cli import app
 
-    from .s3_proxy import point_at
+    from .support.s3_proxy import point_at
 
     local = folder / "folder-store"
     run(machine_env(proxy, folder, "folder"), uninterrupted["inputs"], folder / "folder.parquet", local)

@@ -17,8 +17,8 @@ from clef_cli.cli import app
 from clef_cli.locations import buckets
 from clef_cli.store.remote import manifests
 
-from .helpers import TINY_MODEL, write_jsonl
-from .s3_proxy import TEST_ENVIRONMENT
+from .support.helpers import TINY_MODEL, write_jsonl
+from .support.s3_proxy import TEST_ENVIRONMENT
 
 runner = CliRunner()
 BUCKET = "clef-store-jobs"
@@ -93,7 +93,7 @@ def on_machine(monkeypatch, tmp_path, number: int) -> None:
 
 @pytest.mark.slow  # two runs of the tiny model with an image (about a minute)
 def test_one_environment_reaches_records_media_output_and_store_with_nothing_local(s3, proxy, monkeypatch, tmp_path):
-    from .helpers import MEDIA
+    from .support.helpers import MEDIA
 
     s3.put_object(Bucket=BUCKET, Key="in/img/a.png", Body=(MEDIA / "image_a.png").read_bytes())
     lines = [*records(2), {"id": "img", "state": "a picture", "questions": QUESTIONS, "images": ["img/a.png"]}]

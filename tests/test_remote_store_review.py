@@ -19,8 +19,8 @@ from clef_cli.locations.uris import LocationProblem
 from clef_cli.store.key_index import KeyIndex
 from clef_cli.store.remote import manifests
 
-from .helpers import TINY_MODEL, write_jsonl
-from .remote_stores import FINGERPRINT, commit, fresh_machine, key_of, machine, night, open_machine
+from .support.helpers import TINY_MODEL, write_jsonl
+from .support.remote_stores import FINGERPRINT, commit, fresh_machine, key_of, machine, night, open_machine
 from .test_remote_store import BUCKET, STORE, Killed, objects, stored_keys  # the same bucket and store
 
 runner = CliRunner()

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .scored_files import SCHEMA, random_records, write_scored
+from .support.scored_files import SCHEMA, random_records, write_scored
 
 runner = CliRunner()
 
@@ -467,7 +467,7 @@ def test_a_record_edited_since_it_was_scored_is_left_out_not_shown_beside_old_an
     others, a local image and a `--questions` schema included, are shown."""
     import shutil
 
-    from .helpers import MEDIA, TINY_MODEL, write_jsonl
+    from .support.helpers import MEDIA, TINY_MODEL, write_jsonl
 
     shutil.copy(MEDIA / "image_a.png", tmp_path / "a.png")
     shutil.copy(MEDIA / "image_a.png", tmp_path / "b.png")
@@ -507,8 +507,8 @@ def test_a_remote_media_record_stays_in_the_queue_unchecked_and_nothing_is_fetch
     from clef_cli.inputs.readers import read_records
     from clef_cli.store.record_key import MediaHasher, PromptShape, record_key
 
-    from .helpers import MEDIA, write_jsonl
-    from .media_server import body, media_server
+    from .support.helpers import MEDIA, write_jsonl
+    from .support.media_server import body, media_server
 
     prompt = PromptShape("d" * 64, frozenset())
     scored_with = MediaLimits(allow_remote=True, allowed_media_domains=("127.0.0.1",), allow_private_media_hosts=True)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
+from .support.helpers import TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-inputs"

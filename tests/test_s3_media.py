@@ -17,7 +17,7 @@ from clef_cli.cli import app
 from clef_cli.locations import object_store
 from clef_cli.locations.uris import LocationProblem, is_under, joined, normalized
 
-from .helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
+from .support.helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-media"
@@ -351,7 +351,7 @@ def test_an_upload_the_store_refuses_leaves_the_target_and_nothing_beside_it(s3,
 def test_the_quality_commands_read_their_tables_from_the_store(s3, tmp_path):
     """eval, calibrate, review and compare take a scored file and a gold file as s3:// URIs and
     say the same as they say of the local files (only the names they print differ)."""
-    from .helpers import FIXTURES
+    from .support.helpers import FIXTURES
 
     scored = FIXTURES / "output_golden"
     rows = pq.read_table(scored / "wide.parquet").to_pylist()
@@ -401,7 +401,7 @@ def test_ray_actors_read_object_media_as_the_local_run_reads_copies(store_env, c
     from clef_cli.engines.local.pipeline import ScoreJob
     from clef_cli.engines.ray.job import RayScoreJob, RaySettings
 
-    from .helpers import settings_for
+    from .support.helpers import settings_for
 
     folder, _ = media_folder(tmp_path)
     upload(s3, folder, "in")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from clef_cli.cli import app
 from clef_cli.locations import buckets, object_store
 
-from .helpers import TINY_MODEL, put_two_records, write_jsonl
+from .support.helpers import TINY_MODEL, put_two_records, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-outputs"

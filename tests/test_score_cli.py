@@ -20,7 +20,7 @@ from clef_cli.encoding.prompt import PromptEncoder
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import Record
 
-from .helpers import (
+from .support.helpers import (
     LOGIT_TOLERANCE,
     PROBABILITY_TOLERANCE,
     SAMPLE_DATA,

@@ -15,7 +15,7 @@ from clef_cli.model.answers import systemone_answer
 from clef_cli.model.scoring import load_scorer
 from clef_cli.release import resolve_release
 
-from .helpers import LOGIT_TOLERANCE, PROBABILITY_TOLERANCE, TINY_MODEL
+from .support.helpers import LOGIT_TOLERANCE, PROBABILITY_TOLERANCE, TINY_MODEL
 
 
 def assert_matches_golden(results, records, expected):

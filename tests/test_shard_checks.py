@@ -13,7 +13,7 @@ import clef_cli.store.shard_checks as shard_checks
 from clef_cli.store.hidden_store import HiddenStoreError, check_shard
 from clef_cli.store.shard_checks import VERIFIED
 
-from .helpers import write_jsonl
+from .support.helpers import write_jsonl
 from .test_checkpoint import in_process, records
 
 SETTINGS = ("--max-batch-size", "4", "--hidden-dtype", "float32")

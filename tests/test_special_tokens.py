@@ -24,7 +24,7 @@ from clef_cli.encoding.record_text import SegmentTokenizer, literal_backend
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import RecordBuilder
 
-from .helpers import FIXTURES, GOLDEN_MAX_LENGTH, MEDIA, TINY_MODEL, write_jsonl
+from .support.helpers import FIXTURES, GOLDEN_MAX_LENGTH, MEDIA, TINY_MODEL, write_jsonl
 
 TINY_DENSE = FIXTURES / "tiny-clef-dense"
 GOLDEN_DENSE = FIXTURES / "golden_dense"
@@ -401,7 +401,7 @@ def test_score_records_the_mode_in_metadata_stats_and_keys(tmp_path):
 def test_a_mode_that_does_not_exist_is_a_usage_error(tmp_path):
     from clef_cli.errors import UsageError
 
-    from .helpers import settings_for
+    from .support.helpers import settings_for
 
     with pytest.raises(UsageError, match="--special-tokens must be text or parse, not 'strip'"):
         settings_for(tmp_path, special_tokens="strip").validate()

@@ -13,7 +13,7 @@ from clef_cli import faults
 from clef_cli.cli import app
 from clef_cli.stats import ADVICE_THRESHOLD, STAGES, JobStats, modality
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 STAND_IN = ROOT / "benchmarks" / "feed" / "vllm_stand_in.py"
@@ -156,8 +156,8 @@ def test_a_stop_at_any_moment_of_a_vllm_run_exits_130(tmp_path, monkeypatch, sta
 @pytest.mark.slow  # vLLM's CPU build starts twice (most of a minute each)
 def test_a_stop_as_the_real_vllm_worker_closes_exits_130(tmp_path, monkeypatch):
     """The same moment with vLLM itself (CLEF_VLLM_PYTHON), whose shutdown takes seconds."""
+    from tests.support.vllm_release import cached_release
     from tests.test_vllm_engine import vllm_python
-    from tests.vllm_release import cached_release
 
     monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
     options = ["--engine", "vllm", "--dtype", "float32", "--model", str(cached_release()), "--cpu-kv-cache-gib", "1"]

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from clef_cli.cli import app
 
-from .helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
+from .support.helpers import MEDIA, TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 COUNTS = re.compile(
@@ -227,7 +227,7 @@ def test_a_rerun_for_hidden_states_that_runs_out_of_memory_keeps_the_stored_resu
     from clef_cli.engines.local.pipeline import ScoreJob
     from clef_cli.store.key_index import KeyIndex
 
-    from .helpers import settings_for
+    from .support.helpers import settings_for
 
     records = [ticket(number) for number in range(5)] + [{**ticket(5), "state": "a long ticket " * 120}]
     inputs = write_jsonl(tmp_path / "in.jsonl", records)

@@ -17,7 +17,7 @@ from clef_cli.errors import ClefError
 from clef_cli.store.remote import compaction, manifests, pruning, sync
 from clef_cli.store.remote.layout import manifest_name
 
-from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine
+from .support.remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine
 
 BUCKET = "clef-store-claims"
 STORE = f"s3://{BUCKET}/nightly/"
@@ -241,7 +241,7 @@ def test_a_stop_request_ends_a_commit_that_keeps_conflicting_at_once(s3, proxy, 
     from clef_cli.errors import JobStopped
     from clef_cli.store.remote.store import RemoteCheckpoint
 
-    from .remote_stores import FINGERPRINT, machine
+    from .support.remote_stores import FINGERPRINT, machine
 
     monkeypatch.setattr(manifests, "COMMIT_PATIENCE", 3.0)  # the code as it was spun for this long
     stop = threading.Event()

@@ -16,7 +16,7 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote.compaction import compact
 from clef_cli.store.remote.segments import DamagedObject
 
-from .remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows
+from .support.remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows
 
 BUCKET = "clef-store-damage"
 STORE = f"s3://{BUCKET}/damaged/"
@@ -234,7 +234,7 @@ def test_a_job_on_a_damaged_store_writes_the_clean_runs_probabilities(store_buck
 
     from clef_cli.locations import buckets
 
-    from .helpers import TINY_MODEL, write_jsonl
+    from .support.helpers import TINY_MODEL, write_jsonl
 
     questions = {"urgent": {"type": "noul", "instructions": "Urgent?"}}
     records = [{"id": f"r{n}", "state": f"ticket {n}: the printer is on fire", "questions": questions} for n in ALL]

@@ -19,7 +19,7 @@ from clef_cli.store.ledger import Ledger
 from clef_cli.store.remote import compaction, damage, manifests, pruning, segments
 from clef_cli.store.remote.layout import LATEST, MANIFESTS, SEGMENTS, manifest_name
 
-from .remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows
+from .support.remote_stores import Skewed, commit, fresh_machine, key_of, night, open_machine, reversed_rows
 
 ROOT = "s3://clef-memory"
 PREFIX = "nightly/"

@@ -2,7 +2,7 @@
 imported their segment (store/remote/cache.py: fetch, _set_aside, _forget, forget_segments,
 _counts; damage.damaged, set_aside_line; store.RemoteCheckpoint.set_aside_damaged), and when a
 manifest stops naming a segment the cache downloaded. In process against an obstore MemoryStore
-(tests/remote_stores.py `served_memory`); every expected value is the bucket's objects, the
+(tests/support/remote_stores.py `served_memory`); every expected value is the bucket's objects, the
 cache folder's files or the records committed."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from clef_cli.store.remote.cache import MARK, Cache
 from clef_cli.store.remote.layout import manifest_name
 from clef_cli.store.remote.segments import DamagedObject
 
-from .remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows
+from .support.remote_stores import commit, fresh_machine, key_of, open_machine, reversed_rows
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"

@@ -1,6 +1,6 @@
 """`clef checkpoint prune` on a bucket store prunes this machine's cache folders of it
 (store/remote/cache_prune.py: prune_caches, _prune_folder, _files, _size), in process against
-an obstore MemoryStore (tests/remote_stores.py `served_memory`): each folder no job holds is
+an obstore MemoryStore (tests/support/remote_stores.py `served_memory`): each folder no job holds is
 brought up to the manifest (what it no longer names leaves the disk) and its staged outputs go;
 one a job holds is left and named; a dry run changes nothing. The expected values are the files
 on disk, listed and sized by the test."""
@@ -15,7 +15,7 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote.cache_prune import CachePruned, prune_caches
 from clef_cli.store.remote.layout import cache_folder
 
-from .remote_stores import commit, key_of, open_machine
+from .support.remote_stores import commit, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"

@@ -1,6 +1,6 @@
 """What `clef checkpoint unclaim` says and does (store/remote/claims.py: claim_said, unclaim) and
 whom `checkpoint info` names as the last user of a store's keys (store/remote/last_users.py), in
-process against an obstore MemoryStore (tests/remote_stores.py `served_memory`). The expected
+process against an obstore MemoryStore (tests/support/remote_stores.py `served_memory`). The expected
 words are written out; the expected counts are the records each run used, by hand."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote.claims import claim_said, unclaim
 from clef_cli.store.remote.last_users import in_use_order, last_users
 
-from .remote_stores import commit, fresh_machine, night, open_machine
+from .support.remote_stores import commit, fresh_machine, night, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"

@@ -1,5 +1,5 @@
 """What a store in a bucket says of itself and what a job checks before it computes, in process
-against an obstore MemoryStore (tests/remote_stores.py `served_memory`): `checkpoint info` from
+against an obstore MemoryStore (tests/support/remote_stores.py `served_memory`): `checkpoint info` from
 the manifest and the key index (store.RemoteCheckpoint.info, _failed_rows), the dtype of its
 states (bucket_hidden_dtype), `--restart` (_restarted), the write probe (probe_store) and the
 refusal of a prefix that holds something else (check_prefix, layout.own_name). Each expected
@@ -22,7 +22,7 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote import store as remote_store
 from clef_cli.store.remote.layout import MANIFESTS, SEGMENTS, cache_folder, manifest_name, own_name
 
-from .remote_stores import (
+from .support.remote_stores import (
     FINGERPRINT,
     OTHER_MODEL,
     commit,

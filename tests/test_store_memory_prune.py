@@ -1,5 +1,5 @@
 """`clef checkpoint prune s3://...` (store/remote/pruning.py: prune_bucket, grace_floor, _runs,
-_plan, _filtered, _apply) in process against an obstore MemoryStore (tests/remote_stores.py
+_plan, _filtered, _apply) in process against an obstore MemoryStore (tests/support/remote_stores.py
 `served_memory`). Every count a report gives is checked against the bucket's own objects or the
 records committed; an old run is made by skewing the key index's clock, never by sleeping."""
 
@@ -19,7 +19,7 @@ from clef_cli.store.remote import pruning, segments
 from clef_cli.store.remote.layout import MANIFESTS, SEGMENTS
 from clef_cli.store.remote.manifests import Manifest
 
-from .remote_stores import Skewed, commit, fresh_machine, key_of, open_machine
+from .support.remote_stores import Skewed, commit, fresh_machine, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"

@@ -8,7 +8,7 @@ import obstore
 
 from clef_cli.store.ledger import Ledger
 
-from .remote_stores import commit, key_of, open_machine
+from .support.remote_stores import commit, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"

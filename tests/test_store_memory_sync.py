@@ -1,6 +1,6 @@
 """The sync beside a job when its commits keep failing (store/remote/sync.py: Syncer._loop,
 _failed, _failing_line, _went_through, _tell, _kept, close; Claimed), in process against an
-obstore MemoryStore (tests/remote_stores.py `served_memory`). The loop runs in the test's thread:
+obstore MemoryStore (tests/support/remote_stores.py `served_memory`). The loop runs in the test's thread:
 its stop event is a script of turns that moves the syncer's clock by the period (no real sleep).
 A sync fails for a reason with known words: another job restarted the store with another model."""
 
@@ -17,7 +17,7 @@ from clef_cli.store.remote import manifests
 from clef_cli.store.remote import store as remote_store
 from clef_cli.store.remote.sync import REPEAT_EVERY, Claimed, Syncer
 
-from .remote_stores import FINGERPRINT, OTHER_MODEL, commit, fresh_machine, key_of, open_machine
+from .support.remote_stores import FINGERPRINT, OTHER_MODEL, commit, fresh_machine, key_of, open_machine
 
 PREFIX = "nightly/"
 STORE = f"s3://clef-memory/{PREFIX}"

@@ -7,7 +7,7 @@ its work kept in this machine's cache for a rerun here to upload.
 Read-only credentials are real ones: moto's IAM, enforced for the length of a `with` through
 moto's own switch (`/moto-api/reset-auth`, what `INITIAL_NO_AUTH_ACTION_COUNT` sets), for a user
 whose policy allows only what the test says. A bucket that starts refusing mid-job is the
-counting proxy answering 403 AccessDenied to the store's writes (tests/s3_proxy.py)."""
+counting proxy answering 403 AccessDenied to the store's writes (tests/support/s3_proxy.py)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ from clef_cli.store.opening import check_store
 from clef_cli.store.remote import manifests
 from clef_cli.store.remote.sync import REPEAT_EVERY
 
-from .helpers import TINY_MODEL, write_jsonl
-from .remote_stores import commit, fresh_machine, key_of, open_machine
+from .support.helpers import TINY_MODEL, write_jsonl
+from .support.remote_stores import commit, fresh_machine, key_of, open_machine
 
 runner = CliRunner()
 BUCKET = "clef-store-preflight"

@@ -2,7 +2,7 @@
 machine"): a run's `runs/RUN.keys` once per run, however many sync turns meet a claim or a failing
 bucket; nothing from a job refused before its first record; and jobs started together on one
 machine each take their own cache folder, chosen and locked in one step. Against moto's S3 server
-behind the counting proxy (tests/s3_proxy.py), with the tiny model where a job must run."""
+behind the counting proxy (tests/support/s3_proxy.py), with the tiny model where a job must run."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from clef_cli.store.remote.manifests import Chain
 from clef_cli.store.remote.store import RemoteCheckpoint
 from clef_cli.store.remote.sync import Claimed
 
-from .helpers import TINY_MODEL, write_jsonl
-from .remote_stores import FINGERPRINT, commit, key_of, night, open_machine
+from .support.helpers import TINY_MODEL, write_jsonl
+from .support.remote_stores import FINGERPRINT, commit, key_of, night, open_machine
 
 runner = CliRunner()
 BUCKET = "clef-store-uploads"

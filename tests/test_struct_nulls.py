@@ -19,7 +19,7 @@ from clef_cli.inputs.parquet_rows import StructNulls
 from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import InvalidRecord, Record
 
-from .helpers import TINY_MODEL, assert_same_rows, write_jsonl
+from .support.helpers import TINY_MODEL, assert_same_rows, write_jsonl
 
 runner = CliRunner()
 

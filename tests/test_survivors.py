@@ -17,7 +17,7 @@ import pytest
 
 from clef_cli.store.remote import manifests
 
-from .remote_stores import OTHER_MODEL, commit, fresh_machine, key_of, open_machine
+from .support.remote_stores import OTHER_MODEL, commit, fresh_machine, key_of, open_machine
 
 BUCKET = "clef-survivors"
 STORE = f"s3://{BUCKET}/nightly/"
@@ -145,7 +145,7 @@ def test_prunes_grace_period_is_in_hours(s3, tmp_path):
     0 deletes it."""
     from clef_cli.store.opening import prune_store
 
-    from .remote_stores import machine, night
+    from .support.remote_stores import machine, night
 
     writer = open_machine(STORE, tmp_path / "a")
     night(writer, range(0, 10), range(0, 10))
@@ -221,7 +221,7 @@ def test_a_library_caller_with_an_empty_input_is_refused_and_writes_nothing(tmp_
     from clef_cli.engines.local.pipeline import ScoreJob
     from clef_cli.errors import UsageError
 
-    from .helpers import settings_for
+    from .support.helpers import settings_for
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

@@ -18,7 +18,7 @@ from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.records import Record
 from clef_cli.inputs.sources import expand_inputs
 
-from .helpers import TINY_MODEL
+from .support.helpers import TINY_MODEL
 
 RECORD = {"state": "s", "questions": {"q": {"type": "noul"}}}
 

@@ -26,7 +26,7 @@ from clef_cli.inputs.records import InvalidRecord, Record
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.job.output import passthrough_types
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, require, write_jsonl
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, require, write_jsonl
 
 runner = CliRunner()
 COMMON = ["--model", str(TINY_MODEL), "--workers", "0", "--quiet", "--hidden-states", "drop"]

@@ -20,7 +20,7 @@ from clef_cli.encoding.text_cut import WHOLE_CHARS, NoCut, TextCutter, analysed,
 from clef_cli.errors import RecordError
 from clef_cli.inputs.records import RecordBuilder
 
-from .helpers import FIXTURES, TINY_MODEL
+from .support.helpers import FIXTURES, TINY_MODEL
 
 TOKENIZERS = (TINY_MODEL, FIXTURES / "tiny-clef-dense")
 HOSTILE = (

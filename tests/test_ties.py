@@ -18,7 +18,7 @@ from clef_cli.cli import app
 from clef_cli.inputs.records import Question
 from clef_cli.model.answers import derive_answer, question_result
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 

@@ -16,9 +16,9 @@ import torch
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from tests import background
-from tests.helpers import TINY_MODEL
-from tests.planted import planted_task, write_jsonl
+from tests.support import background
+from tests.support.helpers import TINY_MODEL
+from tests.support.planted import planted_task, write_jsonl
 
 runner = CliRunner()
 QUICK = ["--folds", "3", "--device", "cpu"]
@@ -43,7 +43,7 @@ def planted():
     states kept; gold for the first 45. The keyword task needs more records than the quick loop
     can afford (90 labelled: trained 0.52, probe 0.68 cross-fitted); it runs at full size below.
     Scored, with `trained_small`'s run, in a subprocess started with the session
-    (tests/background_jobs.py: planted), beside the other tests."""
+    (tests/support/background_jobs.py: planted), beside the other tests."""
     task = dict(background.run("planted").result()["planted"])
     for key in ("inputs", "output", "checkpoint", "gold"):
         task[key] = Path(task[key])
@@ -164,7 +164,7 @@ PLANTED_SIZES = {"keyword": 0.9, "long": 0.9, "image": 0.9, "count": 0.9}
 def test_planted_tasks_reach_the_probe_at_full_size(task):
     """240 labelled records, 200 unseen, default settings: the trained head's accuracy on the
     unseen records reaches 0.9x a scikit-learn probe fitted on the same 240 records. Run in a
-    subprocess started with the session (tests/background_jobs.py: planted_at_full_size)."""
+    subprocess started with the session (tests/support/background_jobs.py: planted_at_full_size)."""
     outcome = background.run(f"planted-{task}").result()
     assert outcome["train"]["exit_code"] == 0, outcome["train"]["output"]
     assert outcome["rehead"]["exit_code"] == 0, outcome["rehead"]["output"]

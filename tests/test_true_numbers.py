@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from clef_cli.store.checkpoint import Checkpoint
-from tests.helpers import write_jsonl
+from tests.support.helpers import write_jsonl
 from tests.test_checkpoint import records, second_head_release
 from tests.test_keep_policy import score, stored_states
 

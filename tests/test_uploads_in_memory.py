@@ -1,5 +1,5 @@
 """locations/uploads.py in the test's own process, against a bucket in memory
-(tests/memory_bucket.py): an output put whole at its key (one request up to SINGLE_PUT_BYTES,
+(tests/support/memory_bucket.py): an output put whole at its key (one request up to SINGLE_PUT_BYTES,
 parts above), the output's preflight (a probe beside it, never on it), the store's probe (a
 conditional put refused the second time, a listing, a delete) and the words of each refusal, as
 test_bucket_errors.py and test_store_preflight.py expect them from moto, but quick enough for a
@@ -21,7 +21,7 @@ from clef_cli.locations.object_store import NoSuchBucket
 from clef_cli.locations.uploads import ConditionIgnored, WriteRefused, check_writable, probe_writes, upload_whole
 from clef_cli.locations.uris import LocationProblem
 
-from .memory_bucket import (
+from .support.memory_bucket import (
     NAME,
     ROOT,
     Refusals,

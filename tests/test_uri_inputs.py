@@ -20,7 +20,7 @@ from clef_cli.inputs.readers import read_records
 from clef_cli.inputs.sources import expand_inputs
 from clef_cli.locations.uris import is_uri, local_path
 
-from .helpers import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
+from .support.helpers import SAMPLE_DATA, TINY_MODEL, assert_same_rows, require_ray
 from .test_struct_nulls import write_struct_parquet
 
 runner = CliRunner()

@@ -23,7 +23,7 @@ from clef_cli.cli.options import LOCAL_ONLY, TAKES_URI
 from clef_cli.inputs import sources
 from clef_cli.locations import object_store
 
-from .helpers import TINY_MODEL, write_jsonl
+from .support.helpers import TINY_MODEL, write_jsonl
 
 runner = CliRunner()
 BUCKET = "clef-uri-options"

@@ -1,5 +1,5 @@
 """`clef score --engine vllm` on the dense family (Qwen3.5, issue 38.3): the HF engine is the
-oracle, in fp32, on the vLLM-ready tiny dense release (`python -m tests.vllm_release --family
+oracle, in fp32, on the vLLM-ready tiny dense release (`python -m tests.support.vllm_release --family
 dense`). Text and image records, batched and one per batch; the stored ids, spans and states;
 --rehead and train-head on a dense vLLM store. Slow: vLLM starts (CLEF_VLLM_PYTHON, as
 tests/test_vllm_engine.py; in CI its absence fails them)."""
@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from tests.helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, write_jsonl
+from tests.support.helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, write_jsonl
 from tests.test_vllm_engine import assert_parity, rows, score, vllm_python
 
 GOLDEN_DENSE = FIXTURES / "golden_dense"
@@ -97,7 +97,7 @@ def dense_records(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def dense_release() -> Path:
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     return cached_release(family="dense")
 

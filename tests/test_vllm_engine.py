@@ -1,7 +1,7 @@
 """`clef score --engine vllm` (issue 33): vLLM as the backbone in its own environment, through
 the one job lifecycle. The slow tests need vLLM's Python in $CLEF_VLLM_PYTHON (.ci/vllm_venv.sh
 builds it); in CI (`CI=true`) its absence fails them. The oracle is our HF engine, in fp32, on a
-vLLM-ready tiny release (tests/vllm_release.py)."""
+vLLM-ready tiny release (tests/support/vllm_release.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from tests.helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, in_ci
+from tests.support.helpers import FIXTURES, SAMPLE_DATA, TINY_MODEL, in_ci
 
 TINY_DENSE = FIXTURES / "tiny-clef-dense"
 
@@ -41,7 +41,7 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def vllm_release(tmp_path_factory) -> Path:
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     return cached_release()
 
@@ -106,7 +106,7 @@ def test_a_model_vllm_does_not_serve_is_refused_at_start(tmp_path, monkeypatch):
 def test_the_engine_is_part_of_the_scoring_fingerprint(tmp_path):
     from clef_cli.job.lifecycle import job_manifest
     from clef_cli.release import resolve_release
-    from tests.helpers import settings_for
+    from tests.support.helpers import settings_for
 
     release = resolve_release(str(TINY_MODEL))
     hf = job_manifest(settings_for(tmp_path), release, "float32", release.path)
@@ -163,7 +163,7 @@ def test_vllm_output_names_the_engine_and_stores_hidden_states(parity_runs, tmp_
     assert metadata[b"clef.engine"] == b"vllm" and metadata[b"clef.vllm_version"] == b"0.32.0"
     assert json.loads((parity_runs / "stats.json").read_text())["records"] == 17
     assert json.loads((parity_runs / "vllm.parquet.ckpt" / "manifest.json").read_text())["settings"]["engine"] == "vllm"
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     result = CliRunner().invoke(
         app,

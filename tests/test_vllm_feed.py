@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from clef_cli.engines.vllm.transport import StateSlots, padded_bytes
-from tests.helpers import TINY_MODEL
+from tests.support.helpers import TINY_MODEL
 from tests.test_vllm_engine import TEXT_IDS, rows, score, vllm_python, write_records
 
 WORKER = Path(__file__).resolve().parent.parent / "clef_cli" / "engines" / "vllm" / "worker.py"
@@ -211,8 +211,8 @@ def test_a_worker_that_dies_with_requests_in_flight_loses_no_commit(tmp_path):
     """SIGKILL to the vLLM worker while clef has two requests outstanding: clef stops with one
     line naming the log (exit 1), every committed batch stays, and the rerun's output equals the
     HF engine's (which an uninterrupted vLLM run equals, tests/test_vllm_engine.py)."""
+    from tests.support.vllm_release import cached_release
     from tests.test_vllm_engine import journal_records, rerun_finishes_as_hf, vllm_env
-    from tests.vllm_release import cached_release
 
     vllm_python()
     release = cached_release()

@@ -64,7 +64,7 @@ def worst_gap(got: dict, want: dict) -> float:
 
 @pytest.mark.slow
 def test_vllm_results_do_not_depend_on_what_ran_before(tmp_path, monkeypatch):
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     python = vllm_python()
     release = cached_release()

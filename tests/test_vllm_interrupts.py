@@ -53,7 +53,7 @@ def workers_alive(out: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def release():
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     vllm_python()
     return cached_release()

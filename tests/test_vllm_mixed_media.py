@@ -38,7 +38,7 @@ def record(folder, record_id: str, media: dict[str, list[str]]) -> dict:
 
 @pytest.mark.slow
 def test_mixed_media_records_equal_the_hf_engine_alone(tmp_path, monkeypatch):
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     python = vllm_python()
     release = cached_release()

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_cli.cli import app
-from tests.helpers import assert_same_rows, write_jsonl
+from tests.support.helpers import assert_same_rows, write_jsonl
 from tests.test_checkpoint import records, second_head_release
 from tests.test_keep_policy import gold_rows
 from tests.test_vllm_engine import vllm_python
@@ -28,7 +28,7 @@ def score(release, inputs, output, *extra):
 
 @pytest.mark.slow
 def test_rehead_and_train_head_on_a_vllm_drop_store(tmp_path, monkeypatch):
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
     release = cached_release()
@@ -71,7 +71,7 @@ def test_a_vllm_job_keeps_its_store_in_a_bucket_and_night_two_reuses_it_from_a_f
     output, and a rehead from a third machine reads the vLLM states from the bucket."""
     from clef_cli.locations import buckets
     from clef_cli.store.remote import manifests
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     monkeypatch.setenv("CLEF_VLLM_PYTHON", vllm_python())
     release = cached_release()

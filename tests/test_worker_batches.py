@@ -21,7 +21,7 @@ from clef_cli.engines.local.batch_slots import ALIGNMENT, BatchSlots, allocator_
 from clef_cli.engines.local.encode_pool import EncodePool
 from clef_cli.engines.local.workers import EncoderSpec, within_budget
 
-from .helpers import GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, PROBABILITY_TOLERANCE, settings_for
+from .support.helpers import GOLDEN_MAX_LENGTH, GOLDEN_RECORDS, PROBABILITY_TOLERANCE, settings_for
 
 LARGE = {"a14-webm-odd-frames", "a15-large-frames-and-image"}
 """Left out to keep these quick: the other records already cover every media tensor."""

@@ -160,7 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     if not os.environ.get("CLEF_VLLM_PYTHON"):
         raise SystemExit("set CLEF_VLLM_PYTHON to vLLM's Python (.ci/vllm_venv.sh builds one)")
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     model = args.model or cached_release()
     with tempfile.TemporaryDirectory() as tmp:

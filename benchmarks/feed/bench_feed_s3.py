@@ -4,7 +4,7 @@
 
 The image (and video) sets of benchmarks/feed/bench_feed.py (the same generated files and records)
 are served by a local moto S3 server (in its own process, as a real store is: `start_store`)
-behind the tests' proxy (tests/s3_proxy.py), which adds
+behind the tests' proxy (tests/support/s3_proxy.py), which adds
 `--delay-ms` to every request (30 ms: the order of a cloud GET). Each record names its media
 relative to its input, `s3://bucket/feed/records-SET.jsonl` + `media/image3.jpg`. The job is
 bench_feed.py's own (`run_job`: the real pipeline around its simulated device at
@@ -39,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: `benchmarks.` and clef_cli
 from benchmarks.feed import bench_feed
 from benchmarks.score.bench_score import write_jsonl
-from tests.s3_proxy import S3Proxy
+from tests.support.s3_proxy import S3Proxy
 
 BUCKET = "clef-feed"
 FIELDS = tuple(bench_feed.MEDIA_FIELDS.values())

@@ -1,6 +1,6 @@
 """Two nights over media in an object store: requests and bytes per record.
 
-A local moto S3 server behind the tests' counting proxy (tests/s3_proxy.py, optionally adding a
+A local moto S3 server behind the tests' counting proxy (tests/support/s3_proxy.py, optionally adding a
 fixed delay per request, `--delay-ms`, the order of a cloud GET) serves N records in one Parquet
 part whose images (the sample images, each record its own copy with one byte changed, so that no
 two share a key) lie beside it under `img/`. Night 1 scores them into a fresh store; night 2
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.s3_proxy import S3Proxy  # noqa: E402
+from tests.support.s3_proxy import S3Proxy  # noqa: E402
 
 BUCKET = "clef-bench"
 QUESTIONS = {

@@ -227,7 +227,7 @@ def main() -> None:
     if not args.vllm_python:
         raise SystemExit("set CLEF_VLLM_PYTHON (or --vllm-python) to vLLM's Python")
     sys.path.insert(0, str(ROOT))
-    from tests.vllm_release import cached_release
+    from tests.support.vllm_release import cached_release
 
     model = args.model or cached_release()
     prompts, repeat = long_prompts(model, args.chunk)

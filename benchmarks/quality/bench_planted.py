@@ -1,5 +1,5 @@
 """Does `clef train-head` learn what the stored states hold? The planted tasks of
-tests/planted.py, scored once with the tiny fixture model (hidden states kept in float32); the
+tests/support/planted.py, scored once with the tiny fixture model (hidden states kept in float32); the
 first `--train` records are the gold file, the next `--held-out` records are never seen.
 
     python benchmarks/quality/bench_planted.py                          # all four tasks, seed 0
@@ -29,7 +29,7 @@ MODEL = ROOT / "tests" / "fixtures" / "tiny-clef-omni"
 
 def score_task(task: str, count: int, folder: Path) -> tuple[Path, list[dict]]:
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
-    from tests.planted import planted_task
+    from tests.support.planted import planted_task
 
     inputs, gold = planted_task(task, count, folder)
     output = folder / "out.parquet"
@@ -67,7 +67,7 @@ def run(task: str, seed: int, checkpoint: Path, gold: list[dict], train: int, fo
     from clef_cli.quality.train.job import TrainHeadSettings, gold_examples, train_head
     from clef_cli.release import resolve_release
     from clef_cli.store.checkpoint import Checkpoint
-    from tests.planted import write_jsonl
+    from tests.support.planted import write_jsonl
 
     all_gold = write_jsonl(folder / "all-gold.jsonl", gold)
     examples, _ = gold_examples(Checkpoint.open_existing(checkpoint).hidden_reader(), all_gold)

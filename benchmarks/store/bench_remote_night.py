@@ -1,6 +1,6 @@
 """Night 2 of a store in a bucket, on a fresh machine: requests, bytes, wall time and their cost.
 
-A local moto S3 server behind the tests' counting proxy (tests/s3_proxy.py; `--delay-ms` adds a
+A local moto S3 server behind the tests' counting proxy (tests/support/s3_proxy.py; `--delay-ms` adds a
 fixed delay to every request, the order of a cloud request) holds a store of `--stored` records,
 written over `--nights` nights by one machine (one sync a night: one segment each, compacted by
 level as jobs end). Then a second machine with an empty cache folder runs night 2: the records
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.feed.bench_media_s3 import start_moto  # noqa: E402
-from tests.remote_stores import commit, key_of, open_machine  # noqa: E402
-from tests.s3_proxy import TEST_ENVIRONMENT, S3Proxy  # noqa: E402
+from tests.support.remote_stores import commit, key_of, open_machine  # noqa: E402
+from tests.support.s3_proxy import TEST_ENVIRONMENT, S3Proxy  # noqa: E402
 
 BUCKET = "clef-bench-store"
 STORE = f"s3://{BUCKET}/nightly/"

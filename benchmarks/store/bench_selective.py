@@ -1,5 +1,5 @@
 """Storage of `--hidden-states selective` as a fraction of `keep`, measured on the planted tasks
-of tests/planted.py with the tiny fixture model: each task is scored twice (keep, then selective
+of tests/support/planted.py with the tiny fixture model: each task is scored twice (keep, then selective
 into its own checkpoint), and the hidden-state bytes of the two stores are compared
 (`checkpoint info`'s hidden_bytes), with the share of records under the threshold.
 
@@ -30,7 +30,7 @@ def measure(task: str, count: int, below: float, sample: float, folder: Path) ->
 
     from clef_cli.engines.local.pipeline import ScoreJob, ScoreSettings
     from clef_cli.store.checkpoint import Checkpoint
-    from tests.planted import planted_task
+    from tests.support.planted import planted_task
 
     inputs, _ = planted_task(task, count, folder)
     sizes = {}

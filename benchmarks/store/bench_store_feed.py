@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: 
 from benchmarks.feed import bench_feed
 from benchmarks.feed.bench_media_s3 import start_moto
 from benchmarks.score.bench_score import write_jsonl
-from tests.s3_proxy import TEST_ENVIRONMENT, S3Proxy
+from tests.support.s3_proxy import TEST_ENVIRONMENT, S3Proxy
 
 BUCKET = "clef-store-feed"
 

@@ -16,7 +16,7 @@ Layout of a checkpoint folder::
 A shard counts only once its journal line is written, and that line is written last (after the
 files are fsynced and renamed into place, and their folder fsynced). A job killed at any instant,
 or a power loss, therefore leaves either a complete, journaled shard or files that the next run
-deletes. Every change to the disk goes through store/durable.py (tests/crash_model.py replays
+deletes. Every change to the disk goes through store/durable.py (tests/support/crash_model.py replays
 each crash state it allows). A run checks every file of every
 shard against its journal line (size, then SHA-256 for results, CRC32 for the hidden states); a
 damaged shard is dropped, the index forgets its keys, and their records are computed again.

@@ -5,7 +5,7 @@ prune's rewrites, the lock files) and of the outputs goes through these function
 Why one seam: what survives a power loss depends on the order of these operations and on which of
 them an fsync covers (a write not yet fsynced may be lost or cut short; a new name whose folder was
 not fsynced may be lost). With every operation here, a test can record the sequence a job makes and
-build each state a crash could leave (tests/crash_model.py), and inject a full disk at any step.
+build each state a crash could leave (tests/support/crash_model.py), and inject a full disk at any step.
 
 SQLite (the key index) journals its own writes; `sqlite_opened` and `sqlite_closed` mark where its
 files are in use. Observers (`observe`) see each operation before it is made and may raise (an

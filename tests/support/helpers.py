@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TINY_MODEL = FIXTURES / "tiny-clef-omni"
 GOLDEN = FIXTURES / "golden"
 MEDIA = FIXTURES / "media"
 GOLDEN_RECORDS = GOLDEN / "records_A.jsonl"
 GOLDEN_MAX_LENGTH = json.loads((GOLDEN / "meta.json").read_text())["max_length"]
-SAMPLE_DATA = Path(__file__).parent.parent / "sample_data"
+SAMPLE_DATA = Path(__file__).parents[2] / "sample_data"
 # A job small enough for Ray tests: results only, short prompts.
 SMALL_JOB = {"hidden_states": "drop", "max_length": 4096}
 

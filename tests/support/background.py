@@ -6,8 +6,8 @@ asserted before.
 - `gpu-check`: `benchmarks/gpu/gpu_check.sh --cpu-smoke`, six fresh interpreters (most of a minute
   of imports); its test runs last, so the whole session runs beside it.
 - `crash`: the pipeline job whose encoding process dies on a record (three worker-process
-  starts, each importing torch and transformers; tests/background_jobs.py).
-- `planted`: the train-head module's planted task, scored and trained once (tests/background_jobs.py).
+  starts, each importing torch and transformers; tests/support/background_jobs.py).
+- `planted`: the train-head module's planted task, scored and trained once (tests/support/background_jobs.py).
 - `planted-TASK`: the whole-suite's full-size case of each planted task (scored, trained, reheaded).
 
 A job that nothing started (no session hook saw its tests) starts when a test asks for it. The
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests import planted
+from tests.support import planted
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 
 
@@ -122,7 +122,7 @@ class Job:
 
 
 def _python_job(name: str) -> list[str]:
-    return [sys.executable, "-m", "tests.background_jobs", name, "{folder}"]
+    return [sys.executable, "-m", "tests.support.background_jobs", name, "{folder}"]
 
 
 GPU_CHECK_TEST = "tests/test_benchmarks.py::test_gpu_check_cpu_smoke_runs_every_step"

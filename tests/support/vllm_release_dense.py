@@ -1,5 +1,5 @@
 """The dense family's vLLM-ready tiny release (issue 38), made from tests/fixtures/tiny-clef-dense
-by tests/vllm_release.py (`python -m tests.vllm_release --family dense OUT_DIR`).
+by tests/support/vllm_release.py (`python -m tests.support.vllm_release --family dense OUT_DIR`).
 
 What vLLM needs that the fixture lacks (the index file is written by the caller):
 - a text head size its CPU attention takes (32, not 16): the full-attention layers get 2 query
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).parent / "fixtures" / "tiny-clef-dense"
+SOURCE = Path(__file__).parents[1] / "fixtures" / "tiny-clef-dense"
 SEED = 35
 HEAD_DIM, HEADS, KV_HEADS = 32, 2, 1
 LINEAR_HEAD_DIM = 64

@@ -1,5 +1,5 @@
 """vLLM-ready tiny releases: Clef-Omni (issue 33) from tests/fixtures/tiny-clef-omni, and the
-dense family (issue 38) from tests/fixtures/tiny-clef-dense (tests/vllm_release_dense.py).
+dense family (issue 38) from tests/fixtures/tiny-clef-dense (tests/support/vllm_release_dense.py).
 
 vLLM needs what the tiny release lacks: `model.safetensors.index.json` (else it loads the head's
 file as backbone weights), `vision_config.image_size` and `apply_vit_abs_pos_embed`,
@@ -8,7 +8,7 @@ file as backbone weights), `vision_config.image_size` and `apply_vit_abs_pos_emb
 change are drawn again from a fixed seed; the rest are copied. Our HF engine is exact against the
 reference on the original fixture, so on this release it is the oracle for the vLLM engine.
 
-    python -m tests.vllm_release [--family omni|dense] [OUT_DIR]
+    python -m tests.support.vllm_release [--family omni|dense] [OUT_DIR]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).parent / "fixtures" / "tiny-clef-omni"
+SOURCE = Path(__file__).parents[1] / "fixtures" / "tiny-clef-omni"
 SEED = 33
 HEAD_DIM, HEADS, KV_HEADS = 32, 2, 1
 COPIED = (
@@ -84,7 +84,7 @@ def _surgery(family: str) -> tuple[Path, tuple[str, ...], Any]:
     if family == "omni":
         return SOURCE, COPIED, _omni_release
     if family == "dense":
-        from tests import vllm_release_dense as dense
+        from tests.support import vllm_release_dense as dense
 
         return dense.SOURCE, dense.COPIED, dense.config_and_weights
     raise ValueError(f"unknown family {family!r}: omni or dense")

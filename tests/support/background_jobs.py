@@ -1,4 +1,4 @@
-"""The Python jobs of tests/background.py, each run as `python -m tests.background_jobs NAME FOLDER`
+"""The Python jobs of tests/support/background.py, each run as `python -m tests.support.background_jobs NAME FOLDER`
 from the repository root: it does what its tests did in the test process, and leaves what they
 assert on in FOLDER/result.json."""
 
@@ -20,7 +20,7 @@ def crash(folder: Path) -> dict:
     from clef_cli.engines.local.pipeline import ScoreJob
     from clef_cli.model.scoring import load_scorer
     from clef_cli.release import resolve_release
-    from tests.helpers import TINY_MODEL, settings_for
+    from tests.support.helpers import TINY_MODEL, settings_for
 
     torch.manual_seed(0)
     scorer = load_scorer(resolve_release(str(TINY_MODEL)), device="cpu", dtype="float32")
@@ -38,7 +38,7 @@ def crash(folder: Path) -> dict:
 
 def planted(folder: Path) -> dict:
     """test_train_head's `planted` task scored once, and `trained_small`'s train-head run on it."""
-    from tests.planted import write_jsonl
+    from tests.support.planted import write_jsonl
     from tests.test_train_head import QUICK, TRAIN, score_planted, train
 
     root, head = folder / "planted", folder / "small" / "head"
@@ -65,7 +65,7 @@ def planted_at_full_size(folder: Path, task: str) -> dict:
     One thread, as the queue promises the tests the other core."""
     import torch
 
-    from tests.planted import write_jsonl
+    from tests.support.planted import write_jsonl
     from tests.test_train_head import rehead, score_planted, sklearn_probe_accuracy, train, unseen_accuracy
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@ the torch build. Made with the old code (never needed again; kept to say how):
 
     git archive f9a19f9 clef_cli | tar -x -C /tmp/clef-old
     cd /tmp && PYTHONPATH=/tmp/clef-old python -c \
-        "import sys; sys.path.append('/work/main'); from tests.output_golden import make; make()"
+        "import sys; sys.path.append('/work/main'); from tests.support.output_golden import make; make()"
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-FOLDER = Path(__file__).parent / "fixtures" / "output_golden"
+FOLDER = Path(__file__).parents[1] / "fixtures" / "output_golden"
 STORE = "store"
 CREATED = (2026, 12, 2, 6, 0, 0, 2, 336, 0)
 """The fixed `clef.created` of every golden output."""
@@ -122,7 +122,7 @@ def run_case(folder: Path, case: str, store: Path) -> Path:
 
 def make(work: Path = Path("/tmp/clef-golden")) -> None:
     """Night 1 (the store), then each case's output over it, copied into FOLDER."""
-    from tests.helpers import TINY_MODEL
+    from tests.support.helpers import TINY_MODEL
 
     shutil.rmtree(work, ignore_errors=True)
     prepare(work, TINY_MODEL)

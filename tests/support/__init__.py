@@ -1,0 +1,1 @@
+"""What the tests share: fixtures' makers, servers, oracles and background jobs (not tests)."""
