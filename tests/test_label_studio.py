@@ -164,7 +164,7 @@ def test_review_through_label_studio_and_back(label_studio, scored, tmp_path):
         "rating": rating,
     }))  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    client = Path(__file__).parent / "label_studio_client.py"
+    client = Path(__file__).parent / "support" / "label_studio_client.py"
     done = subprocess.run(
         [str(VENV / "bin" / "python"), str(client), str(plan)], capture_output=True, text=True, env=env, timeout=600
     )
