@@ -99,19 +99,23 @@ CacheDirOption = Annotated[
 ]
 
 
+CheckpointInfoAsJsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+CheckpointInfoVerifyOption = Annotated[
+    bool,
+    typer.Option(
+        "--verify",
+        help="A store in a bucket: check that every object its manifest names is there at its size (a HEAD "
+        "request an object) and say which records a damaged store has lost (exit 1 when some are).",
+    ),
+]
+
+
 @app.command("info", cls=ClefCommand, epilog=epilog("checkpoint info"))
 def checkpoint_info(
     directory: StoreArgument,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: CheckpointInfoAsJsonOption = False,
     cache_dir: CacheDirOption = None,
-    verify: Annotated[
-        bool,
-        typer.Option(
-            "--verify",
-            help="A store in a bucket: check that every object its manifest names is there at its size (a HEAD "
-            "request an object) and say which records a damaged store has lost (exit 1 when some are).",
-        ),
-    ] = False,
+    verify: CheckpointInfoVerifyOption = False,
 ) -> None:
     """Show a checkpoint: its scoring fingerprint, keys, size, and the runs that used it."""
     from clef_cli.store.location import store_location
@@ -175,10 +179,15 @@ def _print_info(info: dict[str, Any], as_json: bool) -> None:
         )
 
 
+CheckpointRepairDryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Say which segments are dead; change nothing.")
+]
+
+
 @app.command("repair", cls=ClefCommand, epilog=epilog("checkpoint repair"))
 def checkpoint_repair(
     directory: StoreArgument,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say which segments are dead; change nothing.")] = False,
+    dry_run: CheckpointRepairDryRunOption = False,
 ) -> None:
     """A store in a bucket: drop the segments whose objects are missing or damaged, in one commit.
 
@@ -203,45 +212,53 @@ def checkpoint_repair(
         stdout.print(f"  {item.segment} ({plural(item.records, 'record')}): {item.why}", markup=False)
 
 
+CheckpointPruneKeepRunsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--keep-runs",
+        help="Keep the keys the last N completed runs used (runs where every record was invalid, and "
+        "interrupted runs, do not count; what a later run touched is kept too). At least 1.",
+    ),
+]
+CheckpointPruneOlderThanOption = Annotated[
+    float | None,
+    typer.Option("--older-than", help="Drop the keys no run started in the last DAYS used. Above 0."),
+]
+CheckpointPruneDryRunOption = Annotated[
+    bool, typer.Option("--dry-run", help="Say what would go (keys, rows, shards, bytes); change nothing.")
+]
+CheckpointPruneForceOption = Annotated[
+    bool, typer.Option("--force", help="Allow a prune that drops every key (refused without it).")
+]
+CheckpointPruneGraceHoursOption = Annotated[
+    float,
+    typer.Option(
+        "--grace-hours",
+        min=0.0,
+        help="A store in a bucket: delete objects no manifest names (what the prune replaced, uploads of "
+        "killed writers) once older than this.",
+    ),
+]
+CheckpointPruneNoRunningJobsOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-running-jobs",
+        help="A store in a bucket: no job writes to it while this prune runs (an offline store), so "
+        "--grace-hours may be under its floor (a claim's lease plus a commit's patience, 0.42 h by default).",
+    ),
+]
+
+
 @app.command("prune", cls=ClefCommand, epilog=epilog("checkpoint prune"))
 def checkpoint_prune(
     directory: StoreArgument,
-    keep_runs: Annotated[
-        int | None,
-        typer.Option(
-            "--keep-runs",
-            help="Keep the keys the last N completed runs used (runs where every record was invalid, and "
-            "interrupted runs, do not count; what a later run touched is kept too). At least 1.",
-        ),
-    ] = None,
-    older_than: Annotated[
-        float | None,
-        typer.Option("--older-than", help="Drop the keys no run started in the last DAYS used. Above 0."),
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Say what would go (keys, rows, shards, bytes); change nothing.")
-    ] = False,
-    force: Annotated[
-        bool, typer.Option("--force", help="Allow a prune that drops every key (refused without it).")
-    ] = False,
-    grace_hours: Annotated[
-        float,
-        typer.Option(
-            "--grace-hours",
-            min=0.0,
-            help="A store in a bucket: delete objects no manifest names (what the prune replaced, uploads of "
-            "killed writers) once older than this.",
-        ),
-    ] = 24.0,
+    keep_runs: CheckpointPruneKeepRunsOption = None,
+    older_than: CheckpointPruneOlderThanOption = None,
+    dry_run: CheckpointPruneDryRunOption = False,
+    force: CheckpointPruneForceOption = False,
+    grace_hours: CheckpointPruneGraceHoursOption = 24.0,
     cache_dir: CacheDirOption = None,
-    no_running_jobs: Annotated[
-        bool,
-        typer.Option(
-            "--no-running-jobs",
-            help="A store in a bucket: no job writes to it while this prune runs (an offline store), so "
-            "--grace-hours may be under its floor (a claim's lease plus a commit's patience, 0.42 h by default).",
-        ),
-    ] = False,
+    no_running_jobs: CheckpointPruneNoRunningJobsOption = False,
 ) -> None:
     """Drop the keys (results and hidden states) that no recent run used; crash-safe.
 
@@ -266,12 +283,15 @@ def checkpoint_prune(
         stdout.print(f"that is every key: without --dry-run, {then}", markup=False)
 
 
+CheckpointUnclaimConfirmOption = Annotated[
+    bool, typer.Option("--confirm", help="Break the claim (refused without it, naming whose it is).")
+]
+
+
 @app.command("unclaim", cls=ClefCommand, epilog=epilog("checkpoint unclaim"))
 def checkpoint_unclaim(
     directory: StoreArgument,
-    confirm: Annotated[
-        bool, typer.Option("--confirm", help="Break the claim (refused without it, naming whose it is).")
-    ] = False,
+    confirm: CheckpointUnclaimConfirmOption = False,
 ) -> None:
     """A store in a bucket: break the claim a prune or a compaction left on it, and say whose it was.
 

@@ -15,31 +15,38 @@ from clef_cli.errors import UsageError
 from clef_cli.locations.overlap import refuse_overlap
 from clef_cli.store.atomic import is_stdout
 
+CompareOldArgument = Annotated[
+    str,
+    typer.Argument(callback=read_location, help="The earlier run's Parquet (from `clef score`; a path or a URI)."),
+]
+CompareNewArgument = Annotated[
+    str, typer.Argument(callback=read_location, help="The later run's Parquet (a path or a URI).")
+]
+CompareJsonPathOption = Annotated[
+    str | None,
+    typer.Option(
+        "--json",
+        callback=writable_file_or_stdout,
+        metavar=PATH_OR_URI,
+        help="Write every number and every flip as JSON (- for stdout).",
+    ),
+]
+CompareFailAbovePsiOption = Annotated[
+    float | None,
+    typer.Option(
+        "--fail-above-psi",
+        min=0.0,
+        help="Exit 5 when any question's PSI exceeds this, or the runs share no record (after writing).",
+    ),
+]
+
 
 def command(
-    old: Annotated[
-        str,
-        typer.Argument(callback=read_location, help="The earlier run's Parquet (from `clef score`; a path or a URI)."),
-    ],
-    new: Annotated[str, typer.Argument(callback=read_location, help="The later run's Parquet (a path or a URI).")],
-    json_path: Annotated[
-        str | None,
-        typer.Option(
-            "--json",
-            callback=writable_file_or_stdout,
-            metavar=PATH_OR_URI,
-            help="Write every number and every flip as JSON (- for stdout).",
-        ),
-    ] = None,
+    old: CompareOldArgument,
+    new: CompareNewArgument,
+    json_path: CompareJsonPathOption = None,
     report: ReportOption = None,
-    fail_above_psi: Annotated[
-        float | None,
-        typer.Option(
-            "--fail-above-psi",
-            min=0.0,
-            help="Exit 5 when any question's PSI exceeds this, or the runs share no record (after writing).",
-        ),
-    ] = None,
+    fail_above_psi: CompareFailAbovePsiOption = None,
 ) -> None:
     """Per question: answer distributions, PSI, Jensen–Shannon divergence, mean confidence and
     flipped records between two runs, joined on `record_key` when both files have it, else `id`

@@ -38,19 +38,25 @@ SPECIAL_TOKEN_MODES = {"text": "read as text", "parse": "read as control tokens"
 OPTION_STYLES = ("black on green", "black on bright_yellow", "black on bright_cyan", "black on bright_magenta")
 
 
+InspectSpansRecordFileArgument = Annotated[
+    str,
+    typer.Argument(
+        callback=read_location,
+        help="A file of records as `clef score` reads one (JSONL, JSON, Parquet, CSV or TSV, a folder of "
+        "parts, a glob): a local path or a URI.",
+    ),
+]
+InspectSpansIndexOption = Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")]
+InspectSpansRecordIdOption = Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")]
+InspectSpansAsJsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")]
+
+
 def inspect_spans(
-    record_file: Annotated[
-        str,
-        typer.Argument(
-            callback=read_location,
-            help="A file of records as `clef score` reads one (JSONL, JSON, Parquet, CSV or TSV, a folder of "
-            "parts, a glob): a local path or a URI.",
-        ),
-    ],
+    record_file: InspectSpansRecordFileArgument,
     model: ModelOption = DEFAULT_MODEL,
     revision: RevisionOption = None,
-    index: Annotated[int | None, typer.Option("--index", "-i", min=0, help="Record position (0-based).")] = None,
-    record_id: Annotated[str | None, typer.Option("--id", help="Record id (instead of --index).")] = None,
+    index: InspectSpansIndexOption = None,
+    record_id: InspectSpansRecordIdOption = None,
     max_length: MaxLengthOption = None,
     max_record_bytes: MaxRecordBytesOption = MAX_RECORD_BYTES,
     on_overflow: OverflowOption = OverflowPolicy.truncate,
@@ -59,7 +65,7 @@ def inspect_spans(
     questions: QuestionsOption = None,
     columns: ColumnsOption = None,
     state_columns: StateColumnsOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON (with input_ids).")] = False,
+    as_json: InspectSpansAsJsonOption = False,
     limits: MediaLimits | None = None,  # replaced by the five media-limit options (with_media_limits)
 ) -> None:
     """Show how one record is encoded: the prompt with question and option spans highlighted,

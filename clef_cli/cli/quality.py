@@ -85,37 +85,43 @@ def tables_console(*outputs: Path | None) -> Console:
     return stderr if any(path is not None and is_stdout(path) for path in outputs) else stdout
 
 
+EvaluateJsonPathOption = Annotated[
+    str | None,
+    typer.Option(
+        "--json",
+        callback=writable_file_or_stdout,
+        metavar=PATH_OR_URI,
+        help="Write every metric as JSON here (- for stdout).",
+    ),
+]
+EvaluateTargetAccuracyOption = Annotated[
+    float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
+]
+EvaluateCalibrationOption = Annotated[
+    str | None,
+    typer.Option(
+        "--calibration",
+        callback=read_location,
+        metavar=PATH_OR_URI,
+        help="Evaluate as if this `clef calibrate` file had been applied.",
+    ),
+]
+EvaluateByOption = Annotated[
+    str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
+]
+
+
 def evaluate(
     scored: ScoredArgument,
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
     gold_format: GoldFormatOption = GoldFormat.auto,
-    json_path: Annotated[
-        str | None,
-        typer.Option(
-            "--json",
-            callback=writable_file_or_stdout,
-            metavar=PATH_OR_URI,
-            help="Write every metric as JSON here (- for stdout).",
-        ),
-    ] = None,
+    json_path: EvaluateJsonPathOption = None,
     report: ReportOption = None,
     bins: BinsOption = 15,
-    target_accuracy: Annotated[
-        float, typer.Option("--target-accuracy", help="Accuracy the confidence threshold must reach.")
-    ] = 0.95,
-    calibration: Annotated[
-        str | None,
-        typer.Option(
-            "--calibration",
-            callback=read_location,
-            metavar=PATH_OR_URI,
-            help="Evaluate as if this `clef calibrate` file had been applied.",
-        ),
-    ] = None,
-    by: Annotated[
-        str | None, typer.Option("--by", help="Repeat everything per value of this passed-through column.")
-    ] = None,
+    target_accuracy: EvaluateTargetAccuracyOption = 0.95,
+    calibration: EvaluateCalibrationOption = None,
+    by: EvaluateByOption = None,
     form: FormatOption = TableFormat.table,
 ) -> None:
     """Accuracy, calibration and an accept-without-review threshold per question, against gold labels."""
@@ -142,29 +148,33 @@ def evaluate(
         write_report(report, result.metrics, result.labelled.questions, bins, target_accuracy)
 
 
+CalibrateOutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        callback=writable_file_or_stdout,
+        metavar=PATH_OR_URI,
+        help="Calibration file to write (JSON; - for stdout).",
+    ),
+]
+CalibrateMethodOption = Annotated[
+    CalibrationMethod,
+    typer.Option(
+        "--method",
+        help="auto picks by cross-fitted log loss (5 folds of records, one per record when fewer); else one "
+        "temperature per model (global), per question type, or per question.",
+    ),
+]
+
+
 def calibrate(
     scored: ScoredArgument,
-    output: Annotated[
-        str,
-        typer.Option(
-            "--output",
-            "-o",
-            callback=writable_file_or_stdout,
-            metavar=PATH_OR_URI,
-            help="Calibration file to write (JSON; - for stdout).",
-        ),
-    ],
+    output: CalibrateOutputOption,
     gold: GoldOption = None,
     gold_column: GoldColumnOption = None,
     gold_format: GoldFormatOption = GoldFormat.auto,
-    method: Annotated[
-        CalibrationMethod,
-        typer.Option(
-            "--method",
-            help="auto picks by cross-fitted log loss (5 folds of records, one per record when fewer); else one "
-            "temperature per model (global), per question type, or per question.",
-        ),
-    ] = CalibrationMethod.auto,
+    method: CalibrateMethodOption = CalibrationMethod.auto,
     bins: BinsOption = 15,
     form: FormatOption = TableFormat.table,
 ) -> None:
@@ -233,6 +243,50 @@ BaseHeadOption = Annotated[
 ]
 
 
+TrainHeadScoredOption = Annotated[
+    str | None,
+    typer.Option(
+        "--scored",
+        callback=read_location,
+        metavar=PATH_OR_URI,
+        help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "
+        "prompt it labels (without it, an id that names several stored prompts takes the latest run's).",
+    ),
+]
+TrainHeadEpochsOption = Annotated[
+    int, typer.Option("--epochs", min=1, help="Most passes over the training records (early stopping ends sooner).")
+]
+TrainHeadLrOption = Annotated[
+    float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")
+]
+TrainHeadBatchTokensOption = Annotated[
+    int, typer.Option("--batch-tokens", min=1, help="Padded tokens per training batch (length-sorted batches).")
+]
+TrainHeadPatienceOption = Annotated[
+    int, typer.Option("--patience", min=1, help="Epochs without a better inner-validation log loss, then stop.")
+]
+TrainHeadLabelSmoothingOption = Annotated[
+    float, typer.Option("--label-smoothing", min=0.0, max=0.99, help="Label smoothing of the cross-entropy.")
+]
+TrainHeadBrierWeightOption = Annotated[float, typer.Option("--brier-weight", min=0.0, help="Weight of the Brier term.")]
+TrainHeadFoldsOption = Annotated[
+    int, typer.Option("--folds", min=2, help="Folds of the held-out gate (split by record).")
+]
+TrainHeadSeedOption = Annotated[int, typer.Option("--seed", help="Seed of folds, batch order and bootstrap.")]
+TrainHeadForceOption = Annotated[bool, typer.Option("--force", help="Write the head even when the gate fails.")]
+TrainHeadRecordsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--records",
+        callback=read_location,
+        metavar=PATH_OR_URI,
+        help="The records `clef score` took (repeatable): gold records the checkpoint holds without hidden "
+        "states (--hidden-states selective or drop) get them computed (the thinker runs on those only). "
+        "Records the job read with --questions need the same --questions here.",
+    ),
+]
+
+
 def train_head(
     checkpoint: TrainCheckpointArgument,
     gold: TrainGoldOption,
@@ -241,46 +295,19 @@ def train_head(
     model: TrainModelOption = None,
     revision: RevisionOption = None,
     base_head: BaseHeadOption = None,
-    scored: Annotated[
-        str | None,
-        typer.Option(
-            "--scored",
-            callback=read_location,
-            metavar=PATH_OR_URI,
-            help="The `clef score` output whose ids the gold uses: its record_key maps each gold id to the stored "
-            "prompt it labels (without it, an id that names several stored prompts takes the latest run's).",
-        ),
-    ] = None,
-    epochs: Annotated[
-        int, typer.Option("--epochs", min=1, help="Most passes over the training records (early stopping ends sooner).")
-    ] = 30,
-    lr: Annotated[float, typer.Option("--lr", min=0.0, help="Peak AdamW learning rate (warm-up, then cosine).")] = 1e-3,
-    batch_tokens: Annotated[
-        int, typer.Option("--batch-tokens", min=1, help="Padded tokens per training batch (length-sorted batches).")
-    ] = 4096,
-    patience: Annotated[
-        int, typer.Option("--patience", min=1, help="Epochs without a better inner-validation log loss, then stop.")
-    ] = 5,
-    label_smoothing: Annotated[
-        float, typer.Option("--label-smoothing", min=0.0, max=0.99, help="Label smoothing of the cross-entropy.")
-    ] = 0.05,
-    brier_weight: Annotated[float, typer.Option("--brier-weight", min=0.0, help="Weight of the Brier term.")] = 1.0,
-    folds: Annotated[int, typer.Option("--folds", min=2, help="Folds of the held-out gate (split by record).")] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of folds, batch order and bootstrap.")] = 0,
+    scored: TrainHeadScoredOption = None,
+    epochs: TrainHeadEpochsOption = 30,
+    lr: TrainHeadLrOption = 1e-3,
+    batch_tokens: TrainHeadBatchTokensOption = 4096,
+    patience: TrainHeadPatienceOption = 5,
+    label_smoothing: TrainHeadLabelSmoothingOption = 0.05,
+    brier_weight: TrainHeadBrierWeightOption = 1.0,
+    folds: TrainHeadFoldsOption = 5,
+    seed: TrainHeadSeedOption = 0,
     device: DeviceOption = "auto",
-    force: Annotated[bool, typer.Option("--force", help="Write the head even when the gate fails.")] = False,
+    force: TrainHeadForceOption = False,
     quiet: QuietOption = False,
-    records: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--records",
-            callback=read_location,
-            metavar=PATH_OR_URI,
-            help="The records `clef score` took (repeatable): gold records the checkpoint holds without hidden "
-            "states (--hidden-states selective or drop) get them computed (the thinker runs on those only). "
-            "Records the job read with --questions need the same --questions here.",
-        ),
-    ] = None,
+    records: TrainHeadRecordsOption = None,
     questions: QuestionsOption = None,
 ) -> None:
     """Fit the joint head to your gold labels from a checkpoint's stored hidden states (the

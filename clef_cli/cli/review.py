@@ -59,69 +59,82 @@ ConfigOutOption = Annotated[
 ]
 
 
+ReviewOutputOption = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        callback=writable_file_or_stdout,
+        metavar=PATH_OR_URI,
+        help="Review file to write (- for stdout).",
+    ),
+]
+ReviewFormatOption = Annotated[
+    ReviewFormat | None,
+    typer.Option(
+        "--format",
+        help="label-studio tasks (JSON), an argilla document, jsonl or csv (default: from -o's extension, "
+        ".json being label-studio).",
+    ),
+]
+ReviewLimitOption = Annotated[int | None, typer.Option("--limit", min=1, help="At most this many records.")]
+ReviewQuestionsOption = Annotated[
+    str | None, typer.Option("--questions", help="Comma-separated question ids to review (default: all).")
+]
+ReviewOrderOption = Annotated[
+    ReviewOrder,
+    typer.Option(
+        "--order",
+        help="uncertainty: lowest confidence first; margin: smallest top-second gap; "
+        "entropy: highest entropy; random; stratified: round-robin over the first question's answers.",
+    ),
+]
+ReviewExcludeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--exclude",
+        callback=read_location,
+        metavar=PATH_OR_URI,
+        help="Leave out records this gold file (or export) already labels.",
+    ),
+]
+ReviewGoldFormatOption = Annotated[
+    GoldFormat, typer.Option("--gold-format", help="Read --exclude as this format (default: from its content).")
+]
+ReviewSeedOption = Annotated[int, typer.Option("--seed", help="Seed of --order random.")]
+ReviewUrlPrefixOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url-prefix",
+        help="What a local media URL starts with, before its path under --document-root (default: Label "
+        "Studio's local files, /data/local-files/?d=).",
+        show_default=False,
+    ),
+]
+ReviewOldMediaRootOption = Annotated[
+    str | None,
+    typer.Option("--media-root", callback=local_location, hidden=True, help="The old name of --document-root."),
+]
+ReviewOldMediaUrlPrefixOption = Annotated[
+    str | None, typer.Option("--media-url-prefix", hidden=True, help="The old name of --url-prefix.")
+]
+
+
 def command(
     scored: ScoredArgument,
-    output: Annotated[
-        str,
-        typer.Option(
-            "--output",
-            "-o",
-            callback=writable_file_or_stdout,
-            metavar=PATH_OR_URI,
-            help="Review file to write (- for stdout).",
-        ),
-    ],
-    format: Annotated[
-        ReviewFormat | None,
-        typer.Option(
-            "--format",
-            help="label-studio tasks (JSON), an argilla document, jsonl or csv (default: from -o's extension, "
-            ".json being label-studio).",
-        ),
-    ] = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=1, help="At most this many records.")] = None,
-    questions: Annotated[
-        str | None, typer.Option("--questions", help="Comma-separated question ids to review (default: all).")
-    ] = None,
-    order: Annotated[
-        ReviewOrder,
-        typer.Option(
-            "--order",
-            help="uncertainty: lowest confidence first; margin: smallest top-second gap; "
-            "entropy: highest entropy; random; stratified: round-robin over the first question's answers.",
-        ),
-    ] = ReviewOrder.uncertainty,
-    exclude: Annotated[
-        str | None,
-        typer.Option(
-            "--exclude",
-            callback=read_location,
-            metavar=PATH_OR_URI,
-            help="Leave out records this gold file (or export) already labels.",
-        ),
-    ] = None,
-    gold_format: Annotated[
-        GoldFormat, typer.Option("--gold-format", help="Read --exclude as this format (default: from its content).")
-    ] = GoldFormat.auto,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --order random.")] = 0,
+    output: ReviewOutputOption,
+    format: ReviewFormatOption = None,
+    limit: ReviewLimitOption = None,
+    questions: ReviewQuestionsOption = None,
+    order: ReviewOrderOption = ReviewOrder.uncertainty,
+    exclude: ReviewExcludeOption = None,
+    gold_format: ReviewGoldFormatOption = GoldFormat.auto,
+    seed: ReviewSeedOption = 0,
     records: RecordsOption = None,
     document_root: DocumentRootOption = None,
-    url_prefix: Annotated[
-        str | None,
-        typer.Option(
-            "--url-prefix",
-            help="What a local media URL starts with, before its path under --document-root (default: Label "
-            "Studio's local files, /data/local-files/?d=).",
-            show_default=False,
-        ),
-    ] = None,
-    old_media_root: Annotated[
-        str | None,
-        typer.Option("--media-root", callback=local_location, hidden=True, help="The old name of --document-root."),
-    ] = None,
-    old_media_url_prefix: Annotated[
-        str | None, typer.Option("--media-url-prefix", hidden=True, help="The old name of --url-prefix.")
-    ] = None,
+    url_prefix: ReviewUrlPrefixOption = None,
+    old_media_root: ReviewOldMediaRootOption = None,
+    old_media_url_prefix: ReviewOldMediaUrlPrefixOption = None,
     config_out: ConfigOutOption = None,
 ) -> None:
     """Write the records people should review first, with clef's answers as predictions."""

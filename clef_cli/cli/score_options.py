@@ -146,6 +146,7 @@ ScoreQuietOption = Annotated[
     typer.Option("--quiet", "-q", help="No progress display; with --ray, Ray's own output goes to CHECKPOINT/ray.log."),
 ]
 
+
 # The checkpoint (where it lives: cli/store_options.py)
 class Needs(Enum):
     """What an option means nothing without, written beside it (`score.refuse_impossible` reads
@@ -338,6 +339,7 @@ MaxRecordBytesOption = Annotated[
         "row longer than this cannot be read.",
     ),
 ]
+
 
 def folded(kind: type[T], options: Mapping[str, Any], **converted: Any) -> T:
     """`kind` (a settings dataclass) from the parsed options named as its fields, the values the

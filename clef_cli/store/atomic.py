@@ -12,6 +12,11 @@
 `ensure_writable` refuses, before any work, an output that could only fail after it (a missing or
 unwritable folder, a folder given for a file). Torch-free on purpose, so commands that only read
 outputs (`clef eval`, `clef calibrate`) write their files the same way without the model's stack.
+
+Why it lives in `store/` (issue 58 asked where outputs live): the store's own files (shards, the
+journal's companions, manifests, locks) are written by it too, and it rests on `store/durable`, the
+seam the crash model replays. In `job/` the store would import upward; at the package root the
+root would import `store/`. `store/` is the lowest room every writer already reaches.
 """
 
 from __future__ import annotations
