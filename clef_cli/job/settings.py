@@ -172,7 +172,7 @@ class ScoreSettings:
     @property
     def remote_store(self) -> bool:
         """`--checkpoint` names a store in a bucket (its cache folder is the plan's: job/plan.py)."""
-        return self.checkpoint is not None and isinstance(self.checkpoint, str) and local_path(self.checkpoint) is None
+        return isinstance(self.checkpoint, str) and local_path(self.checkpoint) is None
 
     @property
     def remote_output(self) -> bool:

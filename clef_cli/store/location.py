@@ -1,5 +1,5 @@
-"""Where a store lives: a local folder, or a bucket's prefix with a local cache folder. Settings
-resolve `--checkpoint` into this once; everything above store/ passes it on without asking which
+"""Where a store lives: a local folder, or a bucket's prefix with a local cache folder. A job's
+plan (`job/plan.py`) resolves `--checkpoint` into this once; everything above store/ passes it on without asking which
 it is (store/opening.py opens either)."""
 
 from __future__ import annotations
